@@ -1,0 +1,80 @@
+"""The Agent interface: pure functions for ONE population member.
+
+An agent factory (`make_td3`, `make_sac`, `make_dqn`) closes over static shapes only
+(network sizes, batch size, action bounds). Everything a population may vary per member
+lives in the algorithm's `HParams` NamedTuple of scalar arrays, passed as an argument so that
+one compiled program serves members with different values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from fastpop.types import PRNGKey, PyTree, Transition
+
+State = Any
+HParams = Any
+
+
+class Agent(NamedTuple):
+    """Pure functions of one member.
+
+    init(key, hparams) -> state
+    act(policy_params, obs, key, hparams, explore, env_steps) -> actions for a batch of obs
+    update(state, batch, hparams, key) -> (state, metrics dict of scalars)
+    policy_params(state) -> what collectors need to act (published to them)
+    default_hparams() -> HParams of scalar arrays with the paper's defaults
+    """
+
+    name: str
+    init: Callable[[PRNGKey, HParams], State]
+    act: Callable[..., jax.Array]
+    update: Callable[[State, Transition, HParams, PRNGKey], tuple[State, dict]]
+    policy_params: Callable[[State], PyTree]
+    default_hparams: Callable[[], HParams]
+    batch_size: int
+    # Algorithm-specific pieces of `update` (e.g. TD3's critic and actor steps), for code that
+    # recombines them: shared-critic strategies, per-piece FLOP counts in the benchmark.
+    parts: Any = None
+
+
+def hparams_from_values(hparams_type: type, integer_fields: frozenset[str], **values) -> Any:
+    """Build an HParams NamedTuple of scalar arrays (int32 for counts, float32 otherwise)."""
+    return hparams_type(
+        **{
+            name: jnp.asarray(value, jnp.int32 if name in integer_fields else jnp.float32)
+            for name, value in values.items()
+        }
+    )
+
+
+def adam_step(
+    params: PyTree,
+    grads: PyTree,
+    opt_state: optax.OptState,
+    optimizer: optax.GradientTransformation,
+    learning_rate: jax.Array,
+) -> tuple[PyTree, optax.OptState]:
+    """One optimizer step with the learning rate as a traced per-member value.
+
+    The optimizer state holds only moments; the rate comes from HParams, so PBT can change it
+    without touching (or recompiling) the optimizer.
+    """
+    direction, opt_state = optimizer.update(grads, opt_state, params)
+    params = jax.tree.map(lambda p, d: p - learning_rate * d, params, direction)
+    return params, opt_state
+
+
+def polyak(target: PyTree, online: PyTree, tau: jax.Array) -> PyTree:
+    """target <- (1 - tau) * target + tau * online."""
+    return jax.tree.map(lambda t, o: t + tau * (o - t), target, online)
+
+
+def select_tree(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
+    """Leafwise `where` with a scalar predicate."""
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)

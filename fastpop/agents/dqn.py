@@ -1,0 +1,123 @@
+"""DQN (Mnih et al., 2015) for one member: Huber loss, hard target copies, double-DQN option."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from fastpop.agents.base import Agent, adam_step, hparams_from_values, select_tree
+from fastpop.networks import QNetwork
+from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+    """Static shape of a DQN member; equal across a population."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """MLP torso widths for vector observations (image observations use the Nature CNN)."""
+    batch_size: int = 32
+    """Transitions per gradient step (Mnih et al.: 32)."""
+    double_dqn: bool = True
+    """Pick the bootstrap action with the online network (van Hasselt et al., 2016)."""
+    adam_eps: float = 1.5e-4
+    """Adam epsilon (Dopamine / Rainbow setting for Atari)."""
+    huber_delta: float = 1.0
+    """Quadratic-to-linear switch of the Huber loss."""
+
+
+class DQNHParams(NamedTuple):
+    learning_rate: jax.Array
+    discount: jax.Array
+    target_update_period: jax.Array  # int32: updates between hard target copies
+    epsilon_start: jax.Array
+    epsilon_end: jax.Array
+    epsilon_decay_steps: jax.Array  # int32: env steps of the linear epsilon decay
+
+
+class DQNState(NamedTuple):
+    params: PyTree
+    target_params: PyTree
+    opt_state: optax.OptState
+    step: jax.Array
+
+
+def epsilon(hparams: DQNHParams, env_steps) -> jax.Array:
+    """Linear decay from epsilon_start to epsilon_end over epsilon_decay_steps env steps."""
+    fraction = jnp.clip(env_steps / jnp.maximum(hparams.epsilon_decay_steps, 1), 0.0, 1.0)
+    return hparams.epsilon_start + fraction * (hparams.epsilon_end - hparams.epsilon_start)
+
+
+def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
+    if not spec.discrete:
+        raise ValueError("DQN needs a discrete action space; use TD3 or SAC for continuous")
+    network = QNetwork(spec.num_actions, config.hidden_sizes, len(spec.obs_shape) == 3)
+    optimizer = optax.scale_by_adam(eps=config.adam_eps)
+
+    def default_hparams() -> DQNHParams:
+        return hparams_from_values(
+            DQNHParams,
+            frozenset({"target_update_period", "epsilon_decay_steps"}),
+            learning_rate=1e-4,
+            discount=0.99,
+            target_update_period=1000,
+            epsilon_start=1.0,
+            epsilon_end=0.01,
+            epsilon_decay_steps=250_000,
+        )
+
+    def init(key: PRNGKey, hparams: DQNHParams) -> DQNState:
+        del hparams
+        params = network.init(key, jnp.zeros((1, *spec.obs_shape), spec.obs_dtype))
+        return DQNState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def act(params, obs, key, hparams: DQNHParams, explore, env_steps=0):
+        greedy = jnp.argmax(network.apply(params, obs), axis=-1).astype(jnp.int32)
+        explore_key, action_key = jax.random.split(key)
+        random_action = jax.random.randint(action_key, greedy.shape, 0, spec.num_actions)
+        rate = jnp.where(explore, epsilon(hparams, env_steps), 0.0)
+        take_random = jax.random.uniform(explore_key, greedy.shape) < rate
+        return jnp.where(take_random, random_action, greedy)
+
+    def loss_fn(params, target_params, batch: Transition, hparams: DQNHParams):
+        next_target_q = network.apply(target_params, batch.next_obs)
+        if config.double_dqn:
+            next_action = jnp.argmax(network.apply(params, batch.next_obs), axis=-1)
+        else:
+            next_action = jnp.argmax(next_target_q, axis=-1)
+        next_q = jnp.take_along_axis(next_target_q, next_action[:, None], axis=-1)[:, 0]
+        bootstrap = hparams.discount * (1.0 - batch.terminated.astype(jnp.float32))
+        target = jax.lax.stop_gradient(batch.reward + bootstrap * next_q)
+        q_all = network.apply(params, batch.obs)
+        q = jnp.take_along_axis(q_all, batch.action[:, None].astype(jnp.int32), axis=-1)[:, 0]
+        chex.assert_equal_shape([q, target])
+        return jnp.mean(optax.huber_loss(q, target, delta=config.huber_delta)), jnp.mean(q)
+
+    def update(state: DQNState, batch: Transition, hparams: DQNHParams, key: PRNGKey):
+        del key
+        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 1, 1])
+        (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state.params, state.target_params, batch, hparams
+        )
+        params, opt_state = adam_step(
+            state.params, grads, state.opt_state, optimizer, hparams.learning_rate
+        )
+        step = state.step + 1
+        copy_now = step % jnp.maximum(hparams.target_update_period, 1) == 0
+        target_params = select_tree(copy_now, params, state.target_params)
+        return DQNState(params, target_params, opt_state, step), {"loss": loss, "q_mean": q_mean}
+
+    return Agent(
+        name="dqn",
+        init=init,
+        act=act,
+        update=update,
+        policy_params=lambda state: state.params,
+        default_hparams=default_hparams,
+        batch_size=config.batch_size,
+    )

@@ -1,0 +1,176 @@
+"""TD3 (Fujimoto et al., 2018) for one member: twin critics, target smoothing, delayed actor."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+from fastpop.agents.base import Agent, adam_step, hparams_from_values, polyak, select_tree
+from fastpop.networks import DeterministicActor, TwinCritic
+from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
+
+
+@dataclasses.dataclass(frozen=True)
+class TD3Config:
+    """Static shape of a TD3 member; equal across a population."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor and critics (the paper: 256-256)."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+
+
+class TD3HParams(NamedTuple):
+    """Per-member values, all traced: PBT may change any of them without recompiling."""
+
+    actor_lr: jax.Array
+    critic_lr: jax.Array
+    discount: jax.Array
+    tau: jax.Array
+    policy_noise: jax.Array  # target smoothing noise std, in units of the action half-range
+    noise_clip: jax.Array  # clip of that noise, same units
+    policy_delay: jax.Array  # int32: critic steps per actor (and target) step
+    exploration_noise: jax.Array  # acting noise std, in units of the action half-range
+
+
+TD3_DEFAULTS = {
+    "actor_lr": 3e-4,
+    "critic_lr": 3e-4,
+    "discount": 0.99,
+    "tau": 0.005,
+    "policy_noise": 0.2,
+    "noise_clip": 0.5,
+    "policy_delay": 2,
+    "exploration_noise": 0.1,
+}
+
+
+class TD3State(NamedTuple):
+    actor: PyTree
+    critic: PyTree
+    target_actor: PyTree
+    target_critic: PyTree
+    actor_opt: optax.OptState
+    critic_opt: optax.OptState
+    step: jax.Array  # critic updates done
+
+
+class TD3Parts(NamedTuple):
+    """The two halves of a TD3 update, for strategies that recombine them (CEM-RL, DvD).
+
+    critic_step(state, batch, hparams, key) -> (state, metrics)
+    actor_step(state, obs, hparams, due) -> (state, actor_loss): actor step and Polyak
+    targets where `due`, the state unchanged elsewhere.
+    """
+
+    critic_step: Callable
+    actor_step: Callable
+
+
+def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
+    if spec.discrete:
+        raise ValueError("TD3 needs a continuous action space; use DQN for discrete actions")
+    actor_net = DeterministicActor(
+        spec.action_dim, config.hidden_sizes, spec.action_low, spec.action_high
+    )
+    critic_net = TwinCritic(config.hidden_sizes)
+    optimizer = optax.scale_by_adam()
+    half_range = (spec.action_high - spec.action_low) / 2.0
+
+    def default_hparams() -> TD3HParams:
+        return hparams_from_values(TD3HParams, frozenset({"policy_delay"}), **TD3_DEFAULTS)
+
+    def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
+        del hparams
+        actor_key, critic_key = jax.random.split(key)
+        obs = jnp.zeros((1, *spec.obs_shape), spec.obs_dtype)
+        action = jnp.zeros((1, spec.action_dim), jnp.float32)
+        actor = actor_net.init(actor_key, obs)
+        critic = critic_net.init(critic_key, obs, action)
+        return TD3State(
+            actor=actor,
+            critic=critic,
+            target_actor=actor,
+            target_critic=critic,
+            actor_opt=optimizer.init(actor),
+            critic_opt=optimizer.init(critic),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0):
+        del env_steps
+        action = actor_net.apply(actor, obs)
+        noise_std = jnp.where(explore, hparams.exploration_noise, 0.0) * half_range
+        noise = noise_std * jax.random.normal(key, action.shape)
+        return jnp.clip(action + noise, spec.action_low, spec.action_high)
+
+    def critic_loss(critic, state: TD3State, batch: Transition, hparams: TD3HParams, key):
+        noise = jax.random.normal(key, batch.action.shape) * hparams.policy_noise
+        noise = jnp.clip(noise, -hparams.noise_clip, hparams.noise_clip) * half_range
+        next_action = actor_net.apply(state.target_actor, batch.next_obs) + noise
+        next_action = jnp.clip(next_action, spec.action_low, spec.action_high)
+        next_q = jnp.min(critic_net.apply(state.target_critic, batch.next_obs, next_action), -1)
+        bootstrap = hparams.discount * (1.0 - batch.terminated.astype(jnp.float32))
+        target = jax.lax.stop_gradient(batch.reward + bootstrap * next_q)
+        q = critic_net.apply(critic, batch.obs, batch.action)
+        chex.assert_equal_shape([q[:, 0], target])
+        return jnp.mean(jnp.sum(jnp.square(q - target[:, None]), -1)), jnp.mean(q)
+
+    def actor_loss(actor, critic, obs):
+        action = actor_net.apply(actor, obs)
+        return -jnp.mean(critic_net.apply(critic, obs, action)[:, 0])
+
+    def actor_and_targets_step(state: TD3State, obs, hparams: TD3HParams, due):
+        loss, grads = jax.value_and_grad(actor_loss)(state.actor, state.critic, obs)
+        actor, actor_opt = adam_step(
+            state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
+        )
+        stepped = state._replace(
+            actor=actor,
+            actor_opt=actor_opt,
+            target_actor=polyak(state.target_actor, actor, hparams.tau),
+            target_critic=polyak(state.target_critic, state.critic, hparams.tau),
+        )
+        # Inside a population some members may not be due this step: they keep their state.
+        return select_tree(due, stepped, state), jnp.where(due, loss, jnp.nan)
+
+    def critic_step(state: TD3State, batch: Transition, hparams: TD3HParams, key: PRNGKey):
+        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
+        (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic, state, batch, hparams, key
+        )
+        critic, critic_opt = adam_step(
+            state.critic, grads, state.critic_opt, optimizer, hparams.critic_lr
+        )
+        state = state._replace(critic=critic, critic_opt=critic_opt, step=state.step + 1)
+        return state, {"critic_loss": loss, "q_mean": q_mean}
+
+    def update(state: TD3State, batch: Transition, hparams: TD3HParams, key: PRNGKey):
+        state, metrics = critic_step(state, batch, hparams, key)
+        due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0
+        # One branch for the whole population: skip the actor pass when no member is due,
+        # rather than vmap turning the cond into a select that always runs both branches.
+        state, policy_loss = jax.lax.cond(
+            population_any(due),
+            lambda s: actor_and_targets_step(s, batch.obs, hparams, due),
+            lambda s: (s, jnp.full((), jnp.nan)),
+            state,
+        )
+        return state, {**metrics, "actor_loss": policy_loss}
+
+    return Agent(
+        name="td3",
+        init=init,
+        act=act,
+        update=update,
+        policy_params=lambda state: state.actor,
+        default_hparams=default_hparams,
+        batch_size=config.batch_size,
+        parts=TD3Parts(critic_step, actor_and_targets_step),
+    )

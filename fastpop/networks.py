@@ -1,0 +1,112 @@
+"""Flax networks for one member: MLP and Nature-CNN torsos, actor and critic heads.
+
+Every module maps a batch of observations (B, *obs_shape) to a batch of outputs; the
+population axis is added by vmap over parameters, never here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def as_float_observation(obs: jax.Array) -> jax.Array:
+    """Images are stored and shipped as uint8; scale them here, inside the compiled network."""
+    if obs.dtype == jnp.uint8:
+        return obs.astype(jnp.float32) / 255.0
+    return obs.astype(jnp.float32)
+
+
+class MLP(nn.Module):
+    """Dense ReLU layers; the last layer has no activation unless `activate_final`."""
+
+    layer_sizes: Sequence[int]
+    activate_final: bool = False
+    layer_norm: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for i, size in enumerate(self.layer_sizes):
+            x = nn.Dense(size)(x)
+            is_last = i == len(self.layer_sizes) - 1
+            if not is_last or self.activate_final:
+                if self.layer_norm:
+                    x = nn.LayerNorm()(x)
+                x = nn.relu(x)
+        return x
+
+
+class NatureCNN(nn.Module):
+    """The DQN torso of Mnih et al. (2015): three convolutions and a 512-unit dense layer."""
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = as_float_observation(obs)
+        x = nn.relu(nn.Conv(32, (8, 8), strides=(4, 4), padding="VALID")(x))
+        x = nn.relu(nn.Conv(64, (4, 4), strides=(2, 2), padding="VALID")(x))
+        x = nn.relu(nn.Conv(64, (3, 3), strides=(1, 1), padding="VALID")(x))
+        x = x.reshape((*x.shape[:-3], -1))
+        return nn.relu(nn.Dense(512)(x))
+
+
+class DeterministicActor(nn.Module):
+    """TD3 policy: tanh output rescaled to the action bounds."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int]
+    action_low: float
+    action_high: float
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = MLP((*self.hidden_sizes, self.action_dim))(as_float_observation(obs))
+        half_range = (self.action_high - self.action_low) / 2.0
+        return jnp.tanh(x) * half_range + (self.action_high + self.action_low) / 2.0
+
+
+class GaussianActor(nn.Module):
+    """SAC policy head: mean and clamped log standard deviation of the pre-tanh Gaussian."""
+
+    action_dim: int
+    hidden_sizes: Sequence[int]
+    log_std_min: float = -20.0
+    log_std_max: float = 2.0
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x = MLP(self.hidden_sizes, activate_final=True)(as_float_observation(obs))
+        mean = nn.Dense(self.action_dim)(x)
+        log_std = nn.Dense(self.action_dim)(x)
+        return mean, jnp.clip(log_std, self.log_std_min, self.log_std_max)
+
+
+class TwinCritic(nn.Module):
+    """Two independent Q(s, a) networks; returns both values, shape (B, 2)."""
+
+    hidden_sizes: Sequence[int]
+
+    @nn.compact
+    def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
+        x = jnp.concatenate([as_float_observation(obs), action], axis=-1)
+        q1 = MLP((*self.hidden_sizes, 1))(x)
+        q2 = MLP((*self.hidden_sizes, 1))(x)
+        return jnp.concatenate([q1, q2], axis=-1)
+
+
+class QNetwork(nn.Module):
+    """DQN action values: Nature CNN for image observations, MLP torso for vectors."""
+
+    num_actions: int
+    hidden_sizes: Sequence[int]
+    image_observations: bool
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.image_observations:
+            x = NatureCNN()(obs)
+        else:
+            x = MLP(self.hidden_sizes, activate_final=True)(as_float_observation(obs))
+        return nn.Dense(self.num_actions)(x)

@@ -1,0 +1,71 @@
+"""Host side of collection: turn vector-env steps into replay rows and finished episodes.
+
+Under gymnasium's next-step autoreset every env step yields exactly one row per env: the step
+after an episode ends is the reset step (its obs is the final observation, its action ignored).
+So all lanes advance in lockstep and chunks have a fixed size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastpop import replay
+
+
+class RowStream:
+    """Accumulates rows for `num_lanes` envs and hands them out as fixed-size chunks."""
+
+    def __init__(self, spec: replay.ReplaySpec, num_lanes: int):
+        self.spec = spec
+        self.num_lanes = num_lanes
+        self._rows: list[tuple] = []
+        self._previous_done = np.zeros(num_lanes, bool)
+        self._previous_autoreset = np.ones(num_lanes, bool)  # first rows start episodes
+        self._returns = np.zeros(num_lanes)
+        self._lengths = np.zeros(num_lanes, np.int64)
+
+    def append(self, obs, action, reward, terminated, truncated) -> list[tuple[int, float, int]]:
+        """Record one step (obs is the observation the action was taken at).
+
+        Returns the episodes that finished at this step as (lane, return, length).
+        """
+        autoreset = self._previous_done
+        reward = np.where(autoreset, 0.0, reward).astype(np.float32)
+        terminated = np.asarray(terminated, bool) & ~autoreset
+        truncated = np.asarray(truncated, bool) & ~autoreset
+        self._rows.append(
+            (
+                replay.stored_obs(self.spec, obs),
+                action,
+                reward,
+                terminated,
+                truncated,
+                autoreset,
+                self._previous_autoreset,
+            )
+        )
+        self._previous_autoreset = autoreset
+        done = terminated | truncated
+        self._previous_done = done
+        self._returns += reward
+        self._lengths += ~autoreset
+        finished = [
+            (int(lane), float(self._returns[lane]), int(self._lengths[lane]))
+            for lane in np.flatnonzero(done)
+        ]
+        self._returns[done] = 0.0
+        self._lengths[done] = 0
+        return finished
+
+    def has_chunk(self) -> bool:
+        return len(self._rows) >= self.spec.chunk_len
+
+    def pop_chunk(self) -> replay.Rows:
+        """The oldest `chunk_len` rows as numpy arrays of shape (num_lanes, chunk_len, ...)."""
+        rows, self._rows = self._rows[: self.spec.chunk_len], self._rows[self.spec.chunk_len :]
+        fields = (np.stack(column, axis=1) for column in zip(*rows, strict=True))
+        chunk = replay.Rows(*fields)
+        return chunk._replace(
+            action=chunk.action.astype(self.spec.action_dtype),
+            obs=chunk.obs.astype(self.spec.obs_dtype),
+        )

@@ -1,0 +1,66 @@
+"""Shared types: the replay row, environment specs and the population axis name."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+# The named vmap axis over population members. Collectives over it (e.g. "is any member due
+# for an actor step?") are how a member-level function cooperates with its population.
+POP_AXIS = "pop"
+
+PRNGKey = jax.Array
+PyTree = Any
+
+
+class EnvSpec(NamedTuple):
+    """Static shapes of an environment, all an agent needs to build its networks.
+
+    `obs_shape`/`obs_dtype` describe one observation as the agent sees it (for Atari the
+    stacked 84x84x4 uint8 frames). Continuous control sets `action_dim` and the bounds;
+    discrete control sets `num_actions`.
+    """
+
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype = np.dtype(np.float32)
+    action_dim: int = 0
+    action_low: float = -1.0
+    action_high: float = 1.0
+    num_actions: int = 0
+    # Number of frames stacked on the last observation axis (Atari: 4). Replay stores each
+    # frame once and rebuilds stacks when sampling.
+    frame_stack: int = 1
+
+    @property
+    def discrete(self) -> bool:
+        return self.num_actions > 0
+
+
+class Transition(NamedTuple):
+    """A batch of (s, a, r, s') transitions as the agents' `update` consumes them.
+
+    `terminated` masks the bootstrap; `truncated` (a time limit) does not, it is kept so that
+    losses and diagnostics can tell the two apart.
+    """
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    next_obs: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+
+
+def population_any(flag: jax.Array) -> jax.Array:
+    """True if `flag` holds for any member when called inside `vmap(axis_name=POP_AXIS)`.
+
+    Outside a population (one member, sequential execution) it is the flag itself. The result
+    is unbatched under vmap, so a `lax.cond` on it runs one branch for the whole population
+    instead of both branches for every member.
+    """
+    try:
+        return jax.lax.pmax(flag.astype(np.int32), POP_AXIS).astype(bool)
+    except NameError:
+        return flag
