@@ -1,0 +1,5 @@
+import sys
+
+from fastpop.cli import main
+
+sys.exit(main())

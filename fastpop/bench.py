@@ -1,0 +1,280 @@
+"""Update-step benchmark: the paper's Figure 2 (population-wide update speed) on fastpop.
+
+Each implementation performs the same TD3 / SAC / DQN update for every member of a
+population, on random data of the paper's shapes held in a device replay buffer:
+  vectorized  one jit(vmap(scan)) program for the whole population
+  sequential  the single-member jitted program called per member from Python
+  torch       a plain sequential PyTorch implementation (the paper's baseline)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpop import population, replay
+from fastpop.agents import Agent, make_agent
+from fastpop.types import EnvSpec, Transition
+
+IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
+
+# The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
+BENCH_SPECS = {
+    "td3": EnvSpec(obs_shape=(17,), action_dim=6),
+    "sac": EnvSpec(obs_shape=(17,), action_dim=6),
+    "dqn": EnvSpec(
+        obs_shape=(84, 84, 4), obs_dtype=np.dtype(np.uint8), num_actions=6, frame_stack=4
+    ),
+}
+# Rows of random data per member: enough to sample from, small enough for P=64 in RAM.
+BENCH_REPLAY_ROWS = {"td3": 10_000, "sac": 10_000, "dqn": 1_000}
+
+
+def device_label() -> str:
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
+
+
+def random_rows(spec: replay.ReplaySpec, env_spec: EnvSpec, key) -> replay.Rows:
+    """One lane full of random rows, as a chunk for `replay.add`."""
+    shape = (spec.lanes, spec.chunk_len)
+    obs_key, action_key, reward_key, done_key = jax.random.split(key, 4)
+    stored_shape = replay.stored_obs(env_spec, np.zeros((1, *env_spec.obs_shape))).shape[1:]
+    if env_spec.obs_dtype == np.uint8:
+        obs = jax.random.randint(obs_key, (*shape, *stored_shape), 0, 256).astype(jnp.uint8)
+    else:
+        obs = jax.random.normal(obs_key, (*shape, *stored_shape))
+    if env_spec.discrete:
+        action = jax.random.randint(action_key, shape, 0, env_spec.num_actions)
+    else:
+        action = jax.random.uniform(action_key, (*shape, env_spec.action_dim), minval=-1.0)
+    terminated = jax.random.uniform(done_key, shape) < 0.001
+    # Next-step autoreset: the row after a terminal holds the final observation.
+    autoreset = jnp.pad(terminated[:, :-1], ((0, 0), (1, 0)))
+    episode_start = jnp.pad(autoreset[:, :-1], ((0, 0), (1, 0)), constant_values=True)
+    return replay.Rows(
+        obs=obs,
+        action=action,
+        reward=jax.random.normal(reward_key, shape),
+        terminated=terminated,
+        truncated=jnp.zeros(shape, bool),
+        autoreset=autoreset,
+        episode_start=episode_start,
+    )
+
+
+def random_replay(algo: str, population_size: int, key):
+    """Per-member device buffers filled with random data, and their sample function."""
+    env_spec = BENCH_SPECS[algo]
+    rows = BENCH_REPLAY_ROWS[algo]
+    spec = replay.make_replay_spec(env_spec, capacity=rows, lanes=1, chunk_len=rows)
+    state = replay.init_population(spec, population_size)
+    chunks = jax.vmap(lambda k: random_rows(spec, env_spec, k))(
+        jax.random.split(key, population_size)
+    )
+    state = jax.jit(jax.vmap(partial(replay.add, spec)))(state, chunks)
+    return spec, state
+
+
+def flops_per_update(agent: Agent, hparams, batch: Transition) -> float:
+    """FLOPs of one member's update from XLA's cost analysis.
+
+    XLA counts a conditional as its larger branch, so TD3's delayed actor step is costed on its
+    own and weighted by 1 / policy_delay.
+    """
+
+    def cost(fn, *args) -> float:
+        return float(jax.jit(fn).lower(*args).compile().cost_analysis()["flops"])
+
+    state = agent.init(jax.random.key(0), hparams)
+    key = jax.random.key(1)
+    if agent.name == "td3":
+        critic = cost(agent.parts.critic_step, state, batch, hparams, key)
+        actor = cost(agent.parts.actor_step, state, batch.obs, hparams, jnp.bool_(True))
+        return critic + actor / float(hparams.policy_delay)
+    return cost(agent.update, state, batch, hparams, key)
+
+
+def matmul_gflops(size: int | None = None, repeats: int = 5) -> float:
+    """Best-of-N float32 GFLOP/s of one large square matmul on the default device."""
+    size = size or (2048 if jax.devices()[0].platform == "cpu" else 8192)
+    a = jax.random.normal(jax.random.key(0), (size, size))
+    matmul = jax.jit(jnp.matmul)
+    matmul(a, a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(a, a).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def time_executor(
+    executor: population.Executor, states, buffers, hparams, min_seconds: float, min_calls: int
+) -> dict:
+    """First call (compile + run) and the steady-state seconds per call."""
+    states, buffers, hparams = (executor.adopt(tree) for tree in (states, buffers, hparams))
+    start = time.perf_counter()
+    states, _ = executor.update(states, buffers, hparams, jax.random.key(0))
+    jax.block_until_ready(states)
+    first_call = time.perf_counter() - start
+    calls = 0
+    start = time.perf_counter()
+    while calls < min_calls or time.perf_counter() - start < min_seconds:
+        states, _ = executor.update(states, buffers, hparams, jax.random.key(calls + 1))
+        jax.block_until_ready(states)
+        calls += 1
+    seconds_per_call = (time.perf_counter() - start) / calls
+    return {
+        "seconds_per_call": seconds_per_call,
+        "compile_seconds": max(first_call - seconds_per_call, 0.0),
+        "calls": calls,
+    }
+
+
+def bench_update(
+    algo: str,
+    populations: Sequence[int],
+    implementations: Sequence[str],
+    updates_per_call: int = 10,
+    batch_size: int | None = None,
+    min_seconds: float = 2.0,
+    seed: int = 0,
+    log=print,
+) -> dict:
+    """Agent-updates/s per implementation and population size, plus FLOP accounting."""
+    config = {} if batch_size is None else {"batch_size": batch_size}
+    agent = make_agent(algo, BENCH_SPECS[algo], **config)
+    hparams_one = agent.default_hparams()
+    sample_batch = None
+    executors = {}
+    torch_bench = None
+    if "torch" in implementations:
+        try:
+            from fastpop.bench_torch import torch_update_benchmark as torch_bench
+        except ImportError:
+            log("torch: skipped (PyTorch is not installed; pip install 'fastpop[torch]')")
+    rows = []
+    flops = None
+    for size in populations:
+        key = jax.random.key(seed + size)
+        spec, buffers = random_replay(algo, size, key)
+        if sample_batch is None:
+            sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
+            executors = {
+                name: population.make_executor(name, agent, sample_batch, updates_per_call)
+                for name in implementations
+                if name != "torch"
+            }
+            batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
+            flops = flops_per_update(agent, hparams_one, batch)
+        hparams = population.broadcast_hparams(hparams_one, size)
+        for name, executor in executors.items():
+            states = population.init_population(agent, key, hparams)
+            timing = time_executor(executor, states, buffers, hparams, min_seconds, min_calls=3)
+            rate = size * updates_per_call / timing["seconds_per_call"]
+            rows.append(
+                {
+                    "impl": name,
+                    "population": size,
+                    "agent_updates_per_s": rate,
+                    **timing,
+                    "gflops_per_s": rate * flops / 1e9,
+                }
+            )
+            log(
+                f"{algo} {name:10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
+                f"{rate * flops / 1e9:7.1f} GFLOP/s  compile {timing['compile_seconds']:.1f} s"
+            )
+        del buffers
+        if torch_bench is not None:
+            result = torch_bench(algo, size, num_steps=max(3, 40 // size))
+            rate = result["agent_updates_per_s"]
+            rows.append(
+                {
+                    "impl": "torch",
+                    "population": size,
+                    "agent_updates_per_s": rate,
+                    "seconds_per_call": result["seconds_per_step"],
+                    "compile_seconds": 0.0,
+                    "gflops_per_s": rate * flops / 1e9,
+                    "torch_version": result["torch_version"],
+                }
+            )
+            log(
+                f"{algo} {'torch':10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
+                f"{rate * flops / 1e9:7.1f} GFLOP/s"
+            )
+    add_speedups(rows)
+    return {
+        "algo": algo,
+        "device": device_label(),
+        "jax_version": jax.__version__,
+        "shapes": {
+            "obs": list(BENCH_SPECS[algo].obs_shape),
+            "batch_size": agent.batch_size,
+            "actions": BENCH_SPECS[algo].num_actions or BENCH_SPECS[algo].action_dim,
+        },
+        "updates_per_call": updates_per_call,
+        "flops_per_update": flops,
+        "matmul_gflops_per_s": matmul_gflops(),
+        "rows": rows,
+    }
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """speedup_over_sequential: agent-updates/s relative to `sequential` at the same P."""
+    sequential = {
+        r["population"]: r["agent_updates_per_s"] for r in rows if r["impl"] == "sequential"
+    }
+    for row in rows:
+        baseline = sequential.get(row["population"])
+        row["speedup_over_sequential"] = row["agent_updates_per_s"] / baseline if baseline else None
+
+
+def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
+    """JSON table and PNG (updates/s and speedup over sequential against population size)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"update_{result['algo']}_{result['device']}"
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    fig, (rate_ax, speed_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    for impl in dict.fromkeys(r["impl"] for r in result["rows"]):
+        rows = [r for r in result["rows"] if r["impl"] == impl]
+        sizes = [r["population"] for r in rows]
+        rate_ax.plot(sizes, [r["agent_updates_per_s"] for r in rows], marker="o", label=impl)
+        if all(r["speedup_over_sequential"] for r in rows):
+            speed_ax.plot(
+                sizes, [r["speedup_over_sequential"] for r in rows], marker="o", label=impl
+            )
+    for ax, label in ((rate_ax, "agent updates / s"), (speed_ax, "speedup over sequential")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("population size")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(
+        f"{result['algo'].upper()} update step on {result['device']} "
+        f"(large matmul: {result['matmul_gflops_per_s']:.0f} GFLOP/s)"
+    )
+    fig.tight_layout()
+    png_path = out_dir / f"{stem}.png"
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return json_path, png_path

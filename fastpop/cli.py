@@ -1,0 +1,151 @@
+"""The `fastpop` command line: fastpop bench update ..."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from fastpop.agents import ALGORITHMS
+
+IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
+
+
+def comma_list(parse_item: Callable[[str], object], what: str, allowed: Sequence | None = None):
+    """argparse type for 'a,b,c' lists; bad items give a message naming what is allowed."""
+
+    def parse(text: str) -> list:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"empty {what} list")
+        values = []
+        for item in items:
+            try:
+                value = parse_item(item)
+            except ValueError as error:
+                raise argparse.ArgumentTypeError(f"{what} {item!r}: {error}") from None
+            if allowed is not None and value not in allowed:
+                raise argparse.ArgumentTypeError(
+                    f"unknown {what} {item!r}; choose from {', '.join(allowed)}"
+                )
+            values.append(value)
+        return values
+
+    return parse
+
+
+def one_of(what: str, allowed: Sequence[str]):
+    """argparse type for one choice, with the same message on every Python version."""
+
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {text!r}; choose from {', '.join(allowed)}"
+            )
+        return text
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("not an integer") from None
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
+def positive_int_arg(what: str):
+    def parse(text: str) -> int:
+        try:
+            return positive_int(text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(f"{what} {text!r}: {error}") from None
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fastpop", description="Vectorized population training of off-policy RL agents."
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
+        dest="bench", required=True
+    )
+    update = bench.add_parser(
+        "update",
+        help="population-wide update step: vectorized vs sequential vs PyTorch",
+        description="Agent-updates/s of one population-wide update step on random data of the "
+        "paper's shapes (HalfCheetah for TD3/SAC, Atari for DQN). Writes "
+        "results/bench/update_<algo>_<device>.json and .png.",
+    )
+    update.add_argument(
+        "--algo",
+        type=one_of("algorithm", ALGORITHMS),
+        default="td3",
+        help=f"one of {', '.join(ALGORITHMS)} (default td3)",
+    )
+    update.add_argument(
+        "--pop",
+        type=comma_list(positive_int, "population size"),
+        default=[1, 2, 4, 8],
+        help="population sizes, comma-separated (default 1,2,4,8)",
+    )
+    update.add_argument(
+        "--impl",
+        type=comma_list(str, "implementation", IMPLEMENTATIONS),
+        default=list(IMPLEMENTATIONS),
+        help=f"implementations, comma-separated from {','.join(IMPLEMENTATIONS)} (default all)",
+    )
+    update.add_argument(
+        "--batch-size",
+        type=positive_int_arg("batch size"),
+        default=None,
+        help="transitions per update (default: the paper's, 256 for TD3/SAC, 32 for DQN)",
+    )
+    update.add_argument(
+        "--updates-per-call",
+        type=positive_int_arg("updates per call"),
+        default=10,
+        help="K: updates per compiled call (the scan length)",
+    )
+    update.add_argument(
+        "--min-seconds", type=float, default=2.0, help="timed seconds per measurement"
+    )
+    update.add_argument("--out", type=Path, default=Path("results/bench"))
+    return parser
+
+
+def run_bench_update(args: argparse.Namespace) -> int:
+    from fastpop.bench import bench_update, write_results
+
+    result = bench_update(
+        args.algo,
+        args.pop,
+        args.impl,
+        updates_per_call=args.updates_per_call,
+        batch_size=args.batch_size,
+        min_seconds=args.min_seconds,
+    )
+    json_path, png_path = write_results(result, args.out)
+    print(
+        f"large matmul: {result['matmul_gflops_per_s']:.1f} GFLOP/s; "
+        f"{result['flops_per_update'] / 1e6:.1f} MFLOP per agent update"
+    )
+    print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "bench" and args.bench == "update":
+        return run_bench_update(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

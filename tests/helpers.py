@@ -1,0 +1,58 @@
+"""Small shared fixtures: tiny agents and random replay buffers."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import numpy as np
+
+from fastpop import population, replay
+from fastpop.agents import make_agent
+from fastpop.bench import random_rows
+from fastpop.types import EnvSpec
+
+TINY_SPECS = {
+    "td3": EnvSpec(obs_shape=(5,), action_dim=2, action_low=-2.0, action_high=2.0),
+    "sac": EnvSpec(obs_shape=(5,), action_dim=2, action_low=-2.0, action_high=2.0),
+    "dqn": EnvSpec(obs_shape=(5,), num_actions=3),
+    "dqn_atari": EnvSpec(
+        obs_shape=(84, 84, 4), obs_dtype=np.dtype(np.uint8), num_actions=4, frame_stack=4
+    ),
+}
+
+
+def tiny_agent(name: str):
+    algo = "dqn" if name.startswith("dqn") else name
+    return make_agent(algo, TINY_SPECS[name], hidden_sizes=(16, 16), batch_size=8)
+
+
+def random_buffers(name: str, population_size: int, rows: int = 64, seed: int = 0):
+    """Per-member buffers of random rows and a sample function for `agent.batch_size`."""
+    env_spec = TINY_SPECS[name]
+    spec = replay.make_replay_spec(env_spec, capacity=rows, lanes=1, chunk_len=rows)
+    keys = jax.random.split(jax.random.key(seed), population_size)
+    chunks = jax.vmap(lambda k: random_rows(spec, env_spec, k))(keys)
+    buffers = jax.vmap(partial(replay.add, spec))(
+        replay.init_population(spec, population_size), chunks
+    )
+    return spec, buffers
+
+
+def sampler(spec, batch_size: int):
+    return lambda buffer, key: replay.sample(spec, buffer, key, batch_size)
+
+
+def leaves_allclose(a, b, atol=1e-5) -> bool:
+    return all(
+        np.allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol, rtol=1e-5)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def copy_tree(tree):
+    return jax.tree.map(lambda x: x.copy(), tree)
+
+
+def stacked_hparams(agent, size, **per_member):
+    return population.broadcast_hparams(agent.default_hparams(), size, **per_member)

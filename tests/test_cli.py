@@ -1,0 +1,65 @@
+"""Command-line errors are clear and exit with code 2; the benchmark writes its tables."""
+
+import json
+
+import pytest
+
+from fastpop.cli import main
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--algo", "ppo"], "unknown algorithm 'ppo'; choose from td3, sac, dqn"),
+        (
+            ["--impl", "vectorized,parallel"],
+            "unknown implementation 'parallel'; choose from vectorized, sequential, torch",
+        ),
+        (["--pop", "1,0"], "population size '0': must be >= 1"),
+        (["--pop", "two"], "population size 'two': not an integer"),
+        (["--batch-size", "0"], "batch size '0': must be >= 1"),
+        (["--batch-size", "-32"], "batch size '-32': must be >= 1"),
+    ],
+)
+def test_bad_bench_arguments_exit_2_with_a_clear_message(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "update", "--out", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_bench_update_writes_json_and_png(tmp_path, capsys):
+    code = main(
+        [
+            "bench",
+            "update",
+            "--algo",
+            "td3",
+            "--pop",
+            "1,2",
+            "--impl",
+            "vectorized,sequential",
+            "--batch-size",
+            "16",
+            "--updates-per-call",
+            "2",
+            "--min-seconds",
+            "0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    result = json.loads((tmp_path / "update_td3_cpu.json").read_text())
+    assert (tmp_path / "update_td3_cpu.png").stat().st_size > 0
+    rows = {(row["impl"], row["population"]): row for row in result["rows"]}
+    assert set(rows) == {(impl, size) for impl in ("vectorized", "sequential") for size in (1, 2)}
+    assert result["shapes"]["batch_size"] == 16
+    assert result["flops_per_update"] > 0 and result["matmul_gflops_per_s"] > 0
+    for (_, size), row in rows.items():
+        assert row["agent_updates_per_s"] > 0
+        assert row["speedup_over_sequential"] == pytest.approx(
+            row["agent_updates_per_s"] / rows[("sequential", size)]["agent_updates_per_s"]
+        )
+    assert "agent-updates/s" in capsys.readouterr().out

@@ -1,0 +1,64 @@
+"""Each algorithm clearly learns a cheap task with a population of 2 (in-process loop, seeded)."""
+
+import numpy as np
+import pytest
+
+from fastpop import population
+from fastpop.agents import make_agent
+from fastpop.envs import env_spec_from_spaces, make_vector_env
+from fastpop.inprocess import evaluate, train_in_process
+
+CASES = {
+    # algo: env id, agent config, hparams, env steps, warm-up steps, random-policy return, bar
+    "td3": (
+        "Pendulum-v1",
+        {"hidden_sizes": (64, 64), "batch_size": 128},
+        {"actor_lr": 1e-3, "critic_lr": 1e-3},
+        10_000,
+        1_000,
+        -1200.0,
+        -400.0,
+    ),
+    "sac": (
+        "Pendulum-v1",
+        {"hidden_sizes": (64, 64), "batch_size": 128},
+        {"actor_lr": 1e-3, "critic_lr": 1e-3, "alpha_lr": 1e-3},
+        10_000,
+        1_000,
+        -1200.0,
+        -400.0,
+    ),
+    "dqn": (
+        "CartPole-v1",
+        {"hidden_sizes": (64, 64), "batch_size": 64},
+        {
+            "learning_rate": 2.5e-3,
+            "target_update_period": 100,
+            "epsilon_decay_steps": 6_000,
+            "epsilon_end": 0.02,
+        },
+        20_000,
+        1_000,
+        22.0,
+        150.0,
+    ),
+}
+
+
+@pytest.mark.parametrize("algo", sorted(CASES))
+def test_population_of_two_learns(algo):
+    env_id, config, hparams_values, steps, warmup, random_return, bar = CASES[algo]
+    probe = make_vector_env(env_id, 1, seed=0)
+    spec = env_spec_from_spaces(probe.single_observation_space, probe.single_action_space)
+    probe.close()
+    agent = make_agent(algo, spec, **config)
+    hparams = population.broadcast_hparams(
+        agent.default_hparams(), 2, **{k: [v, v] for k, v in hparams_values.items()}
+    )
+    result = train_in_process(agent, env_id, hparams, env_steps=steps, warmup_steps=warmup, seed=0)
+    # One update per env step after warm-up, starting with the chunk that completes it.
+    assert result.updates == steps - warmup + 10
+    returns = evaluate(agent, result.states, hparams, env_id, episodes=5, seed=123)
+    # The best member clears the bar; both are far better than a random policy.
+    assert returns.max() >= bar, returns
+    assert np.all(returns > random_return + 0.5 * (bar - random_return)), returns

@@ -1,0 +1,137 @@
+"""Vectorized == sequential, members really differ, no recompiles, stacking helpers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastpop import population
+from tests.helpers import (
+    copy_tree,
+    leaves_allclose,
+    random_buffers,
+    sampler,
+    stacked_hparams,
+    tiny_agent,
+)
+
+# Members deliberately differ in every hparam kind, including TD3's policy delay (so the
+# population-wide actor branch runs while some members are not due).
+PER_MEMBER = {
+    "td3": {"actor_lr": [1e-3, 3e-4, 3e-3], "policy_delay": [1, 2, 3], "tau": [0.005, 0.01, 0.1]},
+    "sac": {"critic_lr": [1e-3, 3e-4, 3e-3], "reward_scale": [1.0, 5.0, 0.1]},
+    "dqn": {"learning_rate": [1e-3, 3e-4, 3e-3], "target_update_period": [1, 2, 3]},
+    "dqn_atari": {"learning_rate": [1e-3, 3e-4, 3e-3], "target_update_period": [1, 2, 3]},
+}
+
+
+def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, updates=4):
+    executor = population.make_executor(execution, agent, sampler(spec, agent.batch_size), updates)
+    states = executor.adopt(copy_tree(states))
+    member_buffers, member_hparams = executor.adopt(buffers), executor.adopt(hparams)
+    metrics = None
+    for call in range(calls):
+        states, metrics = executor.update(
+            states, member_buffers, member_hparams, jax.random.key(100 + call)
+        )
+    return executor.release(states), metrics
+
+
+@pytest.mark.parametrize("name", ["td3", "sac", "dqn", "dqn_atari"])
+def test_vectorized_equals_sequential(name):
+    agent = tiny_agent(name)
+    size = 3
+    spec, buffers = random_buffers(name, size)
+    hparams = stacked_hparams(agent, size, **PER_MEMBER[name])
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    vec_states, vec_metrics = run_executor("vectorized", agent, spec, buffers, hparams, states)
+    seq_states, seq_metrics = run_executor("sequential", agent, spec, buffers, hparams, states)
+    assert leaves_allclose(vec_states, seq_states)
+    for key in vec_metrics:
+        np.testing.assert_allclose(vec_metrics[key], seq_metrics[key], rtol=1e-4, atol=1e-5)
+    # The update really moved the states away from their initial values.
+    assert not leaves_allclose(vec_states, states)
+
+
+@pytest.mark.parametrize(
+    "name,zero_rates",
+    [
+        ("td3", {"actor_lr": 0.0, "critic_lr": 0.0}),
+        ("sac", {"actor_lr": 0.0, "critic_lr": 0.0, "alpha_lr": 0.0}),
+        ("dqn", {"learning_rate": 0.0}),
+    ],
+)
+def test_member_with_zero_learning_rate_keeps_its_parameters(name, zero_rates):
+    agent = tiny_agent(name)
+    size = 3
+    spec, buffers = random_buffers(name, size)
+    per_member = {field: [rate, 1e-3, 1e-3] for field, rate in zero_rates.items()}
+    hparams = stacked_hparams(agent, size, **per_member)
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    new_states, _ = run_executor("vectorized", agent, spec, buffers, hparams, states)
+    policy_before = population.member_policies(agent, states)
+    policy_after = population.member_policies(agent, new_states)
+    assert leaves_allclose(
+        population.member(policy_after, 0), population.member(policy_before, 0), atol=0.0
+    )
+    for i in (1, 2):
+        assert not leaves_allclose(
+            population.member(policy_after, i), population.member(policy_before, i)
+        )
+
+
+def test_td3_actor_waits_for_its_policy_delay():
+    agent = tiny_agent("td3")
+    spec, buffers = random_buffers("td3", 2)
+    hparams = stacked_hparams(agent, 2, policy_delay=[1, 3])
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    actors = [copy_tree(states.actor)]
+    executor = population.vectorized(agent, sampler(spec, agent.batch_size), num_updates=1)
+    for call in range(3):
+        states, metrics = executor.update(states, buffers, hparams, jax.random.key(call))
+        actors.append(copy_tree(states.actor))
+        # Member 1 (delay 3) reports an actor loss only on its third critic step.
+        assert np.isnan(metrics["actor_loss"][1, 0]) == (call < 2)
+    member_actor = lambda i, t: population.member(actors[t], i)
+    for t in range(1, 4):
+        assert not leaves_allclose(member_actor(0, t), member_actor(0, t - 1))
+    assert leaves_allclose(member_actor(1, 2), member_actor(1, 0), atol=0.0)
+    assert not leaves_allclose(member_actor(1, 3), member_actor(1, 2))
+
+
+def test_changing_hparam_values_does_not_recompile():
+    agent = tiny_agent("td3")
+    spec, buffers = random_buffers("td3", 2)
+    executor = population.vectorized(agent, sampler(spec, agent.batch_size), num_updates=2)
+    hparams = stacked_hparams(agent, 2)
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    for call, lr in enumerate([1e-4, 1e-3, 5e-2]):
+        changed = hparams._replace(
+            actor_lr=jnp.full((2,), lr), policy_delay=jnp.full((2,), call + 1, jnp.int32)
+        )
+        states, _ = executor.update(states, buffers, changed, jax.random.key(call))
+    assert executor.update._cache_size() == 1
+
+
+def test_stack_unstack_gather_round_trip():
+    tree = {"w": jnp.arange(12.0).reshape(4, 3), "step": jnp.arange(4)}
+    members = population.unstack(tree)
+    assert len(members) == 4
+    assert leaves_allclose(population.stack(members), tree, atol=0.0)
+    gathered = population.gather(tree, jnp.array([3, 3, 0, 1]))
+    np.testing.assert_array_equal(gathered["step"], [3, 3, 0, 1])
+    np.testing.assert_array_equal(gathered["w"][0], tree["w"][3])
+
+
+def test_broadcast_hparams_errors_name_the_field():
+    agent = tiny_agent("td3")
+    with pytest.raises(ValueError, match=r"unknown hparams.*learning_rate"):
+        stacked_hparams(agent, 2, learning_rate=[1.0, 2.0])
+    with pytest.raises(ValueError, match="'actor_lr' has 3 values for 2 members"):
+        stacked_hparams(agent, 2, actor_lr=[1.0, 2.0, 3.0])
+
+
+def test_unknown_execution_is_refused():
+    agent = tiny_agent("td3")
+    with pytest.raises(ValueError, match="choose one of vectorized, sequential"):
+        population.make_executor("parallel", agent, lambda b, k: None, 1)
