@@ -171,8 +171,11 @@ def bench_update(
         spec, buffers = random_replay(algo, size, key)
         if sample_batch is None:
             sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
+            unroll = population.scan_unroll(BENCH_SPECS[algo].obs_shape, updates_per_call)
             executors = {
-                name: population.make_executor(name, agent, sample_batch, updates_per_call)
+                name: population.make_executor(
+                    name, agent, sample_batch, updates_per_call, unroll=unroll
+                )
                 for name in implementations
                 if name != "torch"
             }

@@ -23,6 +23,7 @@ class InProcessResult(NamedTuple):
     states: PyTree  # stacked member states
     episode_returns: list[list[float]]  # per member, training episodes in order
     updates: int  # updates per member
+    evaluations: list[tuple[int, np.ndarray]]  # (env steps per env, mean return per member)
 
 
 def batched_act(agent: Agent):
@@ -43,8 +44,14 @@ def train_in_process(
     chunk_len: int = 10,
     replay_capacity: int = 100_000,
     execution: str = "vectorized",
+    eval_interval: int | None = None,
+    eval_episodes: int = 5,
 ) -> InProcessResult:
-    """Train a population for `env_steps` steps per env; member i owns envs i*E .. i*E+E-1."""
+    """Train a population for `env_steps` steps per env; member i owns envs i*E .. i*E+E-1.
+
+    With `eval_interval`, every member is evaluated (policy held constant) each time that many
+    steps have passed and at the end.
+    """
     size = population.population_size(hparams)
     num_envs = size * envs_per_member
     envs = make_vector_env(env_id, num_envs, seed)
@@ -54,7 +61,10 @@ def train_in_process(
     add = jax.jit(jax.vmap(lambda b, c: replay.add(spec, b, c)), donate_argnums=0)
     updates_per_chunk = max(1, round(chunk_len * envs_per_member * updates_per_step))
     sample_batch = lambda buffer, key: replay.sample(spec, buffer, key, agent.batch_size)
-    executor = population.make_executor(execution, agent, sample_batch, updates_per_chunk)
+    unroll = population.scan_unroll(env_spec.obs_shape, updates_per_chunk)
+    executor = population.make_executor(
+        execution, agent, sample_batch, updates_per_chunk, unroll=unroll
+    )
     act = batched_act(agent)
 
     key = jax.random.key(seed)
@@ -65,6 +75,7 @@ def train_in_process(
     returns: list[list[float]] = [[] for _ in range(size)]
     obs, _ = envs.reset(seed=seed)
     updates = 0
+    evaluations = []
     policy = population.member_policies(agent, executor.release(states))
     for step in range(env_steps):
         if step < warmup_steps:
@@ -93,8 +104,13 @@ def train_in_process(
                 )
                 updates += updates_per_chunk
                 policy = population.member_policies(agent, executor.release(states))
+        if eval_interval and ((step + 1) % eval_interval == 0 or step + 1 == env_steps):
+            member_returns = evaluate(
+                agent, executor.release(states), hparams, env_id, eval_episodes, seed + step + 1
+            )
+            evaluations.append((step + 1, member_returns))
     envs.close()
-    return InProcessResult(executor.release(states), returns, updates)
+    return InProcessResult(executor.release(states), returns, updates, evaluations)
 
 
 def evaluate(

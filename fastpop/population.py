@@ -83,7 +83,19 @@ def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
     return jax.jit(jax.vmap(agent.init))(keys, hparams)
 
 
-def member_update_loop(agent: Agent, sample_batch: SampleFn, num_updates: int):
+def scan_unroll(obs_shape: tuple[int, ...], num_updates: int) -> int:
+    """How far to unroll the K-update scan.
+
+    XLA:CPU runs convolutions inside a while loop about 13x slower than the same convolutions
+    outside one (DQN's Nature CNN: 370 vs 28 ms per update, results/bench/README.md), so image
+    agents on CPU get a fully unrolled scan. Everything else keeps the rolled loop, which
+    compiles faster and runs as fast.
+    """
+    on_cpu = jax.default_backend() == "cpu"
+    return num_updates if on_cpu and len(obs_shape) == 3 else 1
+
+
+def member_update_loop(agent: Agent, sample_batch: SampleFn, num_updates: int, unroll: int = 1):
     """K consecutive (sample, update) steps of one member, as one scan."""
 
     def run(state, replay, hparams, key):
@@ -92,7 +104,8 @@ def member_update_loop(agent: Agent, sample_batch: SampleFn, num_updates: int):
             batch = sample_batch(replay, sample_key)
             return agent.update(state, batch, hparams, update_key)
 
-        return jax.lax.scan(one_update, state, jax.random.split(key, num_updates))
+        keys = jax.random.split(key, num_updates)
+        return jax.lax.scan(one_update, state, keys, unroll=unroll)
 
     return run
 
@@ -113,10 +126,14 @@ class Executor(NamedTuple):
 
 
 def vectorized(
-    agent: Agent, sample_batch: SampleFn, num_updates: int, shared_replay: bool = False
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
 ) -> Executor:
     """jit(vmap(scan)): one compiled program updates every member; states are donated."""
-    member_loop = member_update_loop(agent, sample_batch, num_updates)
+    member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
     replay_axis = None if shared_replay else 0
     population_loop = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
 
@@ -129,10 +146,16 @@ def vectorized(
 
 
 def sequential(
-    agent: Agent, sample_batch: SampleFn, num_updates: int, shared_replay: bool = False
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
 ) -> Executor:
     """The single-member program jitted once and called per member from Python."""
-    member_loop = jax.jit(member_update_loop(agent, sample_batch, num_updates), donate_argnums=0)
+    member_loop = jax.jit(
+        member_update_loop(agent, sample_batch, num_updates, unroll), donate_argnums=0
+    )
 
     def update(states, replay, hparams, key):
         keys = jax.random.split(key, len(states))
@@ -153,8 +176,9 @@ def make_executor(
     sample_batch: SampleFn,
     num_updates: int,
     shared_replay: bool = False,
+    unroll: int = 1,
 ) -> Executor:
     factories = {"vectorized": vectorized, "sequential": sequential}
     if execution not in factories:
         raise ValueError(f"unknown execution {execution!r}; choose one of {', '.join(EXECUTIONS)}")
-    return factories[execution](agent, sample_batch, num_updates, shared_replay)
+    return factories[execution](agent, sample_batch, num_updates, shared_replay, unroll)

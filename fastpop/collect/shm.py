@@ -1,0 +1,377 @@
+"""Shared-memory channels between the learner and collector processes; data is never pickled.
+
+`ParamChannel` (learner -> collectors) holds one set of parameter leaves plus a version counter,
+guarded by a seqlock. `ChunkRing` (one collector -> the learner) is a single-producer
+single-consumer ring of fixed-size chunk slots. Both live in `multiprocessing.shared_memory`
+segments named `fastpop_<pid>_<random>`; the process that creates a segment owns it and unlinks
+it, other processes `attach(spec)` and only `close()`. Only the small layout spec (plain tuples,
+strings and ints) crosses a process boundary by pickling; data goes through numpy views.
+
+Memory ordering: the counters are aligned int64 stores and loads done by numpy, and CPython
+performs them in program order (each is its own C call, so the C compiler cannot reorder them
+across the data copies either). On x86-64 (TSO) stores become visible in program order and loads
+are not reordered with other loads, which is all the seqlock and the ring rely on. Weakly ordered
+CPUs (ARM) would need fences that Python does not expose; fastpop's collectors assume x86-64.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from multiprocessing import resource_tracker
+from multiprocessing.shared_memory import SharedMemory
+from typing import NamedTuple
+
+import numpy as np
+
+SEGMENT_PREFIX = "fastpop_"
+_ALIGN = 64  # a cache line: counters written by different processes never share one
+_EPISODE_DTYPE = np.dtype([("member", "<i8"), ("episode_return", "<f8"), ("length", "<i8")])
+
+
+class ArrayLayout(NamedTuple):
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype string, e.g. "<f4"
+    offset: int  # bytes from the start of the segment (params) or of the slot (ring)
+
+
+class ParamSpec(NamedTuple):
+    segment: str
+    size: int
+    leaves: tuple[ArrayLayout, ...]
+
+
+class ChunkRingSpec(NamedTuple):
+    segment: str
+    size: int
+    num_slots: int
+    slot_bytes: int
+    max_episodes_per_chunk: int
+    fields: tuple[ArrayLayout, ...]
+
+
+class Episode(NamedTuple):
+    member: int
+    episode_return: float
+    length: int
+
+
+class Chunk(NamedTuple):
+    seq: int
+    arrays: dict[str, np.ndarray]  # copies, owned by the caller
+    episodes: list[Episode]
+
+
+def _round_up(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _layout(named: Sequence[tuple[str, object]], start: int) -> tuple[tuple[ArrayLayout, ...], int]:
+    """Aligned layouts for (name, array-like or (shape, dtype)) pairs; returns them and the end."""
+    out, offset = [], start
+    for name, like in named:
+        shape, dtype = (like.shape, like.dtype) if hasattr(like, "shape") else like
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        out.append(ArrayLayout(name, shape, dtype.str, offset))
+        offset = _round_up(offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+    return tuple(out), offset
+
+
+def _view(shm: SharedMemory, layout: ArrayLayout, base: int = 0) -> np.ndarray:
+    return np.ndarray(layout.shape, np.dtype(layout.dtype), shm.buf, base + layout.offset)
+
+
+def _check_source(layout: ArrayLayout, value, what: str) -> np.ndarray:
+    """Validates before any byte is written, so a bad input never leaves a half-written slot."""
+    array = np.asarray(value)
+    if array.shape != layout.shape or not np.can_cast(array.dtype, layout.dtype, "same_kind"):
+        raise ValueError(
+            f"{what}: got shape {array.shape} dtype {array.dtype}, the channel holds shape "
+            f"{layout.shape} dtype {np.dtype(layout.dtype)}"
+        )
+    return array
+
+
+def _attach_untracked(name: str) -> SharedMemory:
+    # Before Python 3.13, attaching registers the segment with this process's resource tracker,
+    # whose cleanup at exit unlinks (and warns about) segments it still holds, which destroys the
+    # learner's segment when an independently started process exits. Unregistering right after
+    # attaching is no fix under `spawn`: children share the parent's tracker, which keeps a set
+    # of names, so the child's unregister would drop the owner's registration and the owner's
+    # own unlink would then make the tracker print a KeyError. So attachers never register.
+    if sys.version_info >= (3, 13):
+        return SharedMemory(name=name, track=False)
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args: None
+    try:
+        return SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
+class _Segment:
+    """Owns or attaches one segment; creators unlink on exit from a `with` block."""
+
+    def __init__(self, shm: SharedMemory, owner: bool):
+        self._shm, self._owner, self._closed, self._unlinked = shm, owner, False, False
+
+    @staticmethod
+    def _create_segment(size: int) -> SharedMemory:
+        name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+        return SharedMemory(name=name, create=True, size=size)  # fresh segments read as zeros
+
+    @property
+    def name(self) -> str:
+        return self._shm.name
+
+    def _drop_views(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Unmaps the segment in this process (idempotent); the channel is unusable after."""
+        if not self._closed:
+            self._drop_views()  # numpy views export the buffer; close() fails while they live
+            self._shm.close()
+            self._closed = True
+
+    def unlink(self) -> None:
+        """Removes the segment (creator only, idempotent); attached processes keep their map."""
+        if not self._owner:
+            raise RuntimeError(f"shared memory {self.name}: only the creating process unlinks it")
+        if self._unlinked:
+            return
+        self._unlinked = True
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:  # already removed by hand: still stop tracking it
+            resource_tracker.unregister(self._shm._name, "shared_memory")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        if self._owner:
+            self.unlink()
+
+
+class ParamChannel(_Segment):
+    """One writer publishes a flat list of leaves; any number of readers copy the newest version.
+
+    Leaves are a flat list, not a pytree, so this module needs no JAX: the learner publishes
+    `jax.tree_util.tree_leaves(params)` and a collector rebuilds the tree with its own treedef
+    (from the same agent factory), `jax.tree_util.tree_unflatten(treedef, leaves)`.
+
+    Seqlock: the header's int64 counter is odd while a publish is writing and even when stable;
+    version = counter // 2, so version 0 means nothing published yet. Single writer only.
+    """
+
+    def __init__(self, spec: ParamSpec, shm: SharedMemory, owner: bool):
+        super().__init__(shm, owner)
+        self.spec = spec
+        self._counter = np.ndarray((1,), np.int64, shm.buf, 0)
+        self._leaves = [_view(shm, layout) for layout in spec.leaves]
+
+    @classmethod
+    def create(cls, leaves_like: Sequence) -> ParamChannel:
+        """`leaves_like`: arrays or (shape, dtype) pairs, e.g. the leaves of the actor params."""
+        layouts, size = _layout([(str(i), x) for i, x in enumerate(leaves_like)], _ALIGN)
+        shm = cls._create_segment(size)
+        return cls(ParamSpec(shm.name, size, layouts), shm, owner=True)
+
+    @classmethod
+    def attach(cls, spec: ParamSpec) -> ParamChannel:
+        return cls(spec, _attach_untracked(spec.segment), owner=False)
+
+    def _drop_views(self) -> None:
+        self._counter, self._leaves = None, []
+
+    @property
+    def version(self) -> int:
+        """The newest complete or in-progress version (a peek; no copy)."""
+        return (int(self._counter[0]) + 1) // 2
+
+    def publish(self, leaves: Sequence) -> int:
+        """Writes all leaves (numpy or jax arrays) and returns the new version."""
+        if len(leaves) != len(self.spec.leaves):
+            raise ValueError(
+                f"publish: got {len(leaves)} leaves, the channel holds {len(self.spec.leaves)}"
+            )
+        sources = [
+            _check_source(layout, leaf, f"publish: leaf {layout.name}")
+            for layout, leaf in zip(self.spec.leaves, leaves, strict=True)
+        ]
+        counter = int(self._counter[0])
+        self._counter[0] = counter + 1  # odd: readers that overlap this write will retry
+        for view, source in zip(self._leaves, sources, strict=True):
+            np.copyto(view, source, casting="same_kind")
+        self._counter[0] = counter + 2
+        return (counter + 2) // 2
+
+    def read_if_newer(
+        self, last_version: int, timeout: float = 5.0
+    ) -> tuple[int, list[np.ndarray]] | None:
+        """(version, copies of the leaves) if a version newer than `last_version` is published.
+
+        Retries while a publish overlaps the copy; raises TimeoutError if no consistent copy
+        could be taken within `timeout` seconds (the writer died mid-publish).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            start = int(self._counter[0])
+            if start % 2 == 0:
+                if start // 2 <= last_version:
+                    return None
+                copies = [view.copy() for view in self._leaves]
+                if int(self._counter[0]) == start:
+                    return start // 2, copies
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"parameter channel {self.name}: no consistent read within {timeout} s; "
+                    "the publishing process may have died while writing"
+                )
+            time.sleep(0)  # yield so a writer sharing this core can finish
+
+
+class ChunkRing(_Segment):
+    """Single-producer single-consumer ring of `num_slots` fixed-size chunks.
+
+    Header: head (chunks published) and tail (chunks consumed) as int64 on separate cache
+    lines; chunk `seq` lives in slot `seq % num_slots`. The producer writes a slot fully before
+    advancing head; the consumer copies a slot out before advancing tail, so neither ever sees
+    a partial chunk and chunks arrive in order with consecutive sequence numbers from 0.
+    """
+
+    _HEAD, _TAIL = 0, _ALIGN // 8  # int64 indices into the header
+
+    def __init__(self, spec: ChunkRingSpec, shm: SharedMemory, owner: bool):
+        super().__init__(shm, owner)
+        self.spec = spec
+        self._header = np.ndarray((2 * _ALIGN // 8,), np.int64, shm.buf, 0)
+        self._slots = [
+            self._slot_views(2 * _ALIGN + i * spec.slot_bytes) for i in range(spec.num_slots)
+        ]
+
+    def _slot_views(self, base: int):
+        """(seq and episode count, episode records, field arrays) of the slot at byte `base`."""
+        buf, episodes = self._shm.buf, self.spec.max_episodes_per_chunk
+        meta = np.ndarray((2,), np.int64, buf, base)
+        records = np.ndarray((episodes,), _EPISODE_DTYPE, buf, base + _ALIGN)
+        fields = {layout.name: _view(self._shm, layout, base) for layout in self.spec.fields}
+        return meta, records, fields
+
+    @classmethod
+    def create(
+        cls, fields: Mapping[str, object], num_slots: int, max_episodes_per_chunk: int
+    ) -> ChunkRing:
+        """`fields`: name -> array or (shape, dtype), e.g. a `replay.Rows(...)._asdict()`."""
+        if num_slots < 1 or max_episodes_per_chunk < 0:
+            raise ValueError(
+                f"chunk ring needs num_slots >= 1 and max_episodes_per_chunk >= 0, "
+                f"got {num_slots} and {max_episodes_per_chunk}"
+            )
+        episodes_end = _round_up(_ALIGN + max_episodes_per_chunk * _EPISODE_DTYPE.itemsize)
+        layouts, slot_bytes = _layout(list(fields.items()), episodes_end)
+        size = 2 * _ALIGN + num_slots * slot_bytes
+        shm = cls._create_segment(size)
+        spec = ChunkRingSpec(shm.name, size, num_slots, slot_bytes, max_episodes_per_chunk, layouts)
+        return cls(spec, shm, owner=True)
+
+    @classmethod
+    def attach(cls, spec: ChunkRingSpec) -> ChunkRing:
+        return cls(spec, _attach_untracked(spec.segment), owner=False)
+
+    def _drop_views(self) -> None:
+        self._header, self._slots = None, []
+
+    def __len__(self) -> int:
+        """Chunks published and not yet consumed."""
+        return int(self._header[self._HEAD]) - int(self._header[self._TAIL])
+
+    def _check(self, arrays: Mapping, episodes: Sequence) -> list[np.ndarray]:
+        names = [layout.name for layout in self.spec.fields]
+        if sorted(arrays) != sorted(names):
+            raise ValueError(
+                f"chunk fields {sorted(arrays)} differ from the ring's {sorted(names)}"
+            )
+        if len(episodes) > self.spec.max_episodes_per_chunk:
+            raise ValueError(
+                f"chunk has {len(episodes)} finished episodes, more than "
+                f"max_episodes_per_chunk={self.spec.max_episodes_per_chunk}"
+            )
+        return [
+            _check_source(lay, arrays[lay.name], f"chunk field {lay.name!r}")
+            for lay in self.spec.fields
+        ]
+
+    def _write(self, sources: list[np.ndarray], episodes: Sequence) -> bool:
+        head = int(self._header[self._HEAD])
+        if head - int(self._header[self._TAIL]) >= self.spec.num_slots:
+            return False
+        meta, episode_records, views = self._slots[head % self.spec.num_slots]
+        for view, source in zip(views.values(), sources, strict=True):
+            np.copyto(view, source, casting="same_kind")
+        episode_records[: len(episodes)] = [tuple(episode) for episode in episodes]
+        meta[0], meta[1] = head, len(episodes)
+        self._header[self._HEAD] = head + 1  # publish only after the slot is complete
+        return True
+
+    def try_put(self, arrays: Mapping[str, np.ndarray], episodes: Sequence = ()) -> bool:
+        """Publishes one chunk; False (nothing written) when the ring is full.
+
+        `episodes`: (member, episode_return, length) of episodes that finished in this chunk.
+        """
+        return self._write(self._check(arrays, episodes), episodes)
+
+    def put(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        episodes: Sequence = (),
+        *,
+        stop_event=None,
+        timeout: float | None = None,
+        poll_interval: float = 1e-3,
+    ) -> bool:
+        """Waits while the ring is full; False if `stop_event` is set or `timeout` passes first."""
+        sources = self._check(arrays, episodes)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._write(sources, episodes):
+            stopped = stop_event is not None and stop_event.is_set()
+            if stopped or (deadline is not None and time.monotonic() > deadline):
+                return False
+            time.sleep(poll_interval)
+        return True
+
+    def try_get(self) -> Chunk | None:
+        """The oldest unconsumed chunk (copied out of shared memory), or None when empty."""
+        tail = int(self._header[self._TAIL])
+        if int(self._header[self._HEAD]) == tail:
+            return None
+        meta, episode_records, views = self._slots[tail % self.spec.num_slots]
+        seq, count = int(meta[0]), int(meta[1])
+        if seq != tail:
+            raise RuntimeError(
+                f"chunk ring {self.name}: slot holds chunk {seq}, expected {tail} "
+                "(more than one producer or consumer?)"
+            )
+        arrays = {name: view.copy() for name, view in views.items()}
+        episodes = [
+            Episode(int(r["member"]), float(r["episode_return"]), int(r["length"]))
+            for r in episode_records[:count]
+        ]
+        self._header[self._TAIL] = tail + 1  # only now may the producer reuse the slot
+        return Chunk(seq, arrays, episodes)
+
+    def drain(self, max_chunks: int | None = None) -> list[Chunk]:
+        """Up to `max_chunks` (all when None) available chunks, oldest first, without waiting."""
+        chunks = []
+        while max_chunks is None or len(chunks) < max_chunks:
+            chunk = self.try_get()
+            if chunk is None:
+                break
+            chunks.append(chunk)
+        return chunks

@@ -1,0 +1,258 @@
+"""Run metrics: one JSONL row per member per evaluation, TensorBoard scalars, an event log.
+
+A run directory receives
+  metrics.jsonl  one row per member per evaluation round (schema below), flushed every round
+  scalars.jsonl  learner scalars (losses, rates) as {"step": ..., name: value, ...}
+  events.jsonl   collector restarts, rate-limiter notes, strategy (lineage) events
+  events.out.tfevents.*  the same evaluation and learner scalars for TensorBoard
+
+Everything written is plain JSON. NaN and infinities have no JSON spelling, so they are written
+as null and read back as NaN (an infinite return is not a result anyone needs to keep).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SCALARS_FILE = "scalars.jsonl"
+EVENTS_FILE = "events.jsonl"
+
+# Fields every evaluation row carries (the writer adds `eval_index`, shared by one round, when
+# absent). wall_time: seconds since run start, compilation and collection included; env_steps:
+# over the whole population; member_env_steps, updates: this member's; hparams: name -> value.
+ROW_FIELDS = ("wall_time", "env_steps", "member_env_steps", "updates", "member")
+ROW_FIELDS += ("return_mean", "return_std", "episodes", "hparams")
+
+_warned_no_tensorboard = False
+
+
+def _plain(value: Any, field: str) -> Any:
+    """`value` as JSON-ready plain data; numpy/JAX scalars unwrapped, non-finite floats -> None."""
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{field}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, f"{field}[{i}]") for i, v in enumerate(value)]
+    if hasattr(value, "tolist"):  # numpy / JAX arrays and scalars
+        return _plain(value.tolist(), field)
+    raise TypeError(f"metrics field {field!r}: {type(value).__name__} is not plain data")
+
+
+def _nan_for_null(value: Any) -> Any:
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {k: _nan_for_null(v) for k, v in value.items()}
+    return value
+
+
+def _drop_partial_tail(path: Path) -> None:
+    """Cut an unterminated last line (a crash mid-write) so appended rows start on a new line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def _open_tensorboard(run_dir: Path):
+    global _warned_no_tensorboard
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        if not _warned_no_tensorboard:
+            _warned_no_tensorboard = True
+            warnings.warn(
+                "tensorboardX is not installed: writing metrics.jsonl only "
+                "(pip install tensorboardX for TensorBoard event files)",
+                stacklevel=3,
+            )
+        return None
+    return SummaryWriter(logdir=str(run_dir))
+
+
+class MetricsWriter:
+    """Appends evaluation rows, learner scalars and events to a run directory.
+
+    Each `log_*` call is written and flushed before it returns, so a crash loses nothing already
+    logged; with `fsync=True` it also survives a machine crash. Reopening an existing run directory
+    (resume) appends, and evaluation rounds continue from the last `eval_index`.
+    """
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True, fsync: bool = False):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        paths = [self.run_dir / name for name in (METRICS_FILE, SCALARS_FILE, EVENTS_FILE)]
+        for path in paths:
+            _drop_partial_tail(path)
+        previous = read_metrics(paths[0]) if paths[0].exists() else []
+        self.next_eval_index = 1 + max((int(r.get("eval_index", -1)) for r in previous), default=-1)
+        self._metrics, self._scalars, self._events = (p.open("a", encoding="utf-8") for p in paths)
+        self._tensorboard = _open_tensorboard(self.run_dir) if tensorboard else None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def _append(self, file, rows: Iterable[dict]) -> None:
+        lines = [json.dumps(_plain(row, "row"), allow_nan=False) + "\n" for row in rows]
+        file.write("".join(lines))
+        file.flush()
+        if self.fsync:
+            os.fsync(file.fileno())
+
+    def log_evaluation(self, rows: list[dict]) -> None:
+        """Write one evaluation round: one row per member (schema: `ROW_FIELDS` + extras)."""
+        if not rows:
+            return
+        for row in rows:
+            missing = [name for name in ROW_FIELDS if name not in row]
+            if missing:
+                raise ValueError(
+                    f"evaluation row for member {row.get('member', '?')} lacks {missing}; "
+                    f"every row needs {list(ROW_FIELDS)}"
+                )
+        rows = [{"eval_index": self.next_eval_index, **row} for row in rows]
+        self._append(self._metrics, rows)
+        self.next_eval_index = 1 + max(int(row["eval_index"]) for row in rows)
+        if self._tensorboard is not None:
+            self._tensorboard_evaluation(rows)
+
+    def _tensorboard_evaluation(self, rows: list[dict]) -> None:
+        add = self._tensorboard.add_scalar
+        step = max(int(row["env_steps"]) for row in rows)
+        for row in rows:
+            prefix = f"member_{int(row['member'])}"
+            for name, value in row.items():
+                if name in ("member", "env_steps", "eval_index", "hparams"):
+                    continue
+                if _is_number(value):
+                    add(f"{prefix}/{name}", float(value), step)
+            for name, value in row["hparams"].items():
+                if _is_number(value):
+                    add(f"{prefix}/hparams/{name}", float(value), step)
+        returns = finite_returns(rows)
+        if returns:
+            add("population/best_return", max(returns), step)
+            add("population/median_return", median(returns), step)
+        self._tensorboard.flush()
+
+    def log_scalars(self, step: int, values: dict[str, float]) -> None:
+        """Learner scalars (`learner/critic_loss`, ...) to scalars.jsonl and TensorBoard."""
+        self._append(self._scalars, [{"step": int(step), **values}])
+        if self._tensorboard is not None:
+            for name, value in values.items():
+                if _is_number(value):
+                    self._tensorboard.add_scalar(name, float(value), int(step))
+
+    scalars = log_scalars
+
+    def log_event(self, kind: str, payload: dict) -> None:
+        """Append `{"kind": kind, "time": unix seconds, **payload}` to events.jsonl."""
+        if "kind" in payload:
+            raise ValueError(f"event payload must not have a 'kind' key (event kind {kind!r})")
+        self._append(self._events, [{"kind": kind, "time": time.time(), **payload}])
+
+    def close(self) -> None:
+        for file in (self._metrics, self._scalars, self._events):
+            file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return not isinstance(value, bool | str) and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def median(values: list[float]) -> float:
+    """Median of finite values; NaN when there are none."""
+    values = sorted(values)
+    n = len(values)
+    return (values[(n - 1) // 2] + values[n // 2]) / 2 if values else math.nan
+
+
+def finite_returns(rows: Iterable[dict]) -> list[float]:
+    return [float(r["return_mean"]) for r in rows if _is_number(r["return_mean"])]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file; an unparsable LAST line (a crash mid-write) is ignored."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object ({error})") from error
+    return rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Evaluation rows of a metrics.jsonl (or of the run directory holding one); null -> NaN."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    return [{k: _nan_for_null(v) for k, v in row.items()} for row in read_jsonl(path)]
+
+
+def evaluation_rounds(rows: list[dict]) -> list[list[dict]]:
+    """Rows grouped into evaluation rounds, in order.
+
+    Members of one round share `eval_index`; rows without one are grouped by equal `env_steps`.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = ("eval", row["eval_index"]) if "eval_index" in row else ("steps", row["env_steps"])
+        groups.setdefault(key, []).append(row)
+    return sorted(
+        groups.values(),
+        key=lambda group: (max(r["env_steps"] for r in group), max(r["wall_time"] for r in group)),
+    )
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Headline numbers of a run: the best member at the last evaluation round and totals."""
+    if not rows:
+        raise ValueError("no evaluation rows to summarize")
+    rounds = evaluation_rounds(rows)
+    last_round = rounds[-1]
+    best = max(
+        (r for r in last_round if _is_number(r["return_mean"])),
+        key=lambda r: r["return_mean"],
+        default=None,
+    )
+    last_by_member = {int(row["member"]): row for group in rounds for row in group}
+    return {
+        "best_member": None if best is None else int(best["member"]),
+        "best_return": math.nan if best is None else float(best["return_mean"]),
+        "best_hparams": None if best is None else best["hparams"],
+        "median_return": median(finite_returns(last_round)),
+        "member_returns": {m: float(r["return_mean"]) for m, r in sorted(last_by_member.items())},
+        "evaluations": len(rounds),
+        "env_steps": max(int(r["env_steps"]) for r in rows),
+        "wall_time": max(float(r["wall_time"]) for r in rows),
+    }

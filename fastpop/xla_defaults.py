@@ -1,0 +1,32 @@
+"""XLA settings that fastpop's CPU performance depends on, applied before JAX starts.
+
+Importing `fastpop` appends these to XLA_FLAGS unless the flag is already there, so a user's own
+setting always wins; FASTPOP_XLA_DEFAULTS=0 turns the defaults off. They only touch the CPU
+backend. They must be in the environment before JAX initialises its backend: import fastpop
+before running any JAX computation. Measurements: results/bench/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+CPU_XLA_FLAGS = {
+    # Without region analysis, copy insertion copies the population state around the scan's
+    # while loop and TD3's delayed-actor conditional: 21.6 MiB per update at P=8 for TD3
+    # (4.2 MiB with it). That memory-bound work grows with the population while the batched
+    # matmuls stay fast, and is what made a naive jit(vmap) TD3 fall behind sequential.
+    "xla_cpu_copy_insertion_use_region_analysis": "true",
+    # XLA's YNNPACK dot fusions ran the 256-wide MLP updates slower than XLA's own dot emitter.
+    "xla_cpu_experimental_ynn_fusion_type": "",
+}
+
+
+def apply_xla_defaults() -> None:
+    if os.environ.get("FASTPOP_XLA_DEFAULTS", "1") == "0":
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    missing = [
+        f"--{name}={value}" for name, value in CPU_XLA_FLAGS.items() if f"--{name}" not in flags
+    ]
+    if missing:
+        os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()

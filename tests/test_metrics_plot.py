@@ -1,0 +1,173 @@
+import json
+import math
+import re
+import sys
+import warnings
+
+import pytest
+
+from fastpop import metrics
+from fastpop.metrics import MetricsWriter, evaluation_rounds, read_metrics, summarize
+from fastpop.plot import STEPS_PLOT, WALLTIME_PLOT, plot_runs
+
+MEMBERS = 3
+EVALUATIONS = 4
+
+
+def round_rows(evaluation: int, members: int = MEMBERS, best: int = 1) -> list[dict]:
+    """One evaluation round; member `best` leads, returns grow with evaluation."""
+    return [
+        {
+            "wall_time": 30.0 * (evaluation + 1),
+            "env_steps": 1000 * members * (evaluation + 1),
+            "member_env_steps": 1000 * (evaluation + 1),
+            "updates": 500 * (evaluation + 1),
+            "member": member,
+            "return_mean": 100.0 * evaluation + (50.0 if member == best else 10.0 * member),
+            "return_std": 5.0,
+            "episodes": 10,
+            "hparams": {"actor_lr": 3e-4 * (member + 1), "policy_delay": 2},
+            "critic_loss": 0.5,
+        }
+        for member in range(members)
+    ]
+
+
+def write_run(run_dir, evaluations=EVALUATIONS, best=1, tensorboard=False) -> list[dict]:
+    written = []
+    with MetricsWriter(run_dir, tensorboard=tensorboard) as writer:
+        for evaluation in range(evaluations):
+            rows = round_rows(evaluation, best=best)
+            writer.log_evaluation(rows)
+            written += [{"eval_index": evaluation, **row} for row in rows]
+    return written
+
+
+def test_rows_round_trip(tmp_path):
+    written = write_run(tmp_path / "run")
+    assert read_metrics(tmp_path / "run" / "metrics.jsonl") == written
+    assert read_metrics(tmp_path / "run") == written
+    rounds = evaluation_rounds(written)
+    assert [len(r) for r in rounds] == [MEMBERS] * EVALUATIONS
+    assert [r[0]["eval_index"] for r in rounds] == list(range(EVALUATIONS))
+
+
+def test_nan_round_trips_as_null(tmp_path):
+    rows = round_rows(0)
+    rows[0]["return_mean"] = math.nan
+    rows[0]["return_std"] = float("nan")
+    rows[1]["hparams"]["actor_lr"] = math.inf
+    with MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.log_evaluation(rows)
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["return_mean"] is None and first["return_std"] is None
+    back = read_metrics(tmp_path / "metrics.jsonl")
+    assert math.isnan(back[0]["return_mean"]) and math.isnan(back[0]["return_std"])
+    assert math.isnan(back[1]["hparams"]["actor_lr"])
+    assert back[2]["return_mean"] == rows[2]["return_mean"]
+
+
+def test_truncated_last_line_is_ignored_and_resume_appends(tmp_path):
+    written = write_run(tmp_path, evaluations=2)
+    path = tmp_path / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write('{"wall_time": 91.0, "env_steps": 90')  # a crash mid-write
+    assert read_metrics(path) == written
+    with MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.log_evaluation(round_rows(2))
+    rows = read_metrics(path)
+    assert len(rows) == 3 * MEMBERS
+    assert {r["eval_index"] for r in rows[-MEMBERS:]} == {2}
+
+
+def test_corrupt_middle_line_names_the_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"a": 1}\nnot json\n{"a": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
+        read_metrics(path)
+
+
+def test_missing_field_is_rejected(tmp_path):
+    row = round_rows(0)[0]
+    del row["episodes"]
+    with (
+        MetricsWriter(tmp_path, tensorboard=False) as writer,
+        pytest.raises(ValueError, match="episodes"),
+    ):
+        writer.log_evaluation([row])
+
+
+def test_summarize_picks_best_member(tmp_path):
+    rows = write_run(tmp_path, best=2)
+    summary = summarize(rows)
+    assert summary["best_member"] == 2
+    assert summary["best_return"] == 100.0 * (EVALUATIONS - 1) + 50.0
+    assert summary["median_return"] == 100.0 * (EVALUATIONS - 1) + 10.0
+    assert summary["member_returns"] == {0: 300.0, 1: 310.0, 2: 350.0}
+    assert summary["env_steps"] == 1000 * MEMBERS * EVALUATIONS
+    assert summary["wall_time"] == 30.0 * EVALUATIONS
+    assert summary["evaluations"] == EVALUATIONS
+
+
+def test_summarize_groups_by_env_steps_without_eval_index():
+    rows = [row for e in range(EVALUATIONS) for row in round_rows(e, best=0)]
+    assert len(evaluation_rounds(rows)) == EVALUATIONS
+    assert summarize(rows)["best_member"] == 0
+
+
+def test_events_and_scalars_files(tmp_path):
+    with MetricsWriter(tmp_path, tensorboard=False) as writer:
+        writer.log_event("collector_restart", {"collector": 1, "reason": "exit code -9"})
+        writer.log_scalars(10, {"learner/critic_loss": 0.25})
+        with pytest.raises(ValueError, match="kind"):
+            writer.log_event("exploit", {"kind": "x"})
+    events = metrics.read_jsonl(tmp_path / "events.jsonl")
+    assert events[0]["kind"] == "collector_restart" and events[0]["collector"] == 1
+    scalars = metrics.read_jsonl(tmp_path / "scalars.jsonl")
+    assert scalars == [{"step": 10, "learner/critic_loss": 0.25}]
+
+
+def test_tensorboard_event_file(tmp_path):
+    pytest.importorskip("tensorboardX")
+    with MetricsWriter(tmp_path, tensorboard=True) as writer:
+        writer.log_evaluation(round_rows(0))
+        writer.log_scalars(1, {"learner/critic_loss": 0.5})
+    event_files = list(tmp_path.glob("events.out.tfevents.*"))
+    assert event_files and event_files[0].stat().st_size > 0
+
+
+def test_missing_tensorboardx_warns_once(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # makes the import fail
+    monkeypatch.setattr(metrics, "_warned_no_tensorboard", False)
+    with pytest.warns(UserWarning, match="tensorboardX"):
+        MetricsWriter(tmp_path / "a").close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with MetricsWriter(tmp_path / "b") as writer:
+            writer.log_evaluation(round_rows(0))
+    assert not list((tmp_path / "b").glob("events.out.tfevents.*"))
+
+
+def test_plot_two_runs(tmp_path):
+    runs = [tmp_path / "runs" / "vectorized", tmp_path / "runs" / "sequential"]
+    write_run(runs[0])
+    write_run(runs[1], evaluations=2, best=0)
+    (runs[0] / "config.yaml").write_text("algorithm: td3\nenv:\n  id: HalfCheetah-v5\n")
+    paths = plot_runs(runs, out_dir=tmp_path / "plots")
+    assert [p.name for p in paths] == [WALLTIME_PLOT, STEPS_PLOT]
+    for path in paths:
+        assert path.parent == tmp_path / "plots" and path.stat().st_size > 0
+    default = plot_runs(runs)
+    assert default[0].parent == (tmp_path / "runs" / "comparison_vectorized_sequential").resolve()
+    assert plot_runs(runs[:1])[0].parent == runs[0]
+
+
+def test_plot_missing_or_empty_metrics_names_path(tmp_path):
+    write_run(tmp_path / "good")
+    (tmp_path / "missing").mkdir()
+    with pytest.raises(ValueError, match=re.escape(str(tmp_path / "missing"))):
+        plot_runs([tmp_path / "good", tmp_path / "missing"])
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no evaluation rows"):
+        plot_runs([tmp_path / "empty"])
