@@ -117,6 +117,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-seconds", type=float, default=2.0, help="timed seconds per measurement"
     )
     update.add_argument("--out", type=Path, default=Path("results/bench"))
+
+    train = commands.add_parser(
+        "train",
+        help="train a population with collector processes",
+        description="Train a population from a YAML preset (configs/) with --set overrides. "
+        "Writes results/runs/<name>/ (or --out): config.yaml, metrics.jsonl, TensorBoard "
+        "events, summary.json and the return plots.",
+    )
+    train.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        default=None,
+        help="YAML preset, e.g. configs/td3_pendulum_cpu.yaml (default: defaults)",
+    )
+    train.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable)",
+    )
+    train.add_argument("--out", type=Path, default=None, help="run directory")
+    train.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+
+    plot = commands.add_parser("plot", help="walltime-vs-return and steps-vs-return plots")
+    plot.add_argument("runs", type=Path, nargs="+", help="run directories")
+    plot.add_argument("--out", type=Path, default=None, help="output directory")
     return parser
 
 
@@ -140,10 +169,68 @@ def run_bench_update(args: argparse.Namespace) -> int:
     return 0
 
 
+def fail(message: str, code: int = 2) -> int:
+    print(f"fastpop: error: {message}", file=sys.stderr)
+    return code
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import json
+
+    from fastpop.config import ConfigError, load_config
+    from fastpop.plot import plot_runs
+    from fastpop.train import Run
+
+    try:
+        config = load_config(args.config, args.overrides)
+        run_dir = args.out or Path("results/runs") / config.name
+        if run_dir.exists() and any(run_dir.iterdir()) and not args.overwrite:
+            raise ConfigError(
+                f"run directory {run_dir} already exists; choose another "
+                "--set name=... or --out, or pass --overwrite"
+            )
+        run = Run(config, run_dir)  # refuses what cannot run before anything is written
+    except (ConfigError, ValueError) as error:
+        return fail(str(error))
+    if args.overwrite and run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from fastpop.collect.workers import WorkerFailed
+
+    try:
+        summary = run.run()
+    except WorkerFailed as error:
+        return fail(str(error), code=1)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    try:
+        paths = plot_runs([run_dir])
+        print("wrote " + ", ".join(str(p) for p in paths))
+    except ValueError as error:  # no evaluation finished (e.g. interrupted at once)
+        print(f"no plot: {error}")
+    return 130 if summary["stopped_by"] == "interrupted" else 0
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    from fastpop.plot import plot_runs
+
+    try:
+        paths = plot_runs(args.runs, args.out)
+    except ValueError as error:
+        return fail(str(error))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench" and args.bench == "update":
         return run_bench_update(args)
+    if args.command == "train":
+        return run_train(args)
+    if args.command == "plot":
+        return run_plot(args)
     return 2
 
 

@@ -428,6 +428,15 @@ def default_member_hparams(config: Config, agent) -> Any:
     return defaults._replace(**values)
 
 
+def atari_options(config: Config):
+    """The `AtariOptions` of this config's training environments (None for other envs)."""
+    from fastpop.envs import AtariOptions
+
+    if not config.env.id.startswith("ALE/"):
+        return None
+    return AtariOptions(terminal_on_life_loss=config.env.atari_terminal_on_life_loss)
+
+
 def replay_layout(config: Config) -> tuple[int, int]:
     """(capacity, lanes) of one replay buffer: per member, or the one shared by all members."""
     size, lanes = config.population.size, config.collect.envs_per_member

@@ -14,6 +14,7 @@ import numpy as np
 
 from fastpop import population, replay
 from fastpop.agents import Agent
+from fastpop.collect.evaluator import evaluate_population
 from fastpop.envs import env_spec_from_spaces, make_vector_env
 from fastpop.rollout import RowStream
 from fastpop.types import PyTree
@@ -117,26 +118,5 @@ def evaluate(
     agent: Agent, states: PyTree, hparams: PyTree, env_id: str, episodes: int, seed: int
 ) -> np.ndarray:
     """Mean return of each member over `episodes` episodes with the policy held constant."""
-    size = population.population_size(hparams)
-    envs = make_vector_env(env_id, size, seed)
-    act = batched_act(agent)
     policy = population.member_policies(agent, states)
-    obs, _ = envs.reset(seed=seed)
-    totals = np.zeros(size)
-    running = np.zeros(size)
-    finished = np.zeros(size, np.int64)
-    needs_reset = np.zeros(size, bool)
-    key = jax.random.key(seed)
-    while np.any(finished < episodes):
-        key, act_key = jax.random.split(key)
-        actions = act(policy, obs[:, None], jax.random.split(act_key, size), hparams, False, 0)
-        obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions)[:, 0])
-        counting = ~needs_reset & (finished < episodes)
-        running += np.where(counting, reward, 0.0)
-        done = (terminated | truncated) & ~needs_reset
-        totals += np.where(done & counting, running, 0.0)
-        finished += done & counting
-        running[done] = 0.0
-        needs_reset = done
-    envs.close()
-    return totals / episodes
+    return evaluate_population(agent, policy, hparams, env_id, episodes, seed)[0]

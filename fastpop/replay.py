@@ -114,7 +114,7 @@ def stored_obs(spec: ReplaySpec | EnvSpec, obs):
     return obs[..., -(spec.obs_shape[-1] // spec.frame_stack) :]
 
 
-def _row_layout(spec: ReplaySpec, lead: tuple[int, ...]) -> Rows:
+def row_layout(spec: ReplaySpec, lead: tuple[int, ...]) -> Rows:
     def leaf(shape, dtype):
         return jax.ShapeDtypeStruct((*lead, *shape), np.dtype(dtype))
 
@@ -130,7 +130,7 @@ def _row_layout(spec: ReplaySpec, lead: tuple[int, ...]) -> Rows:
 
 
 def _zeros(spec: ReplaySpec, batch: tuple[int, ...]) -> ReplayState:
-    layout = _row_layout(spec, (*batch, spec.lanes, spec.lane_capacity))
+    layout = row_layout(spec, (*batch, spec.lanes, spec.lane_capacity))
     rows = Rows(*(jnp.zeros(x.shape, x.dtype) for x in layout))
     # Separate arrays: one buffer used twice could not be donated to `add`.
     return ReplayState(rows, position=jnp.zeros(batch, jnp.int32), size=jnp.zeros(batch, jnp.int32))
@@ -147,7 +147,7 @@ def init_population(spec: ReplaySpec, population_size: int) -> ReplayState:
 
 def add(spec: ReplaySpec, state: ReplayState, chunk: Rows) -> ReplayState:
     """Writes `chunk_len` rows at `position` in every lane, wrapping around the ring."""
-    expected = _row_layout(spec, (spec.lanes, spec.chunk_len))
+    expected = row_layout(spec, (spec.lanes, spec.chunk_len))
     for name, x, want in zip(Rows._fields, chunk, expected, strict=True):
         chex.assert_shape(x, want.shape, custom_message=f"replay chunk field {name!r}")
         chex.assert_type(x, want.dtype, custom_message=f"replay chunk field {name!r}")
@@ -213,7 +213,12 @@ def sample(spec: ReplaySpec, state: ReplayState, key: PRNGKey, batch_size: int) 
     shape = (batch_size, NUM_CANDIDATES)
     lanes = jax.random.randint(lane_key, shape, 0, spec.lanes)
     offsets = skip + jax.random.randint(offset_key, shape, 0, count)
-    valid = ~state.rows.autoreset[lanes, (oldest + offsets) % cap]
+    starts = (oldest + offsets) % cap
+    # A start is invalid on an autoreset row, and where the next row starts an episode without
+    # an autoreset row in between (a restarted collector's fresh stream): s' would be a reset.
+    valid = (
+        ~state.rows.autoreset[lanes, starts] & ~state.rows.episode_start[lanes, (starts + 1) % cap]
+    )
     first = jnp.argmax(valid, axis=1)[:, None]
     any_valid = jnp.any(valid, axis=1)
     first_offset = offsets[:, 0]
@@ -252,7 +257,7 @@ class ReplayTooLarge(ValueError):
 
 def memory_estimate_bytes(spec: ReplaySpec) -> int:
     """Exact bytes of one buffer's arrays (rows plus the two int32 counters)."""
-    layout = _row_layout(spec, (spec.lanes, spec.lane_capacity))
+    layout = row_layout(spec, (spec.lanes, spec.lane_capacity))
     return sum(math.prod(x.shape) * x.dtype.itemsize for x in layout) + 2 * 4
 
 
@@ -320,3 +325,74 @@ def memory_estimate(
 def check_fits(estimate: MemoryEstimate) -> None:
     if not estimate.fits:
         raise ReplayTooLarge(estimate.message)
+
+
+# --- samples-per-insert rate limiter (host side) ---
+
+
+class RateLimiter:
+    """Keeps sampled / inserted transitions (per member) near `samples_per_insert`.
+
+    Learning starts once `min_size` transitions are in; from then on the learner may sample
+    (one call = `updates_per_call` batches) while it stays within `slack` of the target, and
+    collection may insert (one chunk = `insert_size` transitions) while it does too. The slack is
+    `tolerance * samples_per_insert * inserted`, but never below one insert plus one call, so
+    that one of the two is always allowed and nothing deadlocks.
+    """
+
+    def __init__(
+        self,
+        samples_per_insert: float,
+        min_size: int,
+        tolerance: float,
+        samples_per_call: int,
+        insert_size: int,
+    ):
+        self.samples_per_insert = samples_per_insert
+        self.min_size = min_size
+        self.tolerance = tolerance
+        self.samples_per_call = samples_per_call
+        self.insert_size = insert_size
+        self.inserted = 0  # per member, since the start
+        self.sampled = 0  # per member, since learning started
+        self.inserted_at_start: int | None = None  # inserted when learning started
+
+    def _slack(self, learning_inserts: int) -> float:
+        minimum = self.samples_per_insert * self.insert_size + self.samples_per_call
+        return max(self.tolerance * self.samples_per_insert * learning_inserts, minimum)
+
+    @property
+    def learning(self) -> bool:
+        return self.inserted_at_start is not None
+
+    def _target(self) -> tuple[float, int]:
+        learning_inserts = self.inserted - self.inserted_at_start
+        return self.samples_per_insert * learning_inserts, learning_inserts
+
+    def can_insert(self) -> bool:
+        if not self.learning:
+            return True
+        target, learning_inserts = self._target()
+        ahead = target + self.samples_per_insert * self.insert_size - self.sampled
+        return ahead <= self._slack(learning_inserts)
+
+    def can_sample(self) -> bool:
+        if not self.learning:
+            return False
+        target, learning_inserts = self._target()
+        return self.sampled + self.samples_per_call - target <= self._slack(learning_inserts)
+
+    def record_insert(self) -> None:
+        self.inserted += self.insert_size
+        if not self.learning and self.inserted >= self.min_size:
+            self.inserted_at_start = self.inserted
+
+    def record_sample(self) -> None:
+        self.sampled += self.samples_per_call
+
+    @property
+    def achieved_samples_per_insert(self) -> float:
+        """Sampled per inserted transition since learning started (nan before)."""
+        if not self.learning or self.inserted == self.inserted_at_start:
+            return float("nan")
+        return self.sampled / (self.inserted - self.inserted_at_start)

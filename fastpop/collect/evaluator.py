@@ -1,0 +1,126 @@
+"""Evaluation with the policy held constant, in its own process so collection never stalls.
+
+The learner puts a snapshot of every member's policy (and hparams) into a `ChunkRing`; the
+evaluator runs `eval.episodes` episodes per member without exploration and sends back plain
+numbers. Evaluation environments are built with `training=False`: raw game scores for Atari.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from typing import NamedTuple
+
+import numpy as np
+
+from fastpop.collect.collector import force_cpu_jax, policy_template
+from fastpop.collect.shm import ChunkRing, ChunkRingSpec
+
+META_FIELD = "snapshot_meta"  # float64[4]: eval index, env steps, updates, wall time
+
+
+class EvaluatorSpec(NamedTuple):
+    config: dict
+    ring: ChunkRingSpec
+    seed: int
+    parent_pid: int
+
+
+def evaluate_population(agent, policy, hparams, env_id, episodes, seed, atari=None):
+    """Mean and std of each member's return over `episodes` episodes, policy held constant.
+
+    One env per member, stepped together with one batched policy call; a member's env keeps
+    running (uncounted) after its own episodes are done until every member has finished.
+    """
+    import jax
+
+    from fastpop import population
+    from fastpop.envs import make_vector_env
+
+    size = population.population_size(hparams)
+    envs = make_vector_env(env_id, size, seed, training=False, atari=atari)
+    act = jax.jit(jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None)))
+    returns: list[list[float]] = [[] for _ in range(size)]
+    running = np.zeros(size)
+    needs_reset = np.zeros(size, bool)  # next step is the autoreset step: not part of an episode
+    key = jax.random.key(seed)
+    obs, _ = envs.reset(seed=seed)
+    try:
+        while min(len(r) for r in returns) < episodes:
+            key, act_key = jax.random.split(key)
+            actions = act(policy, obs[:, None], jax.random.split(act_key, size), hparams, False, 0)
+            obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions)[:, 0])
+            running += np.where(needs_reset, 0.0, reward)
+            done = (terminated | truncated) & ~needs_reset
+            for member in np.flatnonzero(done):
+                if len(returns[member]) < episodes:
+                    returns[member].append(float(running[member]))
+            running[done] = 0.0
+            needs_reset = done
+    finally:
+        envs.close()
+    values = np.array(returns)
+    return values.mean(axis=1), values.std(axis=1)
+
+
+def run_evaluator(spec: EvaluatorSpec, stop_event, results_queue) -> None:
+    """Process entry point: ("evaluation", dict) per snapshot, ("error", -1, traceback)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    force_cpu_jax()
+    try:
+        _evaluate_snapshots(spec, stop_event, results_queue)
+    except Exception:
+        results_queue.put(("error", -1, traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
+def _evaluate_snapshots(spec: EvaluatorSpec, stop_event, results_queue) -> None:
+    import jax
+
+    from fastpop import config as config_lib
+    from fastpop.agents import make_agent
+    from fastpop.envs import env_spec
+
+    config = config_lib.config_from_dict(spec.config)
+    atari = config_lib.atari_options(config)
+    agent = make_agent(config.algo, env_spec(config.env.id, atari), **config.agent)
+    treedef = jax.tree.structure(policy_template(agent, config.population.size))
+    ring = ChunkRing.attach(spec.ring)
+    try:
+        while not stop_event.is_set() and os.getppid() == spec.parent_pid:
+            chunk = ring.try_get()
+            if chunk is None:
+                time.sleep(0.01)
+                continue
+            meta = chunk.arrays.pop(META_FIELD)
+            leaves = [chunk.arrays[f"leaf_{i}"] for i in range(len(chunk.arrays))]
+            policy, hparams = jax.tree.unflatten(treedef, leaves)
+            eval_index = int(meta[0])
+            start = time.perf_counter()
+            mean, std = evaluate_population(
+                agent,
+                policy,
+                hparams,
+                config.env.id,
+                config.eval.episodes,
+                seed=spec.seed + 7919 * eval_index,
+                atari=atari,
+            )
+            results_queue.put(
+                (
+                    "evaluation",
+                    {
+                        "eval_index": eval_index,
+                        "env_steps": int(meta[1]),
+                        "updates": int(meta[2]),
+                        "wall_time": float(meta[3]),
+                        "return_mean": mean.tolist(),
+                        "return_std": std.tolist(),
+                        "seconds": time.perf_counter() - start,
+                    },
+                )
+            )
+    finally:
+        ring.close()

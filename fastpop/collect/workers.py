@@ -1,0 +1,258 @@
+"""The learner's side of the worker processes: start, feed, watch, restart and stop them."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import signal
+import time
+from collections import deque
+
+import numpy as np
+
+from fastpop import config as config_lib
+from fastpop import replay
+from fastpop.collect.collector import CollectorSpec, max_episodes_per_chunk, run_collector
+from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
+from fastpop.collect.shm import ChunkRing, ParamChannel
+
+EVAL_SLOTS = 4
+STOP_TIMEOUT_SECONDS = 3.0
+
+
+class WorkerFailed(RuntimeError):
+    """A worker process died more often than collect.max_restarts allows."""
+
+
+def split_slots(num_envs: int, num_collectors: int) -> list[tuple[int, int]]:
+    """Contiguous (first_slot, num_slots) blocks, sizes differing by at most one."""
+    base, extra = divmod(num_envs, num_collectors)
+    blocks, first = [], 0
+    for index in range(num_collectors):
+        count = base + (index < extra)
+        blocks.append((first, count))
+        first += count
+    return blocks
+
+
+def describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class Workers:
+    """Collectors, the evaluator and their shared memory, as one context manager.
+
+    Leaving the context (normally, on an exception or on Ctrl-C) stops every process within a
+    few seconds and unlinks every shared-memory segment.
+    """
+
+    def __init__(self, config, initial_leaves, env_spec, log=print, log_event=None):
+        self.config = config
+        self.log = log
+        self.log_event = log_event or (lambda kind, payload: None)
+        self.context = mp.get_context("spawn")
+        self.stop_event = self.context.Event()
+        self.status = self.context.Queue()
+        self.results = self.context.Queue()
+        self.params = ParamChannel.create(initial_leaves)
+        self.params.publish(initial_leaves)
+        self.config_dict = config_lib.config_to_dict(config)
+        capacity, lanes = config_lib.replay_layout(config)
+        chunk_len = config.collect.chunk_len
+        rows_spec = replay.make_replay_spec(env_spec, capacity, lanes, chunk_len)
+        num_envs = config.population.size * config.collect.envs_per_member
+        self.blocks = split_slots(num_envs, config.collect.num_collectors)
+        self.rings = []
+        for _, count in self.blocks:
+            fields = {
+                name: (layout.shape, layout.dtype)
+                for name, layout in replay.row_layout(rows_spec, (count, chunk_len))
+                ._asdict()
+                .items()
+            }
+            self.rings.append(
+                ChunkRing.create(
+                    fields, config.collect.ring_slots, max_episodes_per_chunk(count, chunk_len)
+                )
+            )
+        self.pending = [deque() for _ in self.rings]
+        eval_fields = {f"leaf_{i}": leaf for i, leaf in enumerate(initial_leaves)}
+        eval_fields["snapshot_meta"] = np.zeros(4, np.float64)
+        self.eval_ring = ChunkRing.create(eval_fields, EVAL_SLOTS, 0)
+        self.restarts = [0] * len(self.blocks)
+        self.evaluator_restarts = 0
+        self.stats: dict[str, dict] = {}
+        self.collectors: list = [None] * len(self.blocks)
+        self.evaluator = None
+        self.stopped = False
+
+    def __enter__(self) -> Workers:
+        try:
+            for index in range(len(self.blocks)):
+                self._start_collector(index)
+            self._start_evaluator()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        for channel in (self.params, self.eval_ring, *self.rings):
+            channel.close()
+            channel.unlink()
+
+    def _start_collector(self, index: int) -> None:
+        first, count = self.blocks[index]
+        seed = int(
+            np.random.SeedSequence([self.config.seed, first, self.restarts[index]]).generate_state(
+                1
+            )[0]
+            % 2**31
+        )
+        spec = CollectorSpec(
+            index,
+            self.config_dict,
+            first,
+            count,
+            self.params.spec,
+            self.rings[index].spec,
+            seed,
+            mp.current_process().pid,
+        )
+        process = self.context.Process(
+            target=run_collector,
+            name=f"fastpop-collector-{index}",
+            args=(spec, self.stop_event, self.status),
+            daemon=True,
+        )
+        process.start()
+        self.collectors[index] = process
+
+    def _start_evaluator(self) -> None:
+        spec = EvaluatorSpec(
+            self.config_dict,
+            self.eval_ring.spec,
+            self.config.seed + 10_000 * self.evaluator_restarts,
+            mp.current_process().pid,
+        )
+        self.evaluator = self.context.Process(
+            target=run_evaluator,
+            name="fastpop-evaluator",
+            args=(spec, self.stop_event, self.results),
+            daemon=True,
+        )
+        self.evaluator.start()
+
+    def publish(self, leaves) -> None:
+        self.params.publish(leaves)
+
+    def next_chunk(self):
+        """One chunk from every collector, concatenated over slots; (None, []) if not ready."""
+        for ring, pending in zip(self.rings, self.pending, strict=True):
+            if not pending:
+                chunk = ring.try_get()
+                if chunk is not None:
+                    pending.append(chunk)
+        if not all(self.pending):
+            return None, []
+        chunks = [pending.popleft() for pending in self.pending]
+        rows = replay.Rows(
+            **{
+                name: np.concatenate([c.arrays[name] for c in chunks])
+                for name in replay.Rows._fields
+            }
+        )
+        return rows, [episode for chunk in chunks for episode in chunk.episodes]
+
+    def evaluate(self, arrays: dict) -> None:
+        while not self.eval_ring.put(arrays, timeout=1.0):
+            self.check()  # a full ring means a slow evaluator: wait, but notice if it died
+
+    def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        results = []
+        try:
+            while True:
+                kind, *payload = (
+                    self.results.get(timeout=timeout) if timeout else self.results.get_nowait()
+                )
+                if kind == "error":
+                    self._failed("evaluator", payload[1])
+                else:
+                    results.append(payload[0])
+                timeout = 0.0
+        except queue.Empty:
+            return results
+
+    def check(self) -> None:
+        """Notices dead workers: restarts them up to collect.max_restarts, else raises."""
+        reasons = self._drain_status()
+        for index, process in enumerate(self.collectors):
+            if process.exitcode is not None:
+                reason = reasons.get(index) or describe_exit(process.exitcode)
+                self.restarts[index] += 1
+                self._restart_or_fail(
+                    f"collector {index}",
+                    self.restarts[index],
+                    reason,
+                    lambda i=index: self._start_collector(i),
+                )
+        if self.evaluator.exitcode is not None:
+            self.evaluator_restarts += 1
+            reason = reasons.get(-1) or describe_exit(self.evaluator.exitcode)
+            self._restart_or_fail(
+                "evaluator", self.evaluator_restarts, reason, self._start_evaluator
+            )
+
+    def _drain_status(self) -> dict[int, str]:
+        reasons = {}
+        try:
+            while True:
+                kind, index, payload = self.status.get_nowait()
+                if kind == "error":
+                    reasons[index] = payload.strip().splitlines()[-1]
+                    self.log(f"worker {index} failed:\n{payload}")
+                else:
+                    self.stats[f"collector {index}"] = payload
+        except queue.Empty:
+            return reasons
+
+    def _restart_or_fail(self, name: str, count: int, reason: str, start) -> None:
+        if count > self.config.collect.max_restarts:
+            raise WorkerFailed(
+                f"{name} died ({reason}) and was already restarted "
+                f"{count - 1} times (collect.max_restarts)"
+            )
+        self.log(
+            f"{name} died ({reason}); restarting it ({count}/{self.config.collect.max_restarts})"
+        )
+        self.log_event("worker_restart", {"worker": name, "reason": reason, "restart": count})
+        start()
+
+    def _failed(self, name: str, traceback_text: str) -> None:
+        raise WorkerFailed(f"{name} failed: {traceback_text.strip().splitlines()[-1]}")
+
+    def stop(self) -> dict[str, dict]:
+        """Stops every process (politely, then by force) and returns their reported stats."""
+        if self.stopped:
+            return self.stats
+        self.stopped = True
+        self.stop_event.set()
+        processes = [p for p in (*self.collectors, self.evaluator) if p is not None]
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for process in processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+                process.join(1.0)
+            if process.is_alive():
+                process.kill()
+                process.join(1.0)
+        self._drain_status()
+        for channel in (self.status, self.results):
+            channel.close()
+            channel.cancel_join_thread()
+        return self.stats

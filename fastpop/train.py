@@ -1,0 +1,336 @@
+"""The training loop: collectors feed the device replay, the learner updates the population.
+
+    drain chunks -> replay.add -> rate limiter -> K-step population update -> publish params
+    every eval.interval env steps: snapshot -> evaluator process -> metrics.jsonl
+
+Nothing here is algorithm-specific. The learner owns all device state; collector and evaluator
+processes (fastpop.collect) step CPU simulators and talk to it through shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections import deque
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpop import config as config_lib
+from fastpop import population, replay
+from fastpop.agents import make_agent
+from fastpop.collect.evaluator import META_FIELD
+from fastpop.collect.workers import Workers
+from fastpop.envs import env_spec
+from fastpop.metrics import MetricsWriter, median
+
+
+class TrainError(RuntimeError):
+    """The run could not go on (a worker failed beyond its restarts); the message says why."""
+
+
+class StopRequested(Exception):
+    """SIGTERM: stop like Ctrl-C does."""
+
+
+def _raise_stop(signum, frame):
+    raise StopRequested()
+
+
+def prepare(config: config_lib.Config):
+    """Everything that can refuse a config, checked before any process or file exists."""
+    atari = config_lib.atari_options(config)
+    spec = env_spec(config.env.id, atari)
+    try:
+        agent = make_agent(config.algo, spec, **config.agent)
+    except ValueError as error:
+        raise config_lib.ConfigError(f"algo {config.algo!r} on {config.env.id}: {error}") from None
+    estimate = config_lib.memory_estimate(config, spec)
+    if not estimate.fits:
+        raise config_lib.ConfigError(estimate.message)
+    return spec, agent
+
+
+class Learner:
+    """Device state (member states, replay) and the host-side bookkeeping around it."""
+
+    def __init__(self, config: config_lib.Config, spec, agent):
+        self.config = config
+        self.agent = agent
+        size = config.population.size
+        self.hparams = population.broadcast_hparams(
+            config_lib.default_member_hparams(config, agent), size
+        )
+        capacity, lanes = config_lib.replay_layout(config)
+        self.replay_spec = replay.make_replay_spec(spec, capacity, lanes, config.collect.chunk_len)
+        shared = config.replay.shared
+        self.buffers = (
+            replay.init(self.replay_spec)
+            if shared
+            else replay.init_population(self.replay_spec, size)
+        )
+        add = partial_add(self.replay_spec)
+        self.add = jax.jit(add if shared else jax.vmap(add), donate_argnums=0)
+        updates = config.train.updates_per_call
+        sample = lambda buffer, key: replay.sample(self.replay_spec, buffer, key, agent.batch_size)
+        self.executor = population.make_executor(
+            config.population.execution,
+            agent,
+            sample,
+            updates,
+            shared_replay=shared,
+            unroll=population.scan_unroll(spec.obs_shape, updates),
+        )
+        self.key, init_key = jax.random.split(jax.random.key(config.seed))
+        self.states = self.executor.adopt(population.init_population(agent, init_key, self.hparams))
+        self.member_hparams = self.executor.adopt(self.hparams)
+        transitions_per_chunk = config.collect.chunk_len * config.collect.envs_per_member
+        self.limiter = replay.RateLimiter(
+            config.replay.samples_per_insert,
+            config.replay.min_size,
+            config.replay.tolerance,
+            samples_per_call=updates * agent.batch_size,
+            insert_size=transitions_per_chunk,
+        )
+        self.updates = 0
+        self.last_metrics: dict[str, float] = {}
+
+    def policy_leaves(self) -> list[np.ndarray]:
+        """What collectors and the evaluator act with: stacked policy params and hparams."""
+        policy = population.member_policies(self.agent, self.executor.release(self.states))
+        return [np.asarray(leaf) for leaf in jax.tree.leaves((policy, self.hparams))]
+
+    def insert(self, rows: replay.Rows) -> None:
+        """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
+        size, lanes = self.config.population.size, self.config.collect.envs_per_member
+        if self.config.replay.shared:
+            chunk = jax.tree.map(jnp.asarray, rows)
+        else:
+            chunk = jax.tree.map(lambda x: jnp.asarray(x).reshape(size, lanes, *x.shape[1:]), rows)
+        self.buffers = self.add(self.buffers, chunk)
+        self.limiter.record_insert()
+
+    def update(self) -> None:
+        self.key, update_key = jax.random.split(self.key)
+        self.states, metrics = self.executor.update(
+            self.states, self.executor.adopt(self.buffers), self.member_hparams, update_key
+        )
+        self.limiter.record_sample()
+        self.updates += self.config.train.updates_per_call
+        self.last_metrics = {f"learner/{k}": float(jnp.nanmean(v)) for k, v in metrics.items()}
+
+    def member_hparams_values(self, member: int) -> dict:
+        return {
+            name: np.asarray(value[member]).item() for name, value in self.hparams._asdict().items()
+        }
+
+
+def partial_add(spec):
+    return lambda buffers, chunk: replay.add(spec, buffers, chunk)
+
+
+class Run:
+    """One training run: the loop, its clock, its outputs."""
+
+    def __init__(self, config: config_lib.Config, run_dir: Path, log=print):
+        self.config = config
+        self.run_dir = run_dir
+        self.log = log
+        self.spec, agent = prepare(config)
+        self.learner = Learner(config, self.spec, agent)
+        self.start = time.monotonic()
+        self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0, "idle": 0.0}
+        self.next_eval = config.eval.interval
+        self.eval_index = 0
+        self.pending_evals: set[int] = set()
+        self.latest_returns = np.full(config.population.size, np.nan)
+        self.training_returns: list[deque] = [
+            deque(maxlen=10) for _ in range(config.population.size)
+        ]
+        self.last_progress = self.start
+
+    @property
+    def member_env_steps(self) -> int:
+        return self.learner.limiter.inserted
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def run(self) -> dict:
+        config = self.config
+        config_lib.save_config(config, self.run_dir / "config.yaml")
+        previous = {
+            sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, _raise_stop),)
+        }
+        stopped_by = "completed"
+        try:
+            with (
+                MetricsWriter(self.run_dir, tensorboard=config.log.tensorboard) as metrics,
+                Workers(config, self.learner.policy_leaves(), self.spec, self.log) as workers,
+            ):
+                self.metrics, self.workers = metrics, workers
+                try:
+                    self._loop()
+                    self._final_evaluation()
+                except (KeyboardInterrupt, StopRequested):
+                    stopped_by = "interrupted"
+                    self.log("stopping: interrupted")
+                self.worker_stats = workers.stop()
+                summary = self._summary(stopped_by)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return summary
+
+    def _loop(self) -> None:
+        learner, total = self.learner, self.config.train.total_env_steps
+        max_seconds = self.config.train.max_wall_seconds or math.inf
+        while self.member_env_steps < total and self.elapsed() < max_seconds:
+            self.workers.check()
+            busy = self._collect()
+            if learner.limiter.can_sample():
+                start = time.perf_counter()
+                learner.update()
+                self.workers.publish(learner.policy_leaves())
+                self.timers["update"] += time.perf_counter() - start
+                busy = True
+            self._receive_evaluations()
+            self._progress()
+            if not busy:
+                start = time.perf_counter()
+                time.sleep(0.001)
+                self.timers["idle"] += time.perf_counter() - start
+
+    def _collect(self) -> bool:
+        """Moves complete chunks (one per collector) into the replay while the limiter allows."""
+        moved = False
+        start = time.perf_counter()
+        while (
+            self.learner.limiter.can_insert()
+            and self.member_env_steps < self.config.train.total_env_steps
+        ):
+            rows, episodes = self.workers.next_chunk()
+            if rows is None:
+                break
+            self.learner.insert(rows)
+            for episode in episodes:
+                self.training_returns[episode.member].append(episode.episode_return)
+            moved = True
+            if self.member_env_steps >= self.next_eval:
+                self._snapshot_for_evaluation()
+                self.next_eval += self.config.eval.interval
+        self.timers["transport"] += time.perf_counter() - start
+        return moved
+
+    def _snapshot_for_evaluation(self) -> None:
+        start = time.perf_counter()
+        meta = np.array(
+            [
+                self.eval_index,
+                self.member_env_steps * self.config.population.size,
+                self.learner.updates,
+                self.elapsed(),
+            ],
+            np.float64,
+        )
+        arrays = {f"leaf_{i}": leaf for i, leaf in enumerate(self.learner.policy_leaves())}
+        self.workers.evaluate({**arrays, META_FIELD: meta})
+        self.pending_evals.add(self.eval_index)
+        self.eval_index += 1
+        self.timers["evaluation_snapshots"] += time.perf_counter() - start
+
+    def _receive_evaluations(self, timeout: float = 0.0) -> None:
+        for result in self.workers.evaluations(timeout):
+            self.pending_evals.discard(result["eval_index"])
+            size = self.config.population.size
+            self.latest_returns = np.array(result["return_mean"])
+            rows = [
+                {
+                    "eval_index": result["eval_index"],
+                    "wall_time": result["wall_time"],
+                    "env_steps": result["env_steps"],
+                    "member_env_steps": result["env_steps"] // size,
+                    "updates": result["updates"],
+                    "member": member,
+                    "return_mean": result["return_mean"][member],
+                    "return_std": result["return_std"][member],
+                    "episodes": self.config.eval.episodes,
+                    "hparams": self.learner.member_hparams_values(member),
+                }
+                for member in range(size)
+            ]
+            self.metrics.log_evaluation(rows)
+
+    def _final_evaluation(self) -> None:
+        """Evaluate the final policies (unless the last interval just did) and wait for all."""
+        if (
+            self.eval_index == 0
+            or self.next_eval - self.config.eval.interval < self.member_env_steps
+        ):
+            self._snapshot_for_evaluation()
+        deadline = time.monotonic() + 600
+        while self.pending_evals and time.monotonic() < deadline:
+            self.workers.check()
+            self._receive_evaluations(timeout=0.1)
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self.last_progress < self.config.log.progress_interval_seconds:
+            return
+        self.last_progress = now
+        learner, size = self.learner, self.config.population.size
+        elapsed = self.elapsed()
+        env_steps = self.member_env_steps * size
+        fraction = self.member_env_steps / self.config.train.total_env_steps
+        left = f"~{elapsed * (1 - fraction) / fraction:.0f}s left" if fraction > 0 else "starting"
+        returns = self.latest_returns
+        if np.all(np.isnan(returns)):
+            returns = np.array([np.mean(r) if r else np.nan for r in self.training_returns])
+        finite = returns[np.isfinite(returns)]
+        best = f"{finite.max():.1f}" if finite.size else "-"
+        middle = f"{median(finite.tolist()):.1f}" if finite.size else "-"
+        self.log(
+            f"[{elapsed:6.0f}s] {env_steps:,} env steps ({env_steps / elapsed:,.0f}/s) | "
+            f"{learner.updates:,} updates/member ({learner.updates * size / elapsed:,.0f} "
+            f"agent-updates/s) | return best {best} median {middle} | {left}"
+        )
+        if learner.last_metrics:
+            self.metrics.log_scalars(env_steps, learner.last_metrics)
+
+    def _summary(self, stopped_by: str) -> dict:
+        limiter = self.learner.limiter
+        summary = {
+            "stopped_by": stopped_by,
+            "wall_time": self.elapsed(),
+            "member_env_steps": self.member_env_steps,
+            "updates_per_member": self.learner.updates,
+            "samples_per_insert_target": limiter.samples_per_insert,
+            "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
+            "learner_seconds": self.timers,
+            "workers": self.worker_stats,
+        }
+        self.log(format_breakdown(summary))
+        return summary
+
+
+def format_breakdown(summary: dict) -> str:
+    wall = summary["wall_time"]
+    lines = [f"time breakdown over {wall:.1f}s of wall time:"]
+    for name, seconds in summary["learner_seconds"].items():
+        lines.append(f"  learner {name:22s} {seconds:8.1f}s  {100 * seconds / wall:5.1f}%")
+    for name, stats in summary["workers"].items():
+        parts = ", ".join(
+            f"{k.removesuffix('_seconds')} {v:.1f}s"
+            for k, v in stats.items()
+            if k.endswith("_seconds")
+        )
+        lines.append(f"  {name:30s} {parts}")
+    achieved = summary["samples_per_insert_achieved"]
+    lines.append(
+        f"  samples per insert: {achieved:.1f} achieved, "
+        f"{summary['samples_per_insert_target']:.1f} target"
+    )
+    return "\n".join(lines)
