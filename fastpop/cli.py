@@ -118,6 +118,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     update.add_argument("--out", type=Path, default=Path("results/bench"))
 
+    pipeline = bench.add_parser(
+        "pipeline",
+        help="collection rate and learner utilisation of a real TD3 run",
+        description="Collector env steps/s against gymnasium's raw rate, and a real TD3 run's "
+        "agent-updates/s against the update benchmark at the same population. Writes "
+        "results/bench/pipeline_<env>_<device>.json.",
+    )
+    pipeline.add_argument("--env", default="HalfCheetah-v5")
+    pipeline.add_argument("--pop", type=positive_int_arg("population size"), default=4)
+    pipeline.add_argument(
+        "--collectors",
+        type=comma_list(positive_int, "collector count"),
+        default=[1, 2],
+        help="collector counts to measure (default 1,2)",
+    )
+    pipeline.add_argument(
+        "--seconds", type=float, default=10.0, help="timed seconds per collection measurement"
+    )
+    pipeline.add_argument(
+        "--train-seconds", type=float, default=120.0, help="wall seconds of the training run"
+    )
+    pipeline.add_argument("--out", type=Path, default=Path("results/bench"))
+
     train = commands.add_parser(
         "train",
         help="train a population with collector processes",
@@ -166,6 +189,20 @@ def run_bench_update(args: argparse.Namespace) -> int:
         f"{result['flops_per_update'] / 1e6:.1f} MFLOP per agent update"
     )
     print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def run_bench_pipeline(args: argparse.Namespace) -> int:
+    from fastpop.bench_pipeline import bench_pipeline, write_pipeline_results
+    from fastpop.config import ConfigError
+
+    try:
+        result = bench_pipeline(
+            args.env, args.pop, args.collectors, args.seconds, args.train_seconds
+        )
+    except (ConfigError, ValueError) as error:
+        return fail(str(error))
+    print(f"wrote {write_pipeline_results(result, args.out)}")
     return 0
 
 
@@ -227,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench" and args.bench == "update":
         return run_bench_update(args)
+    if args.command == "bench" and args.bench == "pipeline":
+        return run_bench_pipeline(args)
     if args.command == "train":
         return run_train(args)
     if args.command == "plot":

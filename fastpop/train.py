@@ -151,6 +151,7 @@ class Run:
             deque(maxlen=10) for _ in range(config.population.size)
         ]
         self.last_progress = self.start
+        self.learning_started_at: float | None = None  # wall time of the first update
 
     @property
     def member_env_steps(self) -> int:
@@ -193,6 +194,8 @@ class Run:
             busy = self._collect()
             if learner.limiter.can_sample():
                 start = time.perf_counter()
+                if self.learning_started_at is None:
+                    self.learning_started_at = self.elapsed()
                 learner.update()
                 self.workers.publish(learner.policy_leaves())
                 self.timers["update"] += time.perf_counter() - start
@@ -307,6 +310,7 @@ class Run:
             "wall_time": self.elapsed(),
             "member_env_steps": self.member_env_steps,
             "updates_per_member": self.learner.updates,
+            "learning_started_at": self.learning_started_at,
             "samples_per_insert_target": limiter.samples_per_insert,
             "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
             "learner_seconds": self.timers,

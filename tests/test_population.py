@@ -135,3 +135,41 @@ def test_unknown_execution_is_refused():
     agent = tiny_agent("td3")
     with pytest.raises(ValueError, match="choose one of vectorized, sequential"):
         population.make_executor("parallel", agent, lambda b, k: None, 1)
+
+
+@pytest.mark.parametrize("shared_replay", [False, True])
+def test_chunked_vectorized_equals_sequential(shared_replay):
+    """Members vmapped in chunks (the CPU default) give the same numbers as one vmap."""
+    agent = tiny_agent("td3")
+    size = 4
+    spec, buffers = random_buffers("td3", size)
+    if shared_replay:
+        buffers = population.member(buffers, 0)
+    hparams = stacked_hparams(agent, size, policy_delay=[1, 2, 1, 3])
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    sample = sampler(spec, agent.batch_size)
+    results = []
+    for executor in (
+        population.vectorized(agent, sample, 3, shared_replay, members_per_chunk=2),
+        population.vectorized(agent, sample, 3, shared_replay),
+        population.sequential(agent, sample, 3, shared_replay),
+    ):
+        member_buffers = buffers if shared_replay else executor.adopt(buffers)
+        new_states, _ = executor.update(
+            executor.adopt(copy_tree(states)),
+            member_buffers,
+            executor.adopt(hparams),
+            jax.random.key(5),
+        )
+        results.append(executor.release(new_states))
+    assert leaves_allclose(results[0], results[1])
+    assert leaves_allclose(results[0], results[2])
+    assert not leaves_allclose(results[0], states)
+
+
+def test_chunk_size_divides_the_population():
+    assert population.chunk_size(64, 8) == 8
+    assert population.chunk_size(12, 8) == 6
+    assert population.chunk_size(7, 4) == 1
+    assert population.chunk_size(4, None) == 4
+    assert population.chunk_size(3, 8) == 3

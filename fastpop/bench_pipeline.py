@@ -1,0 +1,135 @@
+"""Pipeline benchmark: is collection hidden behind learning?
+
+1. Collection: env steps/s of N collector processes acting with a population's batched policy
+   (the learner only drains their chunks), against gymnasium's raw step rate in one process.
+2. Learner utilisation: a real training run's agent-updates/s once learning runs, against the
+   update-step benchmark at the same population size, measured in the same command.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from fastpop import config as config_lib
+from fastpop.bench import device_label
+
+
+def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
+    """gymnasium env steps/s of one env with random actions, one process, no policy."""
+    from fastpop.envs import make_env
+
+    env = make_env(env_id, seed)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+        steps += 1
+    env.close()
+    return steps / (time.perf_counter() - start)
+
+
+def collection_rate(config: config_lib.Config, seconds: float) -> float:
+    """Env steps/s of the config's collectors acting with the policy (warm-up disabled)."""
+    from fastpop.collect.workers import Workers
+    from fastpop.train import Learner, prepare
+
+    spec, agent = prepare(config)
+    learner = Learner(config, spec, agent)
+    with Workers(config, learner.policy_leaves(), spec) as workers:
+        rows = 0
+        deadline = None
+        while deadline is None or time.perf_counter() < deadline:
+            workers.check()
+            chunk, _ = workers.next_chunk()
+            if chunk is None:
+                time.sleep(0.0005)
+                continue
+            if deadline is None:  # start timing after start-up and compilation
+                deadline, start = time.perf_counter() + seconds, time.perf_counter()
+                continue
+            rows += chunk.reward.size
+        elapsed = time.perf_counter() - start
+    return rows / elapsed
+
+
+def bench_pipeline(
+    env_id: str, population_size: int, collectors: list[int], seconds: float, train_seconds: float
+) -> dict:
+    from fastpop.bench import bench_update
+    from fastpop.train import Run
+
+    base = {
+        "name": "bench_pipeline",
+        "algo": "td3",
+        "env": {"id": env_id},
+        "population": {"size": population_size},
+        "collect": {"warmup_steps": 0, "num_collectors": 1},
+        "log": {"tensorboard": False, "progress_interval_seconds": 30.0},
+    }
+    result: dict = {"env": env_id, "population": population_size, "device": device_label()}
+    result["raw_gymnasium_steps_per_s"] = raw_step_rate(env_id, seconds)
+    result["collection"] = []
+    for count in collectors:
+        config = config_lib.config_from_dict(
+            {**base, "collect": {"warmup_steps": 0, "num_collectors": count}}
+        )
+        rate = collection_rate(config, seconds)
+        result["collection"].append(
+            {
+                "collectors": count,
+                "env_steps_per_s": rate,
+                "per_collector_vs_raw": rate / count / result["raw_gymnasium_steps_per_s"],
+            }
+        )
+        print(
+            f"collection: {count} collector(s) {rate:,.0f} env steps/s "
+            f"({rate / count / result['raw_gymnasium_steps_per_s']:.2f}x raw per collector)"
+        )
+    update = bench_update(
+        "td3", [population_size], ["vectorized"], min_seconds=seconds, log=lambda line: None
+    )
+    update_rate = update["rows"][0]["agent_updates_per_s"]
+    config = config_lib.config_from_dict(
+        {
+            **base,
+            "collect": {"warmup_steps": 5_000, "num_collectors": 1},
+            "replay": {"min_size": 5_000},
+            "train": {"total_env_steps": 10_000_000, "max_wall_seconds": train_seconds},
+            "eval": {"interval": 10_000_000},
+        }
+    )
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as run_dir:
+        run = Run(config, Path(run_dir), log=lambda line: None)
+        summary = run.run()
+    learning_seconds = summary["wall_time"] - summary["learning_started_at"]
+    run_rate = summary["updates_per_member"] * population_size / learning_seconds
+    result["learner"] = {
+        "update_benchmark_agent_updates_per_s": update_rate,
+        "run_agent_updates_per_s": run_rate,
+        "utilisation": run_rate / update_rate,
+        "train_seconds": summary["wall_time"],
+        "learning_seconds": learning_seconds,
+        "samples_per_insert_achieved": summary["samples_per_insert_achieved"],
+        "time_breakdown": {
+            "learner_seconds": summary["learner_seconds"],
+            "workers": summary["workers"],
+        },
+    }
+    print(
+        f"learner: {run_rate:,.0f} agent-updates/s in the run vs {update_rate:,.0f} in the "
+        f"update benchmark ({run_rate / update_rate:.2f}x)"
+    )
+    return result
+
+
+def write_pipeline_results(result: dict, out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = result["env"].replace("/", "_")
+    path = out_dir / f"pipeline_{env}_{result['device']}.json"
+    path.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    return path

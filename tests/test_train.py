@@ -1,0 +1,382 @@
+"""`fastpop train` end to end: outputs, rate limiting, signals, dying workers, bad input, crashes.
+
+Runs that need exit codes or signals are `python -m fastpop train` subprocesses in their own
+session (so a failing test can still remove everything it started); every run is shortened with
+`--set` to a few seconds of training on tiny networks.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fastpop import config as config_lib
+from fastpop import train
+
+REPO = Path(__file__).resolve().parents[1]
+TD3_PENDULUM = REPO / "configs" / "td3_pendulum_cpu.yaml"
+DQN_CARTPOLE = REPO / "configs" / "dqn_cartpole_cpu.yaml"
+CHUNK = 32  # collect.chunk_len (the default): member env steps per insert
+SIZE = 4  # population.size of both presets
+TOLERANCE = 0.2  # replay.tolerance (the default)
+# Tiny networks and one update per env step on batches of 32, learning after 256 steps.
+FAST = [
+    "agent.hidden_sizes=[16,16]",
+    "agent.batch_size=32",
+    "replay.samples_per_insert=32",
+    "train.updates_per_call=10",
+    "collect.warmup_steps=256",
+    "replay.min_size=256",
+    "eval.episodes=1",
+    "log.progress_interval_seconds=0.2",
+]
+# Long enough to still be training whenever a test interrupts it.
+ENDLESS = ["train.total_env_steps=10_000_000", "eval.interval=1_000_000", "log.tensorboard=false"]
+START_SECONDS = 120  # until a run is training (imports and compilation on a busy 2-core CPU)
+STOP_SECONDS = 10  # a run must end this soon after a signal or a fatal worker death
+
+
+# --- processes and shared memory, read from /proc and /dev/shm ---
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time in clock ticks) of a process, None when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
+
+
+def descendants(root: int) -> dict[int, int]:
+    """pid -> start time of every live process below `root`."""
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := _stat(int(entry))) is not None and stat[1] != "Z":
+            children.setdefault(stat[0], []).append((int(entry), stat[2]))
+    found, stack = {}, [root]
+    while stack:
+        for pid, start in children.get(stack.pop(), []):
+            found[pid] = start
+            stack.append(pid)
+    return found
+
+
+def survivors(processes: dict[int, int], seconds: float = 5.0) -> list[str]:
+    """Those of `processes` (pid -> start time) still alive after up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = [
+            f"{pid}: {_cmdline(pid)}"
+            for pid, start in processes.items()
+            if (stat := _stat(pid)) is not None and stat[2] == start and stat[1] != "Z"
+        ]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def segments(pid: int) -> set[str]:
+    """Shared-memory segments created by process `pid` (fastpop names them fastpop_<pid>_*)."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith(f"fastpop_{pid}_")}
+
+
+def worker_children(pid: int) -> list[int]:
+    """The trainer's spawn-started workers, oldest first: collectors 0, 1, ..., the evaluator."""
+    found = [
+        child
+        for child in descendants(pid)
+        if _stat(child)[0] == pid and "multiprocessing.spawn" in _cmdline(child)
+    ]
+    return sorted(found)
+
+
+# --- running `fastpop train` ---
+
+
+class Trainer:
+    """A `python -m fastpop train` subprocess with its output in files under `workdir`."""
+
+    def __init__(self, workdir: Path, config: Path, overrides: list[str], out: str = "run"):
+        self.workdir, self.out = workdir, workdir / out
+        self.stdout_path, self.stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        command = [sys.executable, "-m", "fastpop", "train", str(config), "--out", out]
+        for override in overrides:
+            command += ["--set", override]
+        with self.stdout_path.open("wb") as stdout, self.stderr_path.open("wb") as stderr:
+            self.process = subprocess.Popen(
+                command, cwd=workdir, stdout=stdout, stderr=stderr, start_new_session=True
+            )
+        self.pid = self.process.pid
+
+    @property
+    def stdout(self) -> str:
+        return self.stdout_path.read_text()
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait(self, seconds: float) -> int:
+        try:
+            return self.process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"fastpop train still running after {seconds} s\n{self.stdout[-3000:]}\n"
+                f"{self.stderr[-3000:]}"
+            )
+
+    def wait_until_training(self) -> None:
+        """Until the learner has updated (scalars.jsonl gets rows after the first update)."""
+        scalars = self.out / "scalars.jsonl"
+        deadline = time.monotonic() + START_SECONDS
+        while not (scalars.exists() and scalars.read_text().strip()):
+            if self.process.poll() is not None:
+                pytest.fail(f"fastpop train exited with {self.process.returncode}:\n{self.stderr}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"not training after {START_SECONDS} s:\n{self.stdout[-3000:]}")
+            time.sleep(0.05)
+
+    def collectors(self, count: int) -> list[int]:
+        workers = worker_children(self.pid)
+        assert len(workers) == count + 1, f"expected {count} collectors and an evaluator"
+        return workers[:count]
+
+    def cleanup(self) -> None:
+        """Whatever a failed test left behind: the process group and the trainer's segments."""
+        if self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.process.wait()
+        for name in segments(self.pid):
+            (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def trainers(tmp_path):
+    started: list[Trainer] = []
+
+    def start(config: Path, *overrides: str, out: str = "run") -> Trainer:
+        trainer = Trainer(tmp_path, config, list(overrides), out)
+        started.append(trainer)
+        return trainer
+
+    yield start
+    for trainer in started:
+        trainer.cleanup()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- end to end ---
+
+
+def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_steps: list[int]):
+    """The files of a completed run; `member_steps`: per-member env steps of each evaluation."""
+    assert config_lib.load_config(run_dir / "config.yaml") == config_lib.load_config(
+        config, overrides
+    )
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(rows) == SIZE * len(member_steps), [
+        (r["eval_index"], r["member_env_steps"]) for r in rows
+    ]
+    rounds = [rows[i : i + SIZE] for i in range(0, len(rows), SIZE)]
+    for index, (group, steps) in enumerate(zip(rounds, member_steps, strict=True)):
+        assert [row["member"] for row in group] == list(range(SIZE))
+        assert {row["eval_index"] for row in group} == {index}
+        assert {row["member_env_steps"] for row in group} == {steps}
+        assert {row["env_steps"] for row in group} == {steps * SIZE}
+        assert len({row["wall_time"] for row in group}) == 1
+        assert all(isinstance(row["return_mean"], float) for row in group)
+    wall_times = [group[0]["wall_time"] for group in rounds]
+    assert all(a < b for a, b in zip(wall_times, wall_times[1:], strict=False)), wall_times
+    updates = [group[0]["updates"] for group in rounds]
+    assert updates == sorted(updates) and updates[-1] > 0
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_by"] == "completed"
+    assert summary["member_env_steps"] == member_steps[-1]
+    target = summary["samples_per_insert_target"]
+    assert target == 32
+    # The limiter keeps sampled/inserted within tolerance * target once the data that flowed
+    # dwarfs one chunk plus one update call (here ~1200 transitions vs (32*32 + 10*32) / 32 / 0.2).
+    assert abs(summary["samples_per_insert_achieved"] - target) <= TOLERANCE * target + 1e-9
+    assert summary["updates_per_member"] > 0
+    assert set(summary["workers"]) == {"collector 0", "collector 1"}
+    for name in ("walltime_vs_return.png", "steps_vs_return.png"):
+        assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return summary
+
+
+@pytest.mark.parametrize(
+    "config,steps,member_steps",
+    [
+        # Interval evaluations at the first chunk at or after 750 and 1500 (768, 1504); the run
+        # ends at 1504, which the last one already evaluated: no second, final round.
+        pytest.param(TD3_PENDULUM, (1500, 750), [768, 1504], id="td3-pendulum"),
+        # Evaluations at 640 and 1280, and a final one at the end (1504).
+        pytest.param(DQN_CARTPOLE, (1500, 640), [640, 1280, 1504], id="dqn-cartpole"),
+    ],
+)
+def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps):
+    overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}"]
+    before = set(os.listdir("/dev/shm"))
+    trainer = trainers(config, *overrides)
+    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
+    assert "Traceback" not in trainer.stderr, trainer.stderr
+    check_run_dir(trainer.out, config, overrides, member_steps)
+    assert not segments(trainer.pid)
+    assert not {n for n in os.listdir("/dev/shm") if n.startswith("fastpop_")} - before
+    assert sorted(os.listdir(tmp_path)) == ["run", "stderr.txt", "stdout.txt"]
+
+
+# --- signals and dying workers ---
+
+
+@pytest.mark.parametrize(
+    "signum,to_group",
+    [
+        pytest.param(signal.SIGINT, True, id="SIGINT-to-the-process-group"),  # Ctrl-C
+        pytest.param(signal.SIGTERM, False, id="SIGTERM-to-the-trainer"),  # kill PID
+    ],
+)
+def test_signal_stops_the_run_and_cleans_up(trainers, signum, to_group):
+    trainer = trainers(TD3_PENDULUM, *FAST, *ENDLESS)
+    trainer.wait_until_training()
+    children = descendants(trainer.pid)
+    assert len(trainer.collectors(2)) == 2
+    assert segments(trainer.pid), "a training run holds shared memory"
+    start = time.monotonic()
+    (os.killpg if to_group else os.kill)(trainer.pid, signum)
+    code = trainer.wait(STOP_SECONDS)
+    assert time.monotonic() - start < STOP_SECONDS
+    assert code == 130, trainer.stderr  # the CLI's code for an interrupted run
+    assert "Traceback" not in trainer.stderr, trainer.stderr
+    assert "stopping: interrupted" in trainer.stdout
+    assert not survivors(children)
+    assert not segments(trainer.pid)
+    summary = json.loads((trainer.out / "summary.json").read_text())
+    assert summary["stopped_by"] == "interrupted"
+
+
+def test_killed_collector_is_restarted_and_the_run_completes(trainers):
+    # Four ring slots: the run cannot finish on what the dead collector left in its ring, so it
+    # completes only if the restarted collector delivers.
+    trainer = trainers(
+        TD3_PENDULUM,
+        *FAST,
+        "train.total_env_steps=1500",
+        "eval.interval=750",
+        "collect.ring_slots=4",
+    )
+    trainer.wait_until_training()
+    victim = trainer.collectors(2)[1]
+    os.kill(victim, signal.SIGKILL)
+    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
+    assert "collector 1 died (killed by SIGKILL); restarting it (1/3)" in trainer.stdout
+    events = read_jsonl(trainer.out / "events.jsonl")
+    restarts = [event for event in events if event["kind"] == "worker_restart"]
+    assert len(restarts) == 1, events
+    assert restarts[0]["worker"] == "collector 1"
+    assert restarts[0]["reason"] == "killed by SIGKILL"
+    assert restarts[0]["restart"] == 1
+    summary = json.loads((trainer.out / "summary.json").read_text())
+    assert summary["stopped_by"] == "completed" and summary["member_env_steps"] == 1504
+    assert len(read_jsonl(trainer.out / "metrics.jsonl")) == SIZE * 2
+    assert not segments(trainer.pid)
+
+
+def test_collector_dying_beyond_max_restarts_fails_the_run(trainers):
+    trainer = trainers(TD3_PENDULUM, *FAST, *ENDLESS, "collect.max_restarts=0")
+    trainer.wait_until_training()
+    children = descendants(trainer.pid)
+    victim = trainer.collectors(2)[0]
+    start = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    code = trainer.wait(STOP_SECONDS)
+    assert time.monotonic() - start < STOP_SECONDS
+    assert code == 1, trainer.stderr
+    assert "fastpop: error: collector 0 died (killed by SIGKILL)" in trainer.stderr
+    assert "collect.max_restarts" in trainer.stderr
+    assert "Traceback" not in trainer.stderr, trainer.stderr
+    assert not survivors(children)
+    assert not segments(trainer.pid)
+
+
+# --- input refused before anything starts ---
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["replay.capcity=5"], "unknown key 'replay.capcity'"),
+        (["env.id=Pendulum-v99"], "env.id: unknown environment 'Pendulum-v99'"),
+        (
+            ["replay.capacity=1_000_000_000", "population.size=1000"],
+            "lower replay.capacity or population.size",
+        ),
+    ],
+    ids=["unknown-key", "unknown-env", "replay-too-large"],
+)
+def test_bad_input_exits_2_and_creates_nothing(trainers, tmp_path, overrides, message):
+    trainer = trainers(TD3_PENDULUM, *overrides, out="results/runs/bad")
+    assert trainer.wait(60) == 2
+    assert trainer.stderr.startswith("fastpop: error: "), trainer.stderr
+    assert message in trainer.stderr
+    assert "Traceback" not in trainer.stderr
+    assert sorted(os.listdir(tmp_path)) == ["stderr.txt", "stdout.txt"]  # no run directory
+
+
+# --- a crash in the learner ---
+
+
+def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    config = config_lib.load_config(TD3_PENDULUM, [*FAST, *ENDLESS])
+    real_update = train.Learner.update
+    calls, workers_at_crash, segments_at_crash = [], [], set()
+
+    def failing_update(self):
+        real_update(self)
+        calls.append(None)
+        if len(calls) == 3:
+            workers_at_crash.extend(mp.active_children())
+            segments_at_crash.update(segments(os.getpid()))
+            raise RuntimeError("learner blew up")
+
+    monkeypatch.setattr(train.Learner, "update", failing_update)
+    handler = signal.getsignal(signal.SIGTERM)
+    before = segments(os.getpid())
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = train.Run(config, run_dir, log=lambda message: None)
+    with pytest.raises(RuntimeError, match="learner blew up"):
+        run.run()
+    assert {p.name for p in workers_at_crash} >= {
+        "fastpop-collector-0",
+        "fastpop-collector-1",
+        "fastpop-evaluator",
+    }
+    assert mp.active_children() == []
+    assert all(p.exitcode is not None for p in workers_at_crash)
+    assert segments_at_crash - before, "the run held shared memory when it crashed"
+    assert segments(os.getpid()) == before
+    assert signal.getsignal(signal.SIGTERM) is handler
