@@ -1,0 +1,113 @@
+"""PBT selection, exploit and explore as pure functions."""
+
+import jax
+import numpy as np
+import pytest
+
+from fastpop import population
+from fastpop.strategies import pbt
+from fastpop.strategies.priors import Prior, parse_prior
+from tests.helpers import stacked_hparams, tiny_agent
+
+
+def test_rank_puts_nan_last_and_keeps_member_order_on_ties():
+    fitness = np.array([1.0, np.nan, 3.0, 1.0, -np.inf, 3.0])
+    np.testing.assert_array_equal(pbt.rank(fitness), [2, 5, 0, 3, 1, 4])
+
+
+def test_truncation_replaces_the_bottom_with_top_members():
+    rng = np.random.default_rng(0)
+    fitness = np.array([5.0, 1.0, 4.0, 0.0, 3.0, 2.0, 6.0, 7.0])
+    exploits = pbt.truncation_selection(fitness, 0.25, 0.25, rng)
+    assert sorted(e.target for e in exploits) == [1, 3]
+    assert all(e.source in (6, 7) for e in exploits)
+
+
+def test_non_finite_members_are_always_replaced():
+    rng = np.random.default_rng(0)
+    fitness = np.array([1.0, np.nan, 2.0, np.inf * 0, 3.0, 4.0, 5.0, 6.0])
+    exploits = pbt.truncation_selection(fitness, 0.125, 0.25, rng)
+    assert {e.target for e in exploits} == {1, 3}
+    assert all(np.isfinite(fitness[e.source]) for e in exploits)
+
+
+@pytest.mark.parametrize(
+    "size,bottom,top,message",
+    [
+        (1, 0.5, 0.5, "at least 2 members, got 1"),
+        (4, 0.2, 0.25, "select 0 to replace and 1 to copy from"),
+        (4, 0.25, 0.1, "select 1 to replace and 0 to copy from"),
+        (4, 0.75, 0.5, "must be <= 1"),
+    ],
+)
+def test_selection_sizes_refuse_degenerate_fractions(size, bottom, top, message):
+    with pytest.raises(ValueError, match=message):
+        pbt.selection_sizes(size, bottom, top)
+
+
+def test_exploit_copies_every_leaf_of_the_source_and_leaves_others_bit_identical():
+    agent = tiny_agent("td3")
+    hparams = stacked_hparams(agent, 4, actor_lr=[1e-4, 2e-4, 3e-4, 4e-4])
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    states = states._replace(step=states.step + np.arange(4, dtype=np.int32))
+    exploits = [pbt.Exploit(target=1, source=3)]
+    new = pbt.apply_exploits((states, hparams), exploits)
+    new_states, new_hparams = new
+    picks = {
+        "actor": lambda s: s.actor,
+        "critic": lambda s: s.critic,
+        "target_critic": lambda s: s.target_critic,
+        "actor_opt": lambda s: s.actor_opt,
+        "step": lambda s: s.step,
+    }
+    for name, pick in picks.items():
+        for got, want in zip(
+            jax.tree.leaves(pick(new_states)), jax.tree.leaves(pick(states)), strict=True
+        ):
+            np.testing.assert_array_equal(got[1], want[3], err_msg=name)
+            for member in (0, 2, 3):
+                np.testing.assert_array_equal(got[member], want[member], err_msg=name)
+    assert float(new_hparams.actor_lr[1]) == pytest.approx(4e-4)
+
+
+def test_explore_stays_in_bounds_and_integers_stay_integers():
+    priors = {
+        "actor_lr": parse_prior("actor_lr", {"log_uniform": [3e-5, 3e-3]}),
+        "discount": parse_prior("discount", {"uniform": [0.9, 1.0]}),
+        "policy_delay": parse_prior("policy_delay", {"int_uniform": [1, 5]}),
+    }
+    rng = np.random.default_rng(1)
+    values = {"actor_lr": 3e-3, "discount": 0.999, "policy_delay": 1, "tau": 0.005}
+    seen_delays = set()
+    for _ in range(2000):
+        values = pbt.explore(values, priors, rng, resample_probability=0.1)
+        assert 3e-5 <= values["actor_lr"] <= 3e-3
+        assert 0.9 <= values["discount"] <= 1.0
+        assert isinstance(values["policy_delay"], int) and 1 <= values["policy_delay"] <= 5
+        assert values["tau"] == 0.005  # no prior: never explored
+        seen_delays.add(values["policy_delay"])
+    assert seen_delays == {1, 2, 3, 4, 5}
+
+
+def test_small_integers_move_under_perturbation():
+    prior = Prior("int_uniform", 1, 5)
+    rng = np.random.default_rng(0)
+    moved = {
+        pbt.explore({"d": 2}, {"d": prior}, rng, resample_probability=0.0)["d"] for _ in range(50)
+    }
+    assert moved == {1, 3}
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ({"gaussian": [0, 1]}, "unknown kind 'gaussian'"),
+        ({"log_uniform": [0, 1]}, "need 0 < low < high"),
+        ({"uniform": [2, 1]}, "need low < high"),
+        ({"choice": []}, "non-empty list"),
+        ([1, 2], "expected one of"),
+    ],
+)
+def test_bad_priors_name_the_hparam(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_prior("actor_lr", spec)
