@@ -246,7 +246,8 @@ def run_train(args: argparse.Namespace) -> int:
         print("wrote " + ", ".join(str(p) for p in paths))
     except ValueError as error:  # no evaluation finished (e.g. interrupted at once)
         print(f"no plot: {error}")
-    return 130 if summary["stopped_by"] == "interrupted" else 0
+    # The shell's convention: 128 + the signal number (SIGINT 2, SIGTERM 15).
+    return {"interrupted": 130, "terminated": 143}.get(summary["stopped_by"], 0)
 
 
 def run_plot(args: argparse.Namespace) -> int:

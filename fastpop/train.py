@@ -145,7 +145,11 @@ class Run:
         self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0, "idle": 0.0}
         self.next_eval = config.eval.interval
         self.eval_index = 0
-        self.pending_evals: set[int] = set()
+        self.snapshot_env_steps = -1  # member env steps of the latest evaluation snapshot
+        # eval index -> (snapshot arrays, member hparams at the snapshot), until its result is in;
+        # kept so that a restarted evaluator can be given the snapshots its predecessor lost.
+        self.pending_evals: dict[int, tuple[dict, list[dict]]] = {}
+        self.evaluator_restarts_seen = 0
         self.latest_returns = np.full(config.population.size, np.nan)
         self.training_returns: list[deque] = [
             deque(maxlen=10) for _ in range(config.population.size)
@@ -170,15 +174,21 @@ class Run:
         try:
             with (
                 MetricsWriter(self.run_dir, tensorboard=config.log.tensorboard) as metrics,
-                Workers(config, self.learner.policy_leaves(), self.spec, self.log) as workers,
+                Workers(
+                    config,
+                    self.learner.policy_leaves(),
+                    self.spec,
+                    self.log,
+                    log_event=metrics.log_event,
+                ) as workers,
             ):
                 self.metrics, self.workers = metrics, workers
                 try:
                     self._loop()
                     self._final_evaluation()
-                except (KeyboardInterrupt, StopRequested):
-                    stopped_by = "interrupted"
-                    self.log("stopping: interrupted")
+                except (KeyboardInterrupt, StopRequested) as stop:
+                    stopped_by = "terminated" if isinstance(stop, StopRequested) else "interrupted"
+                    self.log(f"stopping: {stopped_by}")
                 self.worker_stats = workers.stop()
                 summary = self._summary(stopped_by)
         finally:
@@ -240,14 +250,31 @@ class Run:
             np.float64,
         )
         arrays = {f"leaf_{i}": leaf for i, leaf in enumerate(self.learner.policy_leaves())}
-        self.workers.evaluate({**arrays, META_FIELD: meta})
-        self.pending_evals.add(self.eval_index)
+        arrays[META_FIELD] = meta
+        self.workers.evaluate(arrays)
+        self.snapshot_env_steps = self.member_env_steps
+        hparams = [
+            self.learner.member_hparams_values(m) for m in range(self.config.population.size)
+        ]
+        self.pending_evals[self.eval_index] = (arrays, hparams)
         self.eval_index += 1
         self.timers["evaluation_snapshots"] += time.perf_counter() - start
 
+    def _resend_lost_snapshots(self) -> None:
+        """After an evaluator restart, hand every unanswered snapshot to the new one (those still
+        in the ring are evaluated twice; the second result is ignored)."""
+        if self.workers.evaluator_restarts == self.evaluator_restarts_seen:
+            return
+        self.evaluator_restarts_seen = self.workers.evaluator_restarts
+        for index in sorted(self.pending_evals):
+            self.workers.evaluate(self.pending_evals[index][0])
+
     def _receive_evaluations(self, timeout: float = 0.0) -> None:
+        self._resend_lost_snapshots()
         for result in self.workers.evaluations(timeout):
-            self.pending_evals.discard(result["eval_index"])
+            if result["eval_index"] not in self.pending_evals:
+                continue  # a duplicate after an evaluator restart
+            _, hparams = self.pending_evals.pop(result["eval_index"])
             size = self.config.population.size
             self.latest_returns = np.array(result["return_mean"])
             rows = [
@@ -261,18 +288,16 @@ class Run:
                     "return_mean": result["return_mean"][member],
                     "return_std": result["return_std"][member],
                     "episodes": self.config.eval.episodes,
-                    "hparams": self.learner.member_hparams_values(member),
+                    "hparams": hparams[member],
                 }
                 for member in range(size)
             ]
             self.metrics.log_evaluation(rows)
 
     def _final_evaluation(self) -> None:
-        """Evaluate the final policies (unless the last interval just did) and wait for all."""
-        if (
-            self.eval_index == 0
-            or self.next_eval - self.config.eval.interval < self.member_env_steps
-        ):
+        """Evaluate the final policies (unless the last interval snapshot was taken at the final
+        env step count) and wait for all."""
+        if self.snapshot_env_steps < self.member_env_steps:
             self._snapshot_for_evaluation()
         deadline = time.monotonic() + 600
         while self.pending_evals and time.monotonic() < deadline:

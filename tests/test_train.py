@@ -7,6 +7,8 @@ session (so a failing test can still remove everything it started); every run is
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -24,10 +26,10 @@ from fastpop import train
 REPO = Path(__file__).resolve().parents[1]
 TD3_PENDULUM = REPO / "configs" / "td3_pendulum_cpu.yaml"
 DQN_CARTPOLE = REPO / "configs" / "dqn_cartpole_cpu.yaml"
-CHUNK = 32  # collect.chunk_len (the default): member env steps per insert
 SIZE = 4  # population.size of both presets
 TOLERANCE = 0.2  # replay.tolerance (the default)
-# Tiny networks and one update per env step on batches of 32, learning after 256 steps.
+# Tiny networks and one update per env step on batches of 32, learning after 256 steps; the
+# default collect.chunk_len of 32 makes every insert 32 env steps per member.
 FAST = [
     "agent.hidden_sizes=[16,16]",
     "agent.batch_size=32",
@@ -47,14 +49,20 @@ STOP_SECONDS = 10  # a run must end this soon after a signal or a fatal worker d
 # --- processes and shared memory, read from /proc and /dev/shm ---
 
 
-def _stat(pid: int) -> tuple[int, str, int] | None:
-    """(parent pid, state, start time in clock ticks) of a process, None when it is gone."""
+def _stat(pid: int) -> tuple[int, str, int, int] | None:
+    """(parent pid, state, start time in clock ticks, process group) of a process, None when
+    it is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return int(fields[1]), fields[0], int(fields[19])
+    return int(fields[1]), fields[0], int(fields[19]), int(fields[2])
+
+
+def _live_pids() -> dict[int, tuple[int, str, int, int]]:
+    stats = {int(entry): _stat(int(entry)) for entry in os.listdir("/proc") if entry.isdigit()}
+    return {pid: stat for pid, stat in stats.items() if stat is not None and stat[1] != "Z"}
 
 
 def _cmdline(pid: int) -> str:
@@ -67,9 +75,8 @@ def _cmdline(pid: int) -> str:
 def descendants(root: int) -> dict[int, int]:
     """pid -> start time of every live process below `root`."""
     children: dict[int, list[tuple[int, int]]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))) is not None and stat[1] != "Z":
-            children.setdefault(stat[0], []).append((int(entry), stat[2]))
+    for pid, (parent, _, start, _) in _live_pids().items():
+        children.setdefault(parent, []).append((pid, start))
     found, stack = {}, [root]
     while stack:
         for pid, start in children.get(stack.pop(), []):
@@ -121,10 +128,18 @@ class Trainer:
         command = [sys.executable, "-m", "fastpop", "train", str(config), "--out", out]
         for override in overrides:
             command += ["--set", override]
-        with self.stdout_path.open("wb") as stdout, self.stderr_path.open("wb") as stderr:
-            self.process = subprocess.Popen(
-                command, cwd=workdir, stdout=stdout, stderr=stderr, start_new_session=True
-            )
+        # A test run started in the background (`pytest &`) ignores SIGINT, and the trainer would
+        # inherit that; a handler, unlike SIG_IGN, reverts to the default across exec.
+        sigint = signal.getsignal(signal.SIGINT)
+        if sigint == signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            with self.stdout_path.open("wb") as stdout, self.stderr_path.open("wb") as stderr:
+                self.process = subprocess.Popen(
+                    command, cwd=workdir, stdout=stdout, stderr=stderr, start_new_session=True
+                )
+        finally:
+            signal.signal(signal.SIGINT, sigint)
         self.pid = self.process.pid
 
     @property
@@ -160,11 +175,23 @@ class Trainer:
         assert len(workers) == count + 1, f"expected {count} collectors and an evaluator"
         return workers[:count]
 
+    def group(self) -> list[int]:
+        """Live processes of the run's session (it outlives the trainer while any lives)."""
+        return [pid for pid, stat in _live_pids().items() if stat[3] == self.pid]
+
     def cleanup(self) -> None:
-        """Whatever a failed test left behind: the process group and the trainer's segments."""
-        if self.process.poll() is None:
+        """Whatever a failed test left behind. The resource tracker is spared at first: once
+        the others are gone it exits by itself and removes their segments and semaphores."""
+        for pid in self.group():
+            if "resource_tracker" not in _cmdline(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        self.process.wait()
+        deadline = time.monotonic() + 5
+        while self.group() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGKILL)
-            self.process.wait()
         for name in segments(self.pid):
             (Path("/dev/shm") / name).unlink(missing_ok=True)
 
@@ -181,6 +208,12 @@ def trainers(tmp_path):
     yield start
     for trainer in started:
         trainer.cleanup()
+
+
+def assert_clean_stderr(stderr: str) -> None:
+    """No traceback, and nothing the resource tracker had to clean up after the trainer."""
+    assert "Traceback" not in stderr, stderr
+    assert "leaked" not in stderr, stderr
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -208,7 +241,7 @@ def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_step
         assert len({row["wall_time"] for row in group}) == 1
         assert all(isinstance(row["return_mean"], float) for row in group)
     wall_times = [group[0]["wall_time"] for group in rounds]
-    assert all(a < b for a, b in zip(wall_times, wall_times[1:], strict=False)), wall_times
+    assert all(a < b for a, b in itertools.pairwise(wall_times)), wall_times
     updates = [group[0]["updates"] for group in rounds]
     assert updates == sorted(updates) and updates[-1] > 0
 
@@ -239,13 +272,11 @@ def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_step
 )
 def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps):
     overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}"]
-    before = set(os.listdir("/dev/shm"))
     trainer = trainers(config, *overrides)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
-    assert "Traceback" not in trainer.stderr, trainer.stderr
+    assert_clean_stderr(trainer.stderr)
     check_run_dir(trainer.out, config, overrides, member_steps)
     assert not segments(trainer.pid)
-    assert not {n for n in os.listdir("/dev/shm") if n.startswith("fastpop_")} - before
     assert sorted(os.listdir(tmp_path)) == ["run", "stderr.txt", "stdout.txt"]
 
 
@@ -269,13 +300,34 @@ def test_signal_stops_the_run_and_cleans_up(trainers, signum, to_group):
     (os.killpg if to_group else os.kill)(trainer.pid, signum)
     code = trainer.wait(STOP_SECONDS)
     assert time.monotonic() - start < STOP_SECONDS
-    assert code == 130, trainer.stderr  # the CLI's code for an interrupted run
-    assert "Traceback" not in trainer.stderr, trainer.stderr
-    assert "stopping: interrupted" in trainer.stdout
+    assert code == 128 + signum, trainer.stderr  # the shell's convention
+    assert_clean_stderr(trainer.stderr)
+    reason = "interrupted" if signum == signal.SIGINT else "terminated"
+    assert f"stopping: {reason}" in trainer.stdout
     assert not survivors(children)
     assert not segments(trainer.pid)
     summary = json.loads((trainer.out / "summary.json").read_text())
-    assert summary["stopped_by"] == "interrupted"
+    assert summary["stopped_by"] == reason
+    # Collectors report their stats only when they stop cleanly, on the learner's request.
+    assert set(summary["workers"]) == {"collector 0", "collector 1"}
+
+
+def test_trainer_killed_by_sigkill_leaves_no_orphans(trainers):
+    """The learner gets no chance to clean up: its workers notice on their own and exit, then
+    the resource tracker removes the segments."""
+    trainer = trainers(TD3_PENDULUM, *FAST, *ENDLESS, "collect.ring_slots=2")
+    trainer.wait_until_training()
+    children = descendants(trainer.pid)
+    assert len(trainer.collectors(2)) == 2
+    os.kill(trainer.pid, signal.SIGSTOP)
+    time.sleep(2.0)  # the collectors fill their two ring slots (~0.1 s) and wait on a full ring
+    os.kill(trainer.pid, signal.SIGKILL)
+    assert trainer.wait(STOP_SECONDS) == -signal.SIGKILL
+    assert not survivors(children, seconds=STOP_SECONDS)
+    deadline = time.monotonic() + STOP_SECONDS
+    while segments(trainer.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not segments(trainer.pid)
 
 
 def test_killed_collector_is_restarted_and_the_run_completes(trainers):
@@ -292,6 +344,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
     victim = trainer.collectors(2)[1]
     os.kill(victim, signal.SIGKILL)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
+    assert_clean_stderr(trainer.stderr)
     assert "collector 1 died (killed by SIGKILL); restarting it (1/3)" in trainer.stdout
     events = read_jsonl(trainer.out / "events.jsonl")
     restarts = [event for event in events if event["kind"] == "worker_restart"]
@@ -302,6 +355,19 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
     summary = json.loads((trainer.out / "summary.json").read_text())
     assert summary["stopped_by"] == "completed" and summary["member_env_steps"] == 1504
     assert len(read_jsonl(trainer.out / "metrics.jsonl")) == SIZE * 2
+    assert not segments(trainer.pid)
+
+
+def test_killed_evaluator_is_restarted_and_no_evaluation_is_lost(trainers):
+    trainer = trainers(TD3_PENDULUM, *FAST, "train.total_env_steps=1500", "eval.interval=750")
+    trainer.wait_until_training()
+    evaluator = worker_children(trainer.pid)[-1]
+    os.kill(evaluator, signal.SIGKILL)
+    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
+    assert "evaluator died (killed by SIGKILL); restarting it (1/3)" in trainer.stdout
+    rows = read_jsonl(trainer.out / "metrics.jsonl")
+    # Every round is logged exactly once, whether or not the killed evaluator held a snapshot.
+    assert sorted(row["eval_index"] for row in rows) == sorted([0, 1] * SIZE)
     assert not segments(trainer.pid)
 
 
@@ -317,7 +383,7 @@ def test_collector_dying_beyond_max_restarts_fails_the_run(trainers):
     assert code == 1, trainer.stderr
     assert "fastpop: error: collector 0 died (killed by SIGKILL)" in trainer.stderr
     assert "collect.max_restarts" in trainer.stderr
-    assert "Traceback" not in trainer.stderr, trainer.stderr
+    assert_clean_stderr(trainer.stderr)
     assert not survivors(children)
     assert not segments(trainer.pid)
 

@@ -54,9 +54,40 @@ def policy_template(agent, size: int):
     return jax.eval_shape(build)
 
 
+def batched_policy_step(agent, num_slots: int, envs_per_member: int):
+    """One call per env step: next key, and an exploring action for every slot.
+
+    Splitting keys inside the compiled call keeps it to one dispatch per step, which is most
+    of a collector's overhead next to a fast simulator.
+    """
+    import jax
+
+    act = jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None))
+
+    def step(policy, obs, key, hparams, env_steps_per_env):
+        key, act_key = jax.random.split(key)
+        keys = jax.random.split(act_key, num_slots)
+        member_steps = env_steps_per_env * envs_per_member
+        actions = act(policy, obs[:, None], keys, hparams, True, member_steps)
+        return actions[:, 0], key
+
+    return step
+
+
 def max_episodes_per_chunk(num_slots: int, chunk_len: int) -> int:
     # An episode spans at least two rows (one step and its autoreset row).
     return num_slots * (chunk_len // 2 + 1)
+
+
+class _StopOrOrphaned:
+    """Set when the learner asks to stop or has died (this process was re-parented): a
+    collector blocked on a full ring must notice both, or it outlives a SIGKILLed learner."""
+
+    def __init__(self, stop_event, parent_pid: int):
+        self.stop_event, self.parent_pid = stop_event, parent_pid
+
+    def is_set(self) -> bool:
+        return self.stop_event.is_set() or os.getppid() != self.parent_pid
 
 
 def run_collector(spec: CollectorSpec, stop_event, status_queue) -> None:
@@ -65,7 +96,7 @@ def run_collector(spec: CollectorSpec, stop_event, status_queue) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner coordinates every shutdown
     force_cpu_jax()
     try:
-        stats = _collect(spec, stop_event)
+        stats = _collect(spec, _StopOrOrphaned(stop_event, spec.parent_pid))
         status_queue.put(("stats", spec.index, stats))
     except Exception:
         status_queue.put(("error", spec.index, traceback.format_exc()))
@@ -90,7 +121,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     template = policy_template(agent, config.population.size)
     treedef = jax.tree.structure(template)
     slot_members = (spec.first_slot + np.arange(spec.num_slots)) // envs_per_member
-    act = jax.jit(jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, 0)))
+    act = jax.jit(batched_policy_step(agent, spec.num_slots, envs_per_member))
     warmup_env_steps = -(-config.collect.warmup_steps // envs_per_member)
     rows_spec = replay.make_replay_spec(  # only its row layout is used
         env_spec, config.collect.chunk_len * 8, 1, config.collect.chunk_len
@@ -105,28 +136,22 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     steps = 0
     obs, _ = envs.reset(seed=spec.env_seed)
     try:
-        while not stop_event.is_set() and os.getppid() == spec.parent_pid:
+        while not stop_event.is_set():
             newer = params.read_if_newer(version)
             if newer is not None:
                 version, leaves = newer
-                policy, hparams = jax.tree.map(
-                    lambda leaf: leaf[slot_members], jax.tree.unflatten(treedef, leaves)
+                # On the (CPU) device once per version, not once per step.
+                policy, hparams = jax.device_put(
+                    jax.tree.map(
+                        lambda leaf: leaf[slot_members], jax.tree.unflatten(treedef, leaves)
+                    )
                 )
             start = time.perf_counter()
             if steps < warmup_env_steps or policy is None:
                 actions = envs.action_space.sample()
             else:
-                key, act_key = jax.random.split(key)
-                member_steps = np.full(spec.num_slots, steps * envs_per_member)
-                actions = act(
-                    policy,
-                    obs[:, None],
-                    jax.random.split(act_key, spec.num_slots),
-                    hparams,
-                    True,
-                    member_steps,
-                )
-                actions = np.asarray(actions)[:, 0]
+                actions, key = act(policy, obs, key, hparams, np.int32(steps))
+                actions = np.asarray(actions)
             stepped = time.perf_counter()
             next_obs, reward, terminated, truncated, _ = envs.step(actions)
             timers["policy_seconds"] += stepped - start
