@@ -119,27 +119,49 @@ def matmul_gflops(size: int | None = None, repeats: int = 5) -> float:
     return 2 * size**3 / best / 1e9
 
 
-def time_executor(
-    executor: population.Executor, states, buffers, hparams, min_seconds: float, min_calls: int
-) -> dict:
-    """First call (compile + run) and the steady-state seconds per call."""
-    states, buffers, hparams = (executor.adopt(tree) for tree in (states, buffers, hparams))
-    start = time.perf_counter()
-    states, _ = executor.update(states, buffers, hparams, jax.random.key(0))
-    jax.block_until_ready(states)
-    first_call = time.perf_counter() - start
-    calls = 0
-    start = time.perf_counter()
-    while calls < min_calls or time.perf_counter() - start < min_seconds:
-        states, _ = executor.update(states, buffers, hparams, jax.random.key(calls + 1))
-        jax.block_until_ready(states)
-        calls += 1
-    seconds_per_call = (time.perf_counter() - start) / calls
-    return {
-        "seconds_per_call": seconds_per_call,
-        "compile_seconds": max(first_call - seconds_per_call, 0.0),
-        "calls": calls,
-    }
+ROUNDS = 3  # timed rounds per measurement, alternating between implementations
+
+
+def time_executors(
+    executors: dict[str, population.Executor], states, buffers, hparams, min_seconds: float
+) -> dict[str, dict]:
+    """Per implementation: compile time and the median steady-state seconds per call.
+
+    The implementations are timed in alternating rounds, so a burst of load on a noisy machine
+    hits all of them instead of skewing one ratio.
+    """
+    runs, timings = {}, {}
+    for name, executor in executors.items():
+        run = [executor.adopt(tree) for tree in (copy_tree(states), buffers, hparams)]
+        start = time.perf_counter()
+        run[0], _ = executor.update(*run, jax.random.key(0))
+        jax.block_until_ready(run[0])
+        runs[name] = run
+        timings[name] = {"first_call": time.perf_counter() - start, "rounds": [], "calls": 0}
+    for round_index in range(ROUNDS):
+        for name, executor in executors.items():
+            run, calls = runs[name], 0
+            start = time.perf_counter()
+            while calls < 2 or time.perf_counter() - start < min_seconds / ROUNDS:
+                run[0], _ = executor.update(*run, jax.random.key(1000 * round_index + calls))
+                jax.block_until_ready(run[0])
+                calls += 1
+            timings[name]["rounds"].append((time.perf_counter() - start) / calls)
+            timings[name]["calls"] += calls
+    results = {}
+    for name, timing in timings.items():
+        seconds_per_call = float(np.median(timing["rounds"]))
+        results[name] = {
+            "seconds_per_call": seconds_per_call,
+            "seconds_per_call_rounds": timing["rounds"],
+            "compile_seconds": max(timing["first_call"] - seconds_per_call, 0.0),
+            "calls": timing["calls"],
+        }
+    return results
+
+
+def copy_tree(tree):
+    return jax.tree.map(jnp.copy, tree)
 
 
 def bench_update(
@@ -182,9 +204,9 @@ def bench_update(
             batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
             flops = flops_per_update(agent, hparams_one, batch)
         hparams = population.broadcast_hparams(hparams_one, size)
-        for name, executor in executors.items():
-            states = population.init_population(agent, key, hparams)
-            timing = time_executor(executor, states, buffers, hparams, min_seconds, min_calls=3)
+        states = population.init_population(agent, key, hparams)
+        timings = time_executors(executors, states, buffers, hparams, min_seconds)
+        for name, timing in timings.items():
             rate = size * updates_per_call / timing["seconds_per_call"]
             rows.append(
                 {

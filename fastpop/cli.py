@@ -240,6 +240,14 @@ def run_train(args: argparse.Namespace) -> int:
         summary = run.run()
     except WorkerFailed as error:
         return fail(str(error), code=1)
+    from fastpop.metrics import read_metrics, summarize
+
+    if (run_dir / "metrics.jsonl").exists() and (rows := read_metrics(run_dir)):
+        summary["final_evaluation"] = final = summarize(rows)
+        print(
+            f"final evaluation: best member {final['best_member']} return "
+            f"{final['best_return']:.1f}, population median {final['median_return']:.1f}"
+        )
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     try:
         paths = plot_runs([run_dir])

@@ -164,6 +164,25 @@ def vectorized(
         size = population_size(hparams)
         keys = jax.random.split(key, size)
         chunk = chunk_size(size, members_per_chunk)
+        if size == 1:
+            # No vmap and no loop: a population of one compiles to the sequential program
+            # (XLA:CPU also runs convolutions slowly inside loops, see `scan_unroll`).
+            one = jax.tree.map(
+                lambda x: x[0], (states, replay if not shared_replay else None, hparams, keys)
+            )
+            member_replay = replay if shared_replay else one[1]
+            out = member_loop(one[0], member_replay, one[2], one[3])
+            return jax.tree.map(lambda x: x[None], out)
+        if chunk == 1:
+            # One member at a time: no vmap at all, so P=1 compiles to the sequential program.
+            def run_member(args):
+                member_states, member_replay, member_hparams, member_key = args
+                member_replay = replay if shared_replay else member_replay
+                return member_loop(member_states, member_replay, member_hparams, member_key)
+
+            return jax.lax.map(
+                run_member, (states, None if shared_replay else replay, hparams, keys)
+            )
         if chunk == size:
             return chunk_loop(states, replay, hparams, keys)
 

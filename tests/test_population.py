@@ -137,8 +137,9 @@ def test_unknown_execution_is_refused():
         population.make_executor("parallel", agent, lambda b, k: None, 1)
 
 
+@pytest.mark.parametrize("members_per_chunk", [1, 2])
 @pytest.mark.parametrize("shared_replay", [False, True])
-def test_chunked_vectorized_equals_sequential(shared_replay):
+def test_chunked_vectorized_equals_sequential(shared_replay, members_per_chunk):
     """Members vmapped in chunks (the CPU default) give the same numbers as one vmap."""
     agent = tiny_agent("td3")
     size = 4
@@ -150,7 +151,7 @@ def test_chunked_vectorized_equals_sequential(shared_replay):
     sample = sampler(spec, agent.batch_size)
     results = []
     for executor in (
-        population.vectorized(agent, sample, 3, shared_replay, members_per_chunk=2),
+        population.vectorized(agent, sample, 3, shared_replay, members_per_chunk=members_per_chunk),
         population.vectorized(agent, sample, 3, shared_replay),
         population.sequential(agent, sample, 3, shared_replay),
     ):
