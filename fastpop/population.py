@@ -164,39 +164,31 @@ def vectorized(
         size = population_size(hparams)
         keys = jax.random.split(key, size)
         chunk = chunk_size(size, members_per_chunk)
-        if size == 1:
-            # No vmap and no loop: a population of one compiles to the sequential program
-            # (XLA:CPU also runs convolutions slowly inside loops, see `scan_unroll`).
-            one = jax.tree.map(
-                lambda x: x[0], (states, replay if not shared_replay else None, hparams, keys)
-            )
-            member_replay = replay if shared_replay else one[1]
-            out = member_loop(one[0], member_replay, one[2], one[3])
-            return jax.tree.map(lambda x: x[None], out)
-        if chunk == 1:
-            # One member at a time: no vmap at all, so P=1 compiles to the sequential program.
-            def run_member(args):
-                member_states, member_replay, member_hparams, member_key = args
-                member_replay = replay if shared_replay else member_replay
-                return member_loop(member_states, member_replay, member_hparams, member_key)
-
-            return jax.lax.map(
-                run_member, (states, None if shared_replay else replay, hparams, keys)
-            )
-        if chunk == size:
-            return chunk_loop(states, replay, hparams, keys)
+        num_chunks = size // chunk
+        # A chunk of one member runs the unbatched program: P=1 compiles to the sequential one.
+        run = chunk_loop if chunk > 1 else member_loop
+        chunk_shape = (num_chunks, chunk) if chunk > 1 else (num_chunks,)
 
         def split(tree):
-            return jax.tree.map(lambda x: x.reshape(size // chunk, chunk, *x.shape[1:]), tree)
+            return jax.tree.map(lambda x: x.reshape(*chunk_shape, *x.shape[1:]), tree)
 
         def run_chunk(args):
             chunk_states, chunk_replay, chunk_hparams, chunk_keys = args
             chunk_replay = replay if shared_replay else chunk_replay
-            return chunk_loop(chunk_states, chunk_replay, chunk_hparams, chunk_keys)
+            return run(chunk_states, chunk_replay, chunk_hparams, chunk_keys)
 
-        member_replay = None if shared_replay else split(replay)
-        out = jax.lax.map(run_chunk, (split(states), member_replay, split(hparams), split(keys)))
-        return jax.tree.map(lambda x: x.reshape(size, *x.shape[2:]), out)
+        args = (
+            split(states),
+            None if shared_replay else split(replay),
+            split(hparams),
+            split(keys),
+        )
+        if num_chunks == 1:
+            # No loop around a single chunk: XLA:CPU runs convolutions slowly inside loops.
+            out = jax.tree.map(lambda x: x[None], run_chunk(jax.tree.map(lambda x: x[0], args)))
+        else:
+            out = jax.lax.map(run_chunk, args)
+        return jax.tree.map(lambda x: x.reshape(size, *x.shape[len(chunk_shape) :]), out)
 
     identity = lambda tree: tree
     return Executor("vectorized", jax.jit(update, donate_argnums=0), identity, identity)

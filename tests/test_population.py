@@ -174,3 +174,14 @@ def test_chunk_size_divides_the_population():
     assert population.chunk_size(7, 4) == 1
     assert population.chunk_size(4, None) == 4
     assert population.chunk_size(3, 8) == 3
+
+
+def test_population_of_one_vectorized_equals_sequential():
+    agent = tiny_agent("sac")
+    spec, buffers = random_buffers("sac", 1)
+    hparams = stacked_hparams(agent, 1)
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    vec_states, _ = run_executor("vectorized", agent, spec, buffers, hparams, states)
+    seq_states, _ = run_executor("sequential", agent, spec, buffers, hparams, states)
+    assert leaves_allclose(vec_states, seq_states)
+    assert population.population_size(vec_states) == 1

@@ -8,6 +8,7 @@ one compiled program serves members with different values.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fastpop.types import PRNGKey, PyTree, Transition
+from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 State = Any
 HParams = Any
@@ -78,3 +79,21 @@ def polyak(target: PyTree, online: PyTree, tau: jax.Array) -> PyTree:
 def select_tree(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
     """Leafwise `where` with a scalar predicate."""
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorCriticConfig:
+    """Static shape of a TD3 or SAC member; equal across a population."""
+
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    """Hidden layer widths of actor and critics (the paper: 256-256)."""
+    batch_size: int = 256
+    """Transitions per gradient step."""
+
+
+def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):
+    """Independently initialised actor and twin-critic parameters for one member."""
+    actor_key, critic_key = jax.random.split(key)
+    obs = jnp.zeros((1, *spec.obs_shape), spec.obs_dtype)
+    action = jnp.zeros((1, spec.action_dim), jnp.float32)
+    return actor_net.init(actor_key, obs), critic_net.init(critic_key, obs, action)

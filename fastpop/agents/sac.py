@@ -11,19 +11,21 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fastpop.agents.base import Agent, adam_step, hparams_from_values, polyak
+from fastpop.agents.base import (
+    ActorCriticConfig,
+    Agent,
+    adam_step,
+    hparams_from_values,
+    init_actor_critic,
+    polyak,
+)
 from fastpop.networks import GaussianActor, TwinCritic
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 
 @dataclasses.dataclass(frozen=True)
-class SACConfig:
-    """Static shape of a SAC member; equal across a population."""
-
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of actor and critics (the paper: 256-256)."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
+class SACConfig(ActorCriticConfig):
+    """Static shape of a SAC member (hidden sizes, batch size); equal across a population."""
 
 
 class SACHParams(NamedTuple):
@@ -83,11 +85,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
 
     def init(key: PRNGKey, hparams: SACHParams) -> SACState:
         del hparams
-        actor_key, critic_key = jax.random.split(key)
-        obs = jnp.zeros((1, *spec.obs_shape), spec.obs_dtype)
-        action = jnp.zeros((1, spec.action_dim), jnp.float32)
-        actor = actor_net.init(actor_key, obs)
-        critic = critic_net.init(critic_key, obs, action)
+        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
         log_alpha = jnp.zeros((), jnp.float32)
         return SACState(
             actor=actor,

@@ -11,19 +11,22 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fastpop.agents.base import Agent, adam_step, hparams_from_values, polyak, select_tree
+from fastpop.agents.base import (
+    ActorCriticConfig,
+    Agent,
+    adam_step,
+    hparams_from_values,
+    init_actor_critic,
+    polyak,
+    select_tree,
+)
 from fastpop.networks import DeterministicActor, TwinCritic
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
 
 
 @dataclasses.dataclass(frozen=True)
-class TD3Config:
-    """Static shape of a TD3 member; equal across a population."""
-
-    hidden_sizes: tuple[int, ...] = (256, 256)
-    """Hidden layer widths of actor and critics (the paper: 256-256)."""
-    batch_size: int = 256
-    """Transitions per gradient step."""
+class TD3Config(ActorCriticConfig):
+    """Static shape of a TD3 member (hidden sizes, batch size); equal across a population."""
 
 
 class TD3HParams(NamedTuple):
@@ -88,11 +91,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
 
     def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
         del hparams
-        actor_key, critic_key = jax.random.split(key)
-        obs = jnp.zeros((1, *spec.obs_shape), spec.obs_dtype)
-        action = jnp.zeros((1, spec.action_dim), jnp.float32)
-        actor = actor_net.init(actor_key, obs)
-        critic = critic_net.init(critic_key, obs, action)
+        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
         return TD3State(
             actor=actor,
             critic=critic,
