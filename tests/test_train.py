@@ -261,17 +261,26 @@ def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_step
 
 
 @pytest.mark.parametrize(
-    "config,steps,member_steps",
+    "config,steps,member_steps,execution",
     [
         # Interval evaluations at the first chunk at or after 750 and 1500 (768, 1504); the run
         # ends at 1504, which the last one already evaluated: no second, final round.
-        pytest.param(TD3_PENDULUM, (1500, 750), [768, 1504], id="td3-pendulum"),
+        pytest.param(TD3_PENDULUM, (1500, 750), [768, 1504], "vectorized", id="td3-pendulum"),
+        # The same loop with the sequential executor: one flag.
+        pytest.param(
+            TD3_PENDULUM, (1500, 750), [768, 1504], "sequential", id="td3-pendulum-sequential"
+        ),
         # Evaluations at 640 and 1280, and a final one at the end (1504).
-        pytest.param(DQN_CARTPOLE, (1500, 640), [640, 1280, 1504], id="dqn-cartpole"),
+        pytest.param(DQN_CARTPOLE, (1500, 640), [640, 1280, 1504], "vectorized", id="dqn-cartpole"),
     ],
 )
-def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps):
-    overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}"]
+def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, execution):
+    overrides = [
+        *FAST,
+        f"train.total_env_steps={steps[0]}",
+        f"eval.interval={steps[1]}",
+        f"population.execution={execution}",
+    ]
     trainer = trainers(config, *overrides)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
     assert_clean_stderr(trainer.stderr)
