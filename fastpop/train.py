@@ -9,6 +9,7 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import time
@@ -67,13 +68,13 @@ class Learner:
         capacity, lanes = config_lib.replay_layout(config)
         self.replay_spec = replay.make_replay_spec(spec, capacity, lanes, config.collect.chunk_len)
         shared = config.replay.shared
-        self.buffers = (
-            replay.init(self.replay_spec)
-            if shared
-            else replay.init_population(self.replay_spec, size)
-        )
-        add = partial_add(self.replay_spec)
-        self.add = jax.jit(add if shared else jax.vmap(add), donate_argnums=0)
+        add = functools.partial(replay.add, self.replay_spec)
+        if shared:
+            self.buffers = replay.init(self.replay_spec)
+            self.add = jax.jit(add, donate_argnums=0)
+        else:
+            self.buffers = replay.init_population(self.replay_spec, size)
+            self.add = jax.jit(jax.vmap(add), donate_argnums=0)
         updates = config.train.updates_per_call
         sample = lambda buffer, key: replay.sample(self.replay_spec, buffer, key, agent.batch_size)
         self.executor = population.make_executor(
@@ -87,6 +88,10 @@ class Learner:
         self.key, init_key = jax.random.split(jax.random.key(config.seed))
         self.states = self.executor.adopt(population.init_population(agent, init_key, self.hparams))
         self.member_hparams = self.executor.adopt(self.hparams)
+        if self.executor.name == "sequential" and not shared:
+            # Kept as one buffer per member: slicing a stacked buffer per call would copy it.
+            self.buffers = self.executor.adopt(self.buffers)
+            self.add = jax.jit(add, donate_argnums=0)
         transitions_per_chunk = config.collect.chunk_len * config.collect.envs_per_member
         self.limiter = replay.RateLimiter(
             config.replay.samples_per_insert,
@@ -100,23 +105,32 @@ class Learner:
 
     def policy_leaves(self) -> list[np.ndarray]:
         """What collectors and the evaluator act with: stacked policy params and hparams."""
-        policy = population.member_policies(self.agent, self.executor.release(self.states))
+        if isinstance(self.states, list):  # sequential: stack the policies only
+            policy = population.stack([self.agent.policy_params(s) for s in self.states])
+        else:
+            policy = population.member_policies(self.agent, self.states)
         return [np.asarray(leaf) for leaf in jax.tree.leaves((policy, self.hparams))]
 
     def insert(self, rows: replay.Rows) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
         size, lanes = self.config.population.size, self.config.collect.envs_per_member
         if self.config.replay.shared:
-            chunk = jax.tree.map(jnp.asarray, rows)
+            self.buffers = self.add(self.buffers, jax.tree.map(jnp.asarray, rows))
+        elif isinstance(self.buffers, list):
+            for member in range(size):
+                member_rows = jax.tree.map(
+                    lambda x, m=member: jnp.asarray(x[m * lanes : (m + 1) * lanes]), rows
+                )
+                self.buffers[member] = self.add(self.buffers[member], member_rows)
         else:
             chunk = jax.tree.map(lambda x: jnp.asarray(x).reshape(size, lanes, *x.shape[1:]), rows)
-        self.buffers = self.add(self.buffers, chunk)
+            self.buffers = self.add(self.buffers, chunk)
         self.limiter.record_insert()
 
     def update(self) -> None:
         self.key, update_key = jax.random.split(self.key)
         self.states, metrics = self.executor.update(
-            self.states, self.executor.adopt(self.buffers), self.member_hparams, update_key
+            self.states, self.buffers, self.member_hparams, update_key
         )
         self.limiter.record_sample()
         self.updates += self.config.train.updates_per_call
@@ -126,10 +140,6 @@ class Learner:
         return {
             name: np.asarray(value[member]).item() for name, value in self.hparams._asdict().items()
         }
-
-
-def partial_add(spec):
-    return lambda buffers, chunk: replay.add(spec, buffers, chunk)
 
 
 class Run:
