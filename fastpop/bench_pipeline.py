@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -101,8 +102,6 @@ def bench_pipeline(
             "eval": {"interval": 10_000_000},
         }
     )
-    import tempfile
-
     with tempfile.TemporaryDirectory() as run_dir:
         run = Run(config, Path(run_dir), log=lambda line: None)
         summary = run.run()
