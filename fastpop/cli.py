@@ -235,11 +235,15 @@ def run_train(args: argparse.Namespace) -> int:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     from fastpop.collect.workers import WorkerFailed
+    from fastpop.train import StopRequested
 
     try:
         summary = run.run()
     except WorkerFailed as error:
         return fail(str(error), code=1)
+    except (KeyboardInterrupt, StopRequested) as stop:  # before training started
+        print("stopping: interrupted during start-up", file=sys.stderr)
+        return 143 if isinstance(stop, StopRequested) else 130
     from fastpop.metrics import read_metrics, summarize
 
     if (run_dir / "metrics.jsonl").exists() and (rows := read_metrics(run_dir)):

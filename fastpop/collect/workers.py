@@ -56,31 +56,26 @@ class Workers:
         self.stop_event = self.context.Event()
         self.status = self.context.Queue()
         self.results = self.context.Queue()
-        self.params = ParamChannel.create(initial_leaves)
-        self.params.publish(initial_leaves)
+        self.initial_leaves = initial_leaves
         self.config_dict = config_lib.config_to_dict(config)
         capacity, lanes = config_lib.replay_layout(config)
         chunk_len = config.collect.chunk_len
         rows_spec = replay.make_replay_spec(env_spec, capacity, lanes, chunk_len)
         num_envs = config.population.size * config.collect.envs_per_member
         self.blocks = split_slots(num_envs, config.collect.num_collectors)
-        self.rings = []
-        for _, count in self.blocks:
-            fields = {
+        self.ring_fields = [
+            {
                 name: (layout.shape, layout.dtype)
                 for name, layout in replay.row_layout(rows_spec, (count, chunk_len))
                 ._asdict()
                 .items()
             }
-            self.rings.append(
-                ChunkRing.create(
-                    fields, config.collect.ring_slots, max_episodes_per_chunk(count, chunk_len)
-                )
-            )
-        self.pending = [deque() for _ in self.rings]
-        eval_fields = {f"leaf_{i}": leaf for i, leaf in enumerate(initial_leaves)}
-        eval_fields["snapshot_meta"] = np.zeros(4, np.float64)
-        self.eval_ring = ChunkRing.create(eval_fields, EVAL_SLOTS, 0)
+            for _, count in self.blocks
+        ]
+        self.params = None
+        self.eval_ring = None
+        self.rings: list[ChunkRing] = []
+        self.pending = [deque() for _ in self.blocks]
         self.restarts = [0] * len(self.blocks)
         self.evaluator_restarts = 0
         self.stats: dict[str, dict] = {}
@@ -89,7 +84,23 @@ class Workers:
         self.stopped = False
 
     def __enter__(self) -> Workers:
+        # Segments are created here, inside the cleanup scope: an interruption half-way through
+        # set-up still unlinks whatever exists.
         try:
+            self.params = ParamChannel.create(self.initial_leaves)
+            self.params.publish(self.initial_leaves)
+            chunk_len = self.config.collect.chunk_len
+            for fields, (_, count) in zip(self.ring_fields, self.blocks, strict=True):
+                self.rings.append(
+                    ChunkRing.create(
+                        fields,
+                        self.config.collect.ring_slots,
+                        max_episodes_per_chunk(count, chunk_len),
+                    )
+                )
+            eval_fields = {f"leaf_{i}": leaf for i, leaf in enumerate(self.initial_leaves)}
+            eval_fields["snapshot_meta"] = np.zeros(4, np.float64)
+            self.eval_ring = ChunkRing.create(eval_fields, EVAL_SLOTS, 0)
             for index in range(len(self.blocks)):
                 self._start_collector(index)
             self._start_evaluator()
@@ -101,8 +112,9 @@ class Workers:
     def __exit__(self, *exc) -> None:
         self.stop()
         for channel in (self.params, self.eval_ring, *self.rings):
-            channel.close()
-            channel.unlink()
+            if channel is not None:
+                channel.close()
+                channel.unlink()
 
     def _start_collector(self, index: int) -> None:
         first, count = self.blocks[index]
