@@ -1,5 +1,4 @@
 import os
 
-# Tests run on the CPU even where an accelerator is visible, and see two host devices so
-# sharding code paths can be exercised.
+# Tests run on the CPU even where an accelerator is visible.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
