@@ -104,12 +104,14 @@ class Learner:
         self.last_metrics: dict[str, float] = {}
 
     def policy_leaves(self) -> list[np.ndarray]:
-        """What collectors and the evaluator act with: stacked policy params and hparams."""
+        """What collectors and the evaluator act with: stacked policy params and hparams, and
+        the env steps per member so far (see `collect.collector.policy_template`)."""
         if isinstance(self.states, list):  # sequential: stack the policies only
             policy = population.stack([self.agent.policy_params(s) for s in self.states])
         else:
             policy = population.member_policies(self.agent, self.states)
-        return [np.asarray(leaf) for leaf in jax.tree.leaves((policy, self.hparams))]
+        member_steps = np.asarray(self.limiter.inserted, np.int32)
+        return [np.asarray(leaf) for leaf in jax.tree.leaves((policy, self.hparams, member_steps))]
 
     def insert(self, rows: replay.Rows) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""

@@ -41,15 +41,18 @@ def force_cpu_jax() -> None:
 
 
 def policy_template(agent, size: int):
-    """Shapes of what the learner publishes: (stacked policy params, stacked hparams)."""
+    """Shapes of what the learner publishes: (stacked policy params, stacked hparams, env steps
+    per member so far). The step count lets a restarted collector resume its warm-up and
+    exploration schedules where the run is, instead of from zero."""
     import jax
+    import jax.numpy as jnp
 
     from fastpop import population
 
     def build():
         hparams = population.broadcast_hparams(agent.default_hparams(), size)
         states = population.init_population(agent, jax.random.key(0), hparams)
-        return population.member_policies(agent, states), hparams
+        return population.member_policies(agent, states), hparams, jnp.zeros((), jnp.int32)
 
     return jax.eval_shape(build)
 
@@ -133,7 +136,8 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     version, policy, hparams = 0, None, None
     episodes: list[tuple[int, float, int]] = []
     timers = {"env_seconds": 0.0, "policy_seconds": 0.0, "blocked_seconds": 0.0}
-    steps = 0
+    steps = 0  # env steps per env, counted from the start of the run
+    first_version = True
     obs, _ = envs.reset(seed=spec.env_seed)
     try:
         while not stop_event.is_set():
@@ -141,11 +145,13 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
             if newer is not None:
                 version, leaves = newer
                 # On the (CPU) device once per version, not once per step.
+                policy, hparams, run_member_steps = jax.tree.unflatten(treedef, leaves)
                 policy, hparams = jax.device_put(
-                    jax.tree.map(
-                        lambda leaf: leaf[slot_members], jax.tree.unflatten(treedef, leaves)
-                    )
+                    jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams))
                 )
+                if first_version:  # a restarted collector joins a run already under way
+                    steps = int(run_member_steps) // envs_per_member
+                    first_version = False
             start = time.perf_counter()
             if steps < warmup_env_steps or policy is None:
                 actions = envs.action_space.sample()
@@ -172,4 +178,4 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         envs.close()
         params.close()
         ring.close()
-    return {**timers, "env_steps": steps * spec.num_slots, "param_version": version}
+    return {**timers, "param_version": version}

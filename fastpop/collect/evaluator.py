@@ -96,7 +96,7 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_event, results_queue) -> None:
                 continue
             meta = chunk.arrays.pop(META_FIELD)
             leaves = [chunk.arrays[f"leaf_{i}"] for i in range(len(chunk.arrays))]
-            policy, hparams = jax.tree.unflatten(treedef, leaves)
+            policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
             eval_index = int(meta[0])
             start = time.perf_counter()
             mean, std = evaluate_population(
