@@ -132,7 +132,7 @@ def time_executors(
     """
     runs, timings = {}, {}
     for name, executor in executors.items():
-        run = [executor.adopt(tree) for tree in (copy_tree(states), buffers, hparams)]
+        run = [executor.adopt(tree) for tree in (population.copy_tree(states), buffers, hparams)]
         start = time.perf_counter()
         run[0], _ = executor.update(*run, jax.random.key(0))
         jax.block_until_ready(run[0])
@@ -158,10 +158,6 @@ def time_executors(
             "calls": timing["calls"],
         }
     return results
-
-
-def copy_tree(tree):
-    return jax.tree.map(jnp.copy, tree)
 
 
 def bench_update(

@@ -27,11 +27,6 @@ class InProcessResult(NamedTuple):
     evaluations: list[tuple[int, np.ndarray]]  # (env steps per env, mean return per member)
 
 
-def batched_act(agent: Agent):
-    """act for a population: params, obs (P, E, ...), keys, hparams stacked over members."""
-    return jax.jit(jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None)))
-
-
 def train_in_process(
     agent: Agent,
     env_id: str,
@@ -66,7 +61,7 @@ def train_in_process(
     executor = population.make_executor(
         execution, agent, sample_batch, updates_per_chunk, unroll=unroll
     )
-    act = batched_act(agent)
+    act = jax.jit(population.population_act(agent))
 
     key = jax.random.key(seed)
     init_key, key = jax.random.split(key)

@@ -72,6 +72,17 @@ def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float])
     return type(hparams)(**stacked)
 
 
+def copy_tree(tree: PyTree) -> PyTree:
+    """A copy of every leaf (keeps a tree usable after a donating call consumed the original)."""
+    return jax.tree.map(jnp.copy, tree)
+
+
+def population_act(agent: Agent):
+    """agent.act for a population: params, obs (P, N, ...), keys and hparams stacked over
+    members; `explore` and `env_steps` shared by all."""
+    return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None))
+
+
 def member_policies(agent: Agent, states: PyTree) -> PyTree:
     """The stacked policy parameters of every member (what collectors act with)."""
     return jax.vmap(agent.policy_params)(states)

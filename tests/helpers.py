@@ -50,9 +50,5 @@ def leaves_allclose(a, b, atol=1e-5) -> bool:
     )
 
 
-def copy_tree(tree):
-    return jax.tree.map(lambda x: x.copy(), tree)
-
-
 def stacked_hparams(agent, size, **per_member):
     return population.broadcast_hparams(agent.default_hparams(), size, **per_member)

@@ -7,7 +7,6 @@ import pytest
 
 from fastpop import population
 from tests.helpers import (
-    copy_tree,
     leaves_allclose,
     random_buffers,
     sampler,
@@ -27,7 +26,7 @@ PER_MEMBER = {
 
 def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, updates=4):
     executor = population.make_executor(execution, agent, sampler(spec, agent.batch_size), updates)
-    states = executor.adopt(copy_tree(states))
+    states = executor.adopt(population.copy_tree(states))
     member_buffers, member_hparams = executor.adopt(buffers), executor.adopt(hparams)
     metrics = None
     for call in range(calls):
@@ -85,11 +84,11 @@ def test_td3_actor_waits_for_its_policy_delay():
     spec, buffers = random_buffers("td3", 2)
     hparams = stacked_hparams(agent, 2, policy_delay=[1, 3])
     states = population.init_population(agent, jax.random.key(0), hparams)
-    actors = [copy_tree(states.actor)]
+    actors = [population.copy_tree(states.actor)]
     executor = population.vectorized(agent, sampler(spec, agent.batch_size), num_updates=1)
     for call in range(3):
         states, metrics = executor.update(states, buffers, hparams, jax.random.key(call))
-        actors.append(copy_tree(states.actor))
+        actors.append(population.copy_tree(states.actor))
         # Member 1 (delay 3) reports an actor loss only on its third critic step.
         assert np.isnan(metrics["actor_loss"][1, 0]) == (call < 2)
     member_actor = lambda i, t: population.member(actors[t], i)
@@ -157,7 +156,7 @@ def test_chunked_vectorized_equals_sequential(shared_replay, members_per_chunk):
     ):
         member_buffers = buffers if shared_replay else executor.adopt(buffers)
         new_states, _ = executor.update(
-            executor.adopt(copy_tree(states)),
+            executor.adopt(population.copy_tree(states)),
             member_buffers,
             executor.adopt(hparams),
             jax.random.key(5),

@@ -65,7 +65,9 @@ def batched_policy_step(agent, num_slots: int, envs_per_member: int):
     """
     import jax
 
-    act = jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None))
+    from fastpop import population
+
+    act = population.population_act(agent)
 
     def step(policy, obs, key, hparams, env_steps_per_env):
         key, act_key = jax.random.split(key)

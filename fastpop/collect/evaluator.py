@@ -41,7 +41,7 @@ def evaluate_population(agent, policy, hparams, env_id, episodes, seed, atari=No
 
     size = population.population_size(hparams)
     envs = make_vector_env(env_id, size, seed, training=False, atari=atari)
-    act = jax.jit(jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None)))
+    act = jax.jit(population.population_act(agent))
     returns: list[list[float]] = [[] for _ in range(size)]
     running = np.zeros(size)
     needs_reset = np.zeros(size, bool)  # next step is the autoreset step: not part of an episode
