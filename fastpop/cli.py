@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     plot = commands.add_parser("plot", help="walltime-vs-return and steps-vs-return plots")
     plot.add_argument("runs", type=Path, nargs="+", help="run directories")
     plot.add_argument("--out", type=Path, default=None, help="output directory")
+    plot.add_argument(
+        "--hparams",
+        action="store_true",
+        help="instead draw each run's hyperparameters per member and the best member's family "
+        "tree (hparams.png)",
+    )
     return parser
 
 
@@ -252,6 +258,8 @@ def run_train(args: argparse.Namespace) -> int:
             f"final evaluation: best member {final['best_member']} return "
             f"{final['best_return']:.1f}, population median {final['median_return']:.1f}"
         )
+        if len(final["ranking"]) > 1:
+            print(format_ranking(final["ranking"], (run_dir / "members.json")))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     try:
         paths = plot_runs([run_dir])
@@ -262,11 +270,39 @@ def run_train(args: argparse.Namespace) -> int:
     return {"interrupted": 130, "terminated": 143}.get(summary["stopped_by"], 0)
 
 
+def format_ranking(ranking: list[dict], members_file: Path, shown: int = 10) -> str:
+    """The members ranked by final return, with the hparams that differ between them."""
+    import json
+
+    members = json.loads(members_file.read_text())["members"] if members_file.exists() else []
+    varying = sorted(
+        name
+        for name in (members[0]["hparams"] if members else {})
+        if len({str(m["hparams"][name]) for m in members}) > 1
+    )
+    lines = ["members ranked by final evaluation return (hparams: at the last evaluation):"]
+    for place, entry in enumerate(ranking[:shown], start=1):
+        values = ", ".join(f"{n}={entry['hparams'].get(n, float('nan')):.4g}" for n in varying)
+        lines.append(
+            f"  {place:2d}. member {entry['member']:3d}  final {entry['final_return']:9.1f}  "
+            f"best {entry['best_return']:9.1f}  {values}"
+        )
+    if len(ranking) > shown:
+        lines.append(f"  ... {len(ranking) - shown} more in summary.json")
+    return "\n".join(lines)
+
+
 def run_plot(args: argparse.Namespace) -> int:
+    from fastpop.lineage import plot_hparams
     from fastpop.plot import plot_runs
 
     try:
-        paths = plot_runs(args.runs, args.out)
+        if args.hparams:
+            if args.out is not None and len(args.runs) > 1:
+                return fail("--hparams with several runs writes into each run; drop --out")
+            paths = [plot_hparams(run, args.out) for run in args.runs]
+        else:
+            paths = plot_runs(args.runs, args.out)
     except ValueError as error:
         return fail(str(error))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -13,13 +13,8 @@ population.size` lanes, so sharing changes who samples what, not the memory of a
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
-import math
-import re
-import types
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,15 +23,21 @@ import numpy as np
 import yaml
 
 from fastpop.agents import ALGORITHMS, DQNConfig, SACConfig, TD3Config
+from fastpop.schema import (
+    ConfigError,
+    Loader,
+    Reader,
+    Specs,
+    coerce,
+    field,
+    field_specs,
+    read_fields,
+    read_yaml,
+    show,
+)
+from fastpop.strategies import STRATEGIES
 
-
-class ConfigError(ValueError):
-    """A problem in a user's config: the message says where, what was wrong, what is allowed."""
-
-
-def _f(default: Any, **metadata):
-    """A field with its allowed values: min/max inclusive, gt exclusive, choices."""
-    return dataclasses.field(default=default, metadata=metadata)
+__all__ = ["Config", "ConfigError", "config_from_dict", "load_config", "save_config"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,21 +50,53 @@ class EnvConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PopulationConfig:
-    size: int = _f(4, min=1)
+    size: int = field(4, min=1)
     """Number of members, trained side by side in one program."""
-    execution: str = _f("vectorized", choices=("vectorized", "sequential"))
+    execution: str = field("vectorized", choices=("vectorized", "sequential"))
     """vectorized: one jit(vmap(scan)) updates all members; sequential: one member per call."""
+    grid: dict = dataclasses.field(default_factory=dict)
+    """hparam -> list of values: members take every combination (in the order written, the last
+    hparam varying fastest). population.size follows, or is a multiple (repeats, other seeds)."""
+    priors: dict = dataclasses.field(default_factory=dict)
+    """hparam -> prior ({log_uniform: [lo, hi]}, {uniform: ...}, {int_uniform: ...}, {choice:
+    [...]}): each member samples its initial value; PBT's explore stays inside the prior."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTConfig:
+    interval: int = field(50_000, min=1)
+    """Env steps per member between exploit/explore rounds (each on the next evaluation)."""
+    bottom_fraction: float = field(0.25, gt=0, max=1)
+    """Share of members (ranked by fitness) that copy a member from the top."""
+    top_fraction: float = field(0.25, gt=0, max=1)
+    """Share of members the copied-from member is drawn from."""
+    perturb_factors: tuple[float, ...] = field((0.8, 1.2), gt=0)
+    """Explore multiplies each copied hparam by one of these, drawn uniformly."""
+    resample_probability: float = field(0.25, min=0, max=1)
+    """Chance that explore resamples an hparam from its prior instead of perturbing it."""
+    fitness_window: int = field(1, min=1)
+    """Evaluations averaged into a member's fitness (its latest ones since it last copied)."""
+    replay: str = field("keep", choices=("keep", "copy"))
+    """keep: a copying member keeps its own buffer; copy: it takes the source's buffer too."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchMergeConfig:
+    round_steps: int = field(10_000, min=1)
+    """Env steps per member in one round; every round ends with an evaluation of all members."""
+    step_size_multipliers: tuple[float, ...] | None = field(None, min=0)
+    """Per member factor on every learning rate; null: the first member 0.1, the others 1."""
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayConfig:
-    capacity: int = _f(100_000, min=1)
+    capacity: int = field(100_000, min=1)
     """Transitions in one member's buffer (a shared buffer holds capacity * population.size)."""
-    min_size: int = _f(1_000, min=1)
+    min_size: int = field(1_000, min=1)
     """Transitions a member's buffer holds before learning starts."""
-    samples_per_insert: float = _f(256.0, gt=0)
+    samples_per_insert: float = field(256.0, gt=0)
     """Sampled per inserted transition: batch_size * updates / inserts (batch_size: 1 per step)."""
-    tolerance: float = _f(0.2, min=0)
+    tolerance: float = field(0.2, min=0)
     """Fraction of samples_per_insert the learner may run ahead or behind before it is blocked."""
     shared: bool = False
     """One buffer filled by and sampled for all members instead of one buffer per member."""
@@ -71,41 +104,41 @@ class ReplayConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CollectConfig:
-    num_collectors: int = _f(2, min=1)
+    num_collectors: int = field(2, min=1)
     """Collector processes; each steps at least one environment."""
-    envs_per_member: int = _f(1, min=1)
+    envs_per_member: int = field(1, min=1)
     """Environments (and replay lanes) per member."""
-    warmup_steps: int = _f(1_000, min=0)
+    warmup_steps: int = field(1_000, min=0)
     """Env steps per member taken with uniformly random actions before the policy acts."""
-    chunk_len: int = _f(32, min=1)
+    chunk_len: int = field(32, min=1)
     """Rows per transition chunk and environment sent from collectors to the learner."""
-    ring_slots: int = _f(64, min=2)
+    ring_slots: int = field(64, min=2)
     """Chunks the shared-memory ring between collectors and the learner holds."""
-    max_restarts: int = _f(3, min=0)
+    max_restarts: int = field(3, min=0)
     """Times a crashed collector is restarted before the run fails."""
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    total_env_steps: int = _f(20_000, min=1)
+    total_env_steps: int = field(20_000, min=1)
     """Env steps per member (warm-up included) after which training stops."""
-    updates_per_call: int = _f(50, min=1)
+    updates_per_call: int = field(50, min=1)
     """Updates per member in one compiled call (K of the scan)."""
-    max_wall_seconds: float | None = _f(None, gt=0)
+    max_wall_seconds: float | None = field(None, gt=0)
     """Stop (with a checkpoint) after this many seconds; null: no limit."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    interval: int = _f(5_000, min=1)
+    interval: int = field(5_000, min=1)
     """Env steps per member between evaluations."""
-    episodes: int = _f(5, min=1)
+    episodes: int = field(5, min=1)
     """Episodes per member and evaluation, acting without exploration."""
 
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
-    progress_interval_seconds: float = _f(2.0, gt=0)
+    progress_interval_seconds: float = field(2.0, gt=0)
     """Seconds between progress lines on the terminal."""
     tensorboard: bool = True
     """Also write TensorBoard event files (metrics.jsonl is always written)."""
@@ -115,10 +148,12 @@ class LogConfig:
 class Config:
     name: str = "run"
     """Run name; outputs go to results/runs/<name> unless --out is given."""
-    seed: int = _f(0, min=0)
+    seed: int = field(0, min=0)
     """Seeds everything: networks, environments, action noise, replay sampling, strategies."""
-    algo: str = _f("td3", choices=ALGORITHMS)
+    algo: str = field("td3", choices=ALGORITHMS)
     """Member algorithm."""
+    strategy: str = field("independent", choices=STRATEGIES)
+    """What happens to members between evaluations: nothing (independent), pbt, branch_merge."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Environment every member trains and is evaluated on."""
     agent: dict = dataclasses.field(default_factory=dict)
@@ -126,7 +161,11 @@ class Config:
     hparams: dict = dataclasses.field(default_factory=dict)
     """Initial values of the algo's HParams for every member; target_entropy null means -|A|."""
     population: PopulationConfig = dataclasses.field(default_factory=PopulationConfig)
-    """Population size and executor."""
+    """Population size, executor and the hparams members start from (grid, priors)."""
+    pbt: PBTConfig = dataclasses.field(default_factory=PBTConfig)
+    """Population-based training (strategy: pbt)."""
+    branch_merge: BranchMergeConfig = dataclasses.field(default_factory=BranchMergeConfig)
+    """Branch-and-merge rounds (strategy: branch_merge)."""
     replay: ReplayConfig = dataclasses.field(default_factory=ReplayConfig)
     """Replay buffers and the samples-per-insert rate limiter."""
     collect: CollectConfig = dataclasses.field(default_factory=CollectConfig)
@@ -140,30 +179,12 @@ class Config:
 
 
 _AGENT_CONFIGS = {"td3": TD3Config, "sac": SACConfig, "dqn": DQNConfig}
-_SCALARS = ("name", "seed", "algo")
+_SCALARS = ("name", "seed", "algo", "strategy")
 _TABLES = ("agent", "hparams")  # sections whose keys depend on the algo
 _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
 _AGENT_RANGES = {"hidden_sizes": {"min": 1}, "batch_size": {"min": 1}}
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
-Specs = dict[str, tuple[Any, Any, Any]]  # field name -> (type, allowed values, default)
-
-
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-3` (no dot) as a string; here it is a float, as users mean."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
-_NUMBER = re.compile(r"^\s*[-+]?(?:[0-9][0-9_]*\.?[0-9_]*|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?\s*$")
-
-
-def _specs(cls: type) -> Specs:
-    hints = typing.get_type_hints(cls)
-    return {f.name: (hints[f.name], f.metadata, f.default) for f in dataclasses.fields(cls)}
 
 
 def _hparam_range(name: str) -> dict:
@@ -183,7 +204,7 @@ def _table_specs(section: str, algo: str) -> Specs:
     if section == "agent":
         return {
             name: (tp, _AGENT_RANGES.get(name, {"gt": 0.0} if tp is float else {}), default)
-            for name, (tp, _, default) in _specs(_AGENT_CONFIGS[algo]).items()
+            for name, (tp, _, default) in field_specs(_AGENT_CONFIGS[algo]).items()
         }
     from fastpop.agents import make_agent
     from fastpop.types import EnvSpec
@@ -202,115 +223,107 @@ def _table_specs(section: str, algo: str) -> Specs:
     return specs
 
 
-class _Reader:
-    """Where each raw value came from (the file or a --set), for error messages."""
-
-    def __init__(self, source: str | None, origins: dict[str, str]):
-        self.source, self.origins = source, origins
-
-    def origin(self, dotted: str) -> str | None:
-        for key, origin in reversed(self.origins.items()):  # the last --set touching it
-            if dotted in (key, key.split(".")[0]) or key in (dotted, dotted.split(".")[0]):
-                return origin
-        return self.source
-
-    def fail(self, dotted: str, problem: str) -> typing.NoReturn:
-        origin = self.origin(dotted)
-        if origin is not None:
-            problem += f" ({'from' if origin.startswith('--set') else 'in'} {origin})"
-        raise ConfigError(f"{dotted}: {problem}")
-
-    def unknown(self, dotted: str, valid: Sequence[str], context: str = "") -> typing.NoReturn:
-        section, _, key = dotted.rpartition(".")
-        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-        hint = f"valid keys{context}: {', '.join(valid)}"
-        if close:
-            hint = f"did you mean {(f'{section}.' if section else '') + close[0]!r}?"
-        origin = self.origin(dotted)
-        raise ConfigError(f"unknown key {dotted!r}{f' in {origin}' if origin else ''}; {hint}")
-
-
-def _show(value: Any) -> str:
-    if value is None or isinstance(value, bool):
-        return str(value).lower().replace("none", "null")
-    return repr(value)
-
-
-def _coerce(r: _Reader, dotted: str, value: Any, tp: Any, allowed: Any) -> Any:
-    """The value as type `tp`, checked against `allowed` (min, max, gt, choices)."""
-    if typing.get_origin(tp) is types.UnionType:  # X | None
-        if value is None:
-            return None
-        tp = next(arg for arg in typing.get_args(tp) if arg is not type(None))
-    if typing.get_origin(tp) is tuple:
-        if not isinstance(value, list | tuple) or not value:
-            r.fail(
-                dotted, f"expected a non-empty list of integers like [256, 256], got {_show(value)}"
-            )
-        return tuple(_coerce(r, dotted, item, int, allowed) for item in value)
-    if tp is bool and not isinstance(value, bool):
-        r.fail(dotted, f"expected true or false, got {_show(value)}")
-    if tp is str and not isinstance(value, str):
-        r.fail(dotted, f"expected a string, got {_show(value)}")
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)  # 1e6
-        if isinstance(value, bool) or not isinstance(value, int):
-            r.fail(dotted, f"expected an integer, got {_show(value)}")
-    if tp is float:
-        if isinstance(value, str) and _NUMBER.match(value):
-            value = float(value.replace("_", ""))  # '3e-4' from plain YAML 1.1
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            r.fail(dotted, f"expected a number, got {_show(value)}")
-        if not math.isfinite(value := float(value)):
-            r.fail(dotted, f"expected a finite number, got {value}")
-    if "choices" in allowed and value not in allowed["choices"]:
-        r.fail(dotted, f"must be one of {', '.join(allowed['choices'])}, got {value!r}")
-    low, high = allowed.get("min"), allowed.get("max")
-    if low is not None and high is not None and not low <= value <= high:
-        r.fail(dotted, f"must be in [{low:g}, {high:g}], got {value}")
-    if low is not None and value < low:
-        r.fail(dotted, f"must be >= {low:g}, got {value}")
-    if "gt" in allowed and value <= allowed["gt"]:
-        r.fail(dotted, f"must be > {allowed['gt']:g}, got {value}")
-    return value
-
-
-def _fields(r: _Reader, section: str, raw: Any, specs: Specs, context: str = "") -> dict:
-    prefix, raw = f"{section}." if section else "", {} if raw is None else raw
-    if not isinstance(raw, dict):
-        r.fail(section, f"expected a mapping of keys to values, got {_show(raw)}")
-    for key in raw:
-        if key not in specs:
-            r.unknown(f"{prefix}{key}", list(specs), context)
-    return {
-        name: _coerce(r, f"{prefix}{name}", raw[name], tp, allowed) if name in raw else default
-        for name, (tp, allowed, default) in specs.items()
-    }
-
-
-def _build(raw: dict, r: _Reader) -> Config:
+def _build(raw: dict, r: Reader) -> Config:
     for key in raw:
         if key not in _TOP:
             r.unknown(str(key), list(_TOP))
-    scalars = {name: spec for name, spec in _specs(Config).items() if name in _SCALARS}
-    values = _fields(r, "", {k: v for k, v in raw.items() if k in _SCALARS}, scalars)
+    scalars = {name: spec for name, spec in field_specs(Config).items() if name in _SCALARS}
+    values = read_fields(r, "", {k: v for k, v in raw.items() if k in _SCALARS}, scalars)
     if "/" in values["name"] or values["name"] in ("", ".", ".."):
         r.fail("name", f"must be a non-empty name without '/', got {values['name']!r}")
     algo = values["algo"]
     for name, factory in _TOP.items():
         if name in _TABLES:
             specs = _table_specs(name, algo)
-            values[name] = _fields(r, name, raw.get(name), specs, f" for algo {algo}")
+            values[name] = read_fields(r, name, raw.get(name), specs, f" for algo {algo}")
         elif name not in _SCALARS:
-            values[name] = factory(**_fields(r, name, raw.get(name), _specs(factory)))
+            values[name] = factory(**read_fields(r, name, raw.get(name), field_specs(factory)))
     values["env"] = dataclasses.replace(values["env"], id=_check_env(r, values["env"].id))
+    size_given = isinstance(raw.get("population"), dict) and "size" in raw["population"]
+    values["population"] = _check_member_hparams(r, values["population"], algo, size_given)
     config = Config(**values)
+    _check_strategy(r, config)
     _check_consistency(r, config)
     return config
 
 
-def _check_env(r: _Reader, env_id: str) -> str:
+def _check_member_hparams(
+    r: Reader, population: PopulationConfig, algo: str, size_given: bool
+) -> PopulationConfig:
+    """Grid values typed and in range, priors parseable and inside the hparam's range; the size
+    follows the grid unless given (then it must be a multiple of the grid's size)."""
+    from fastpop.strategies.independent import grid_size
+    from fastpop.strategies.priors import parse_prior
+
+    specs = _table_specs("hparams", algo)
+    grid = {}
+    for name, grid_values in population.grid.items():
+        dotted = f"population.grid.{name}"
+        if name not in specs:
+            r.unknown(dotted, list(specs), f" (hparams of algo {algo})")
+        if not isinstance(grid_values, list) or not grid_values:
+            r.fail(dotted, f"expected a non-empty list of values, got {show(grid_values)}")
+        tp, allowed, _ = specs[name]
+        grid[name] = [coerce(r, dotted, value, tp, allowed) for value in grid_values]
+    for name, spec in population.priors.items():
+        dotted = f"population.priors.{name}"
+        if name not in specs:
+            r.unknown(dotted, list(specs), f" (hparams of algo {algo})")
+        if name in grid:
+            r.fail(dotted, "is also in population.grid; give each hparam one source")
+        try:
+            prior = parse_prior(name, spec)
+        except ValueError as error:
+            r.fail(dotted, str(error))
+        tp, allowed, _ = specs[name]
+        for bound in prior.values or (prior.low, prior.high):
+            coerce(r, f"{dotted} (a bound)", bound, float, allowed)
+        if tp is int and not prior.integer:
+            r.fail(dotted, "is an integer hparam: use int_uniform or a choice of integers")
+    size = population.size
+    if grid and not size_given:
+        size = grid_size(grid)
+    elif size % grid_size(grid):
+        r.fail(
+            "population.size",
+            f"must be a multiple of the grid's {grid_size(grid)} combinations, got {size}",
+        )
+    return dataclasses.replace(population, grid=grid, size=size)
+
+
+def _check_strategy(r: Reader, c: Config) -> None:
+    from fastpop.strategies.pbt import selection_sizes
+
+    size, strategy = c.population.size, c.strategy
+    if strategy != "independent" and size < 2:
+        r.fail("population.size", f"strategy {strategy} needs at least 2 members, got {size}")
+    if strategy == "pbt":
+        try:
+            selection_sizes(size, c.pbt.bottom_fraction, c.pbt.top_fraction)
+        except ValueError as error:
+            r.fail("pbt", str(error))
+        if not c.population.priors:
+            r.fail(
+                "population.priors",
+                "strategy pbt explores the hparams that have a prior; declare at least one, "
+                "e.g. {actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}}",
+            )
+    if strategy == "branch_merge":
+        if c.population.grid or c.population.priors:
+            r.fail(
+                "population.grid",
+                "branch_merge members differ by branch_merge.step_size_multipliers; "
+                "population.grid and population.priors are for independent and pbt",
+            )
+        multipliers = c.branch_merge.step_size_multipliers
+        if multipliers is not None and len(multipliers) != size:
+            r.fail(
+                "branch_merge.step_size_multipliers",
+                f"needs one multiplier per member ({size}), got {len(multipliers)}",
+            )
+
+
+def _check_env(r: Reader, env_id: str) -> str:
     from fastpop import envs
 
     try:
@@ -319,7 +332,7 @@ def _check_env(r: _Reader, env_id: str) -> str:
         r.fail("env.id", str(error))
 
 
-def _check_consistency(r: _Reader, c: Config) -> None:
+def _check_consistency(r: Reader, c: Config) -> None:
     lanes, capacity, chunk_len = c.collect.envs_per_member, c.replay.capacity, c.collect.chunk_len
     num_envs, min_capacity = c.population.size * lanes, max(chunk_len, 2) * lanes
     checks = (
@@ -335,27 +348,9 @@ def _check_consistency(r: _Reader, c: Config) -> None:
         ("replay.min_size", c.replay.min_size > capacity,
          f"must be <= replay.capacity ({capacity}), got {c.replay.min_size}"),
     )  # fmt: skip
-    for field, violated, problem in checks:
+    for dotted, violated, problem in checks:
         if violated:
-            r.fail(field, problem)
-
-
-def _read_yaml(path: Path) -> dict:
-    if not path.is_file():
-        siblings = [str(p) for p in path.parent.glob("*.y*ml")] if path.parent.is_dir() else []
-        close = difflib.get_close_matches(str(path), siblings, n=1, cutoff=0.6)
-        raise ConfigError(
-            f"config file {path} does not exist{f'; did you mean {close[0]}?' if close else ''}"
-        )
-    try:
-        raw = yaml.load(path.read_text(), Loader=_Loader)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
-    if raw is not None and not isinstance(raw, dict):
-        raise ConfigError(
-            f"{path}: expected a mapping of sections (algo, env, ...), got {_show(raw)}"
-        )
-    return raw or {}
+            r.fail(dotted, problem)
 
 
 def _apply_override(raw: dict, text: str, origins: dict[str, str]) -> None:
@@ -364,7 +359,7 @@ def _apply_override(raw: dict, text: str, origins: dict[str, str]) -> None:
     if not sep or len(parts) > 2 or not all(parts) or key in set(_TOP) - set(_SCALARS):
         raise ConfigError(f"--set {key or text}: expected section.key=value (or seed=value)")
     try:
-        value = yaml.load(value_text, Loader=_Loader)
+        value = yaml.load(value_text, Loader=Loader)
     except yaml.YAMLError as error:
         raise ConfigError(f"--set {text}: the value is not valid YAML: {error}") from None
     origins[key] = f"--set {text}"
@@ -381,12 +376,12 @@ def config_from_dict(
     raw, origins = dict(data), {}
     for text in overrides:
         _apply_override(raw, text, origins)
-    return _build(raw, _Reader(source, origins))
+    return _build(raw, Reader(source, origins))
 
 
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
     """The preset at `path` (defaults where None) with `--set` overrides applied, validated."""
-    raw = {} if path is None else _read_yaml(Path(path))
+    raw = {} if path is None else read_yaml(Path(path))
     return config_from_dict(raw, None if path is None else str(path), overrides)
 
 

@@ -3,7 +3,8 @@
 A run directory receives
   metrics.jsonl  one row per member per evaluation round (schema below), flushed every round
   scalars.jsonl  learner scalars (losses, rates) as {"step": ..., name: value, ...}
-  events.jsonl   collector restarts, rate-limiter notes, strategy (lineage) events
+  events.jsonl   collector restarts, non-finite members, other notes
+  lineage.jsonl  strategy events: who copied whom, when, old -> new hparams, the deciding returns
   events.out.tfevents.*  the same evaluation and learner scalars for TensorBoard
 
 Everything written is plain JSON. NaN and infinities have no JSON spelling, so they are written
@@ -24,6 +25,8 @@ from typing import Any
 METRICS_FILE = "metrics.jsonl"
 SCALARS_FILE = "scalars.jsonl"
 EVENTS_FILE = "events.jsonl"
+LINEAGE_FILE = "lineage.jsonl"
+MEMBERS_FILE = "members.json"  # the strategy and each member's initial hparams, in member order
 
 # Fields every evaluation row carries (the writer adds `eval_index`, shared by one round, when
 # absent). wall_time: seconds since run start, compilation and collection included; env_steps:
@@ -95,12 +98,14 @@ class MetricsWriter:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
-        paths = [self.run_dir / name for name in (METRICS_FILE, SCALARS_FILE, EVENTS_FILE)]
+        names = (METRICS_FILE, SCALARS_FILE, EVENTS_FILE, LINEAGE_FILE)
+        paths = [self.run_dir / name for name in names]
         for path in paths:
             _drop_partial_tail(path)
         previous = read_metrics(paths[0]) if paths[0].exists() else []
         self.next_eval_index = 1 + max((int(r.get("eval_index", -1)) for r in previous), default=-1)
-        self._metrics, self._scalars, self._events = (p.open("a", encoding="utf-8") for p in paths)
+        self._files = [p.open("a", encoding="utf-8") for p in paths]
+        self._metrics, self._scalars, self._events, self._lineage = self._files
         self._tensorboard = _open_tensorboard(self.run_dir) if tensorboard else None
 
     def __enter__(self) -> MetricsWriter:
@@ -168,8 +173,24 @@ class MetricsWriter:
             raise ValueError(f"event payload must not have a 'kind' key (event kind {kind!r})")
         self._append(self._events, [{"kind": kind, "time": time.time(), **payload}])
 
+    def log_lineage(self, events: list[dict]) -> None:
+        """Strategy events (`target`, `source`, `old_hparams`, `new_hparams`, ...) to
+        lineage.jsonl; TensorBoard gets each target's source and new hparams at `env_steps`."""
+        if not events:
+            return
+        self._append(self._lineage, events)
+        if self._tensorboard is not None:
+            for event in events:
+                step, prefix = int(event["env_steps"]), f"member_{int(event['target'])}"
+                self._tensorboard.add_scalar(f"{prefix}/lineage/source", event["source"], step)
+                for name, value in event["new_hparams"].items():
+                    if _is_number(value):
+                        add = self._tensorboard.add_scalar
+                        add(f"{prefix}/lineage/hparams/{name}", float(value), step)
+            self._tensorboard.flush()
+
     def close(self) -> None:
-        for file in (self._metrics, self._scalars, self._events):
+        for file in self._files:
             file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
@@ -246,12 +267,31 @@ def summarize(rows: list[dict]) -> dict:
         default=None,
     )
     last_by_member = {int(row["member"]): row for group in rounds for row in group}
+    best_by_member: dict[int, float] = {}
+    for row in rows:
+        if _is_number(row["return_mean"]):
+            member = int(row["member"])
+            best_by_member[member] = max(best_by_member.get(member, -math.inf), row["return_mean"])
+    ranking = sorted(
+        last_by_member.values(),
+        key=lambda r: -r["return_mean"] if _is_number(r["return_mean"]) else math.inf,
+    )
     return {
         "best_member": None if best is None else int(best["member"]),
         "best_return": math.nan if best is None else float(best["return_mean"]),
         "best_hparams": None if best is None else best["hparams"],
         "median_return": median(finite_returns(last_round)),
         "member_returns": {m: float(r["return_mean"]) for m, r in sorted(last_by_member.items())},
+        # Members (their configurations) from best to worst at their last evaluation.
+        "ranking": [
+            {
+                "member": int(r["member"]),
+                "final_return": float(r["return_mean"]),
+                "best_return": best_by_member.get(int(r["member"]), math.nan),
+                "hparams": r["hparams"],
+            }
+            for r in ranking
+        ],
         "evaluations": len(rounds),
         "env_steps": max(int(r["env_steps"]) for r in rows),
         "wall_time": max(float(r["wall_time"]) for r in rows),

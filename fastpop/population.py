@@ -9,6 +9,7 @@ same states.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -42,6 +43,24 @@ def member(population: PyTree, index: int) -> PyTree:
 def gather(population: PyTree, indices: jax.Array) -> PyTree:
     """Member i of the result is member indices[i] of the input (PBT exploit, selection)."""
     return jax.tree.map(lambda leaf: jnp.take(leaf, indices, axis=0), population)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def copy_member(population: PyTree, target: jax.Array, source: jax.Array) -> PyTree:
+    """Member `target` overwritten by member `source`, in place (the population is donated):
+    copying one replay buffer must not hold a second copy of every member's."""
+    return jax.tree.map(lambda leaf: leaf.at[target].set(leaf[source]), population)
+
+
+@jax.jit
+def finite_members(population: PyTree) -> jax.Array:
+    """(P,) bool: every floating-point value of the member is finite."""
+    checks = [
+        jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
+        for leaf in jax.tree.leaves(population)
+        if jnp.issubdtype(leaf.dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(checks), axis=0)
 
 
 def population_size(population: PyTree) -> int:

@@ -10,6 +10,7 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 from __future__ import annotations
 
 import functools
+import json
 import math
 import signal
 import time
@@ -21,12 +22,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population, replay
+from fastpop import population, replay, strategies
 from fastpop.agents import make_agent
 from fastpop.collect.evaluator import META_FIELD
 from fastpop.collect.workers import Workers
 from fastpop.envs import env_spec
-from fastpop.metrics import MetricsWriter, median
+from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median
+from fastpop.strategies.base import Evaluation, Selection
+
+
+def stack1(tree):
+    """One member as a population of one."""
+    return jax.tree.map(lambda leaf: leaf[None], tree)
 
 
 class TrainError(RuntimeError):
@@ -62,8 +69,11 @@ class Learner:
         self.config = config
         self.agent = agent
         size = config.population.size
+        overrides = strategies.member_overrides(config)
         self.hparams = population.broadcast_hparams(
-            config_lib.default_member_hparams(config, agent), size
+            config_lib.default_member_hparams(config, agent),
+            size,
+            **{name: [o[name] for o in overrides] for name in (overrides[0] if overrides else {})},
         )
         capacity, lanes = config_lib.replay_layout(config)
         self.replay_spec = replay.make_replay_spec(spec, capacity, lanes, config.collect.chunk_len)
@@ -143,6 +153,48 @@ class Learner:
             name: np.asarray(value[member]).item() for name, value in self.hparams._asdict().items()
         }
 
+    def all_member_hparams(self) -> list[dict]:
+        return [self.member_hparams_values(m) for m in range(self.config.population.size)]
+
+    def finite_members(self) -> np.ndarray:
+        """(P,) bool: the member's networks, targets and optimizer state are all finite."""
+        if isinstance(self.states, list):
+            return np.array([bool(population.finite_members(stack1(s))[0]) for s in self.states])
+        return np.asarray(population.finite_members(self.states))
+
+    def apply_selection(self, selection: Selection) -> None:
+        """A strategy's decision on device: whole member states (and optionally replay buffers)
+        gathered from their sources, hparams replaced; nothing recompiles."""
+        size = self.config.population.size
+        if selection.moves_state:
+            indices = jnp.asarray(selection.sources)
+            self.states = self.executor.adopt(
+                population.gather(self.executor.release(self.states), indices)
+            )
+            if selection.copy_replay and not self.config.replay.shared:
+                self._copy_buffers(selection.sources)
+        self.hparams = population.broadcast_hparams(
+            population.member(self.hparams, 0),
+            size,
+            **{name: [h[name] for h in selection.hparams] for name in self.hparams._fields},
+        )
+        self.member_hparams = self.executor.adopt(self.hparams)
+
+    def _copy_buffers(self, sources: np.ndarray) -> None:
+        targets = {t for t, s in enumerate(sources) if s != t}
+        if targets & set(sources.tolist()) and not isinstance(self.buffers, list):
+            # A source is overwritten too: copy out of an untouched original.
+            self.buffers = population.gather(self.buffers, jnp.asarray(sources))
+            return
+        originals = list(self.buffers) if isinstance(self.buffers, list) else None
+        for target, source in enumerate(int(s) for s in sources):
+            if source == target:
+                continue
+            if isinstance(self.buffers, list):
+                self.buffers[target] = population.copy_tree(originals[source])
+            else:
+                self.buffers = population.copy_member(self.buffers, target, source)
+
 
 class Run:
     """One training run: the loop, its clock, its outputs."""
@@ -155,7 +207,10 @@ class Run:
         self.learner = Learner(config, self.spec, agent)
         self.start = time.monotonic()
         self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0, "idle": 0.0}
-        self.next_eval = config.eval.interval
+        self.strategy = strategies.make_strategy(config)
+        self.strategy_state = self.strategy.init()
+        self.training_done = False  # no strategy steps on the final evaluation
+        self.next_eval = self.strategy.evaluation_interval
         self.eval_index = 0
         self.snapshot_env_steps = -1  # member env steps of the latest evaluation snapshot
         # eval index -> (snapshot arrays, member hparams at the snapshot), until its result is in;
@@ -179,6 +234,11 @@ class Run:
     def run(self) -> dict:
         config = self.config
         config_lib.save_config(config, self.run_dir / "config.yaml")
+        members = [
+            {"member": m, "hparams": h} for m, h in enumerate(self.learner.all_member_hparams())
+        ]
+        members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
+        (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
         previous = {
             sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, _raise_stop),)
         }
@@ -214,7 +274,8 @@ class Run:
         while self.member_env_steps < total and self.elapsed() < max_seconds:
             self.workers.check()
             busy = self._collect()
-            if learner.limiter.can_sample():
+            waiting = self.strategy.waits_for_evaluation and bool(self.pending_evals)
+            if learner.limiter.can_sample() and not waiting:
                 start = time.perf_counter()
                 if self.learning_started_at is None:
                     self.learning_started_at = self.elapsed()
@@ -222,7 +283,7 @@ class Run:
                 self.workers.publish(learner.policy_leaves())
                 self.timers["update"] += time.perf_counter() - start
                 busy = True
-            self._receive_evaluations()
+            self._receive_evaluations(timeout=0.01 if waiting else 0.0)
             self._progress()
             if not busy:
                 start = time.perf_counter()
@@ -246,7 +307,7 @@ class Run:
             moved = True
             if self.member_env_steps >= self.next_eval:
                 self._snapshot_for_evaluation()
-                self.next_eval += self.config.eval.interval
+                self.next_eval += self.strategy.evaluation_interval
         self.timers["transport"] += time.perf_counter() - start
         return moved
 
@@ -305,10 +366,44 @@ class Run:
                 for member in range(size)
             ]
             self.metrics.log_evaluation(rows)
+            if not self.training_done:
+                self._strategy_step(result)
+
+    def _strategy_step(self, result: dict) -> None:
+        """Hand the round to the strategy; apply its selection on device and log its lineage."""
+        learner = self.learner
+        returns = np.array(result["return_mean"], np.float64)
+        finite = learner.finite_members()
+        for member in np.flatnonzero(~finite):
+            self.metrics.log_event("non_finite_member", {"member": int(member)})
+        returns[~finite] = np.nan  # ranks last; PBT replaces it
+        evaluation = Evaluation(result["eval_index"], result["env_steps"] // len(returns), returns)
+        hparams = learner.all_member_hparams()
+        self.strategy_state, selection = self.strategy.step(
+            self.strategy_state, evaluation, hparams
+        )
+        if selection is None:
+            return
+        learner.apply_selection(selection)
+        self.workers.publish(learner.policy_leaves())
+        now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
+        in_force = learner.all_member_hparams()  # as stored: float32, int32
+        self.metrics.log_lineage(
+            [
+                {
+                    "wall_time": now,
+                    "env_steps": env_steps,
+                    **event,
+                    "new_hparams": in_force[event["target"]],
+                }
+                for event in selection.events
+            ]
+        )
 
     def _final_evaluation(self) -> None:
         """Evaluate the final policies (unless the last interval snapshot was taken at the final
         env step count) and wait for all."""
+        self.training_done = True
         if self.snapshot_env_steps < self.member_env_steps:
             self._snapshot_for_evaluation()
         deadline = time.monotonic() + 600

@@ -7,14 +7,11 @@ session (so a failing test can still remove everything it started); every run is
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import multiprocessing as mp
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,203 +19,22 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import train
-
-REPO = Path(__file__).resolve().parents[1]
-TD3_PENDULUM = REPO / "configs" / "td3_pendulum_cpu.yaml"
-DQN_CARTPOLE = REPO / "configs" / "dqn_cartpole_cpu.yaml"
-SIZE = 4  # population.size of both presets
-TOLERANCE = 0.2  # replay.tolerance (the default)
-# Tiny networks and one update per env step on batches of 32, learning after 256 steps; the
-# default collect.chunk_len of 32 makes every insert 32 env steps per member.
-FAST = [
-    "agent.hidden_sizes=[16,16]",
-    "agent.batch_size=32",
-    "replay.samples_per_insert=32",
-    "train.updates_per_call=10",
-    "collect.warmup_steps=256",
-    "replay.min_size=256",
-    "eval.episodes=1",
-    "log.progress_interval_seconds=0.2",
-]
-# Long enough to still be training whenever a test interrupts it.
-ENDLESS = ["train.total_env_steps=10_000_000", "eval.interval=1_000_000", "log.tensorboard=false"]
-START_SECONDS = 120  # until a run is training (imports and compilation on a busy 2-core CPU)
-STOP_SECONDS = 10  # a run must end this soon after a signal or a fatal worker death
-
-
-# --- processes and shared memory, read from /proc and /dev/shm ---
-
-
-def _stat(pid: int) -> tuple[int, str, int, int] | None:
-    """(parent pid, state, start time in clock ticks, process group) of a process, None when
-    it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return int(fields[1]), fields[0], int(fields[19]), int(fields[2])
-
-
-def _live_pids() -> dict[int, tuple[int, str, int, int]]:
-    stats = {int(entry): _stat(int(entry)) for entry in os.listdir("/proc") if entry.isdigit()}
-    return {pid: stat for pid, stat in stats.items() if stat is not None and stat[1] != "Z"}
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-
-
-def descendants(root: int) -> dict[int, int]:
-    """pid -> start time of every live process below `root`."""
-    children: dict[int, list[tuple[int, int]]] = {}
-    for pid, (parent, _, start, _) in _live_pids().items():
-        children.setdefault(parent, []).append((pid, start))
-    found, stack = {}, [root]
-    while stack:
-        for pid, start in children.get(stack.pop(), []):
-            found[pid] = start
-            stack.append(pid)
-    return found
-
-
-def survivors(processes: dict[int, int], seconds: float = 5.0) -> list[str]:
-    """Those of `processes` (pid -> start time) still alive after up to `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        alive = [
-            f"{pid}: {_cmdline(pid)}"
-            for pid, start in processes.items()
-            if (stat := _stat(pid)) is not None and stat[2] == start and stat[1] != "Z"
-        ]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
-
-
-def segments(pid: int) -> set[str]:
-    """Shared-memory segments created by process `pid` (fastpop names them fastpop_<pid>_*)."""
-    return {name for name in os.listdir("/dev/shm") if name.startswith(f"fastpop_{pid}_")}
-
-
-def worker_children(pid: int) -> list[int]:
-    """The trainer's spawn-started workers, oldest first: collectors 0, 1, ..., the evaluator."""
-    found = [
-        child
-        for child in descendants(pid)
-        if _stat(child)[0] == pid and "multiprocessing.spawn" in _cmdline(child)
-    ]
-    return sorted(found)
-
-
-# --- running `fastpop train` ---
-
-
-class Trainer:
-    """A `python -m fastpop train` subprocess with its output in files under `workdir`."""
-
-    def __init__(self, workdir: Path, config: Path, overrides: list[str], out: str = "run"):
-        self.workdir, self.out = workdir, workdir / out
-        self.stdout_path, self.stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "fastpop", "train", str(config), "--out", out]
-        for override in overrides:
-            command += ["--set", override]
-        # A test run started in the background (`pytest &`) ignores SIGINT, and the trainer would
-        # inherit that; a handler, unlike SIG_IGN, reverts to the default across exec.
-        sigint = signal.getsignal(signal.SIGINT)
-        if sigint == signal.SIG_IGN:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            with self.stdout_path.open("wb") as stdout, self.stderr_path.open("wb") as stderr:
-                self.process = subprocess.Popen(
-                    command, cwd=workdir, stdout=stdout, stderr=stderr, start_new_session=True
-                )
-        finally:
-            signal.signal(signal.SIGINT, sigint)
-        self.pid = self.process.pid
-
-    @property
-    def stdout(self) -> str:
-        return self.stdout_path.read_text()
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def wait(self, seconds: float) -> int:
-        try:
-            return self.process.wait(seconds)
-        except subprocess.TimeoutExpired:
-            pytest.fail(
-                f"fastpop train still running after {seconds} s\n{self.stdout[-3000:]}\n"
-                f"{self.stderr[-3000:]}"
-            )
-
-    def wait_until_training(self) -> None:
-        """Until the learner has updated (scalars.jsonl gets rows after the first update)."""
-        scalars = self.out / "scalars.jsonl"
-        deadline = time.monotonic() + START_SECONDS
-        while not (scalars.exists() and scalars.read_text().strip()):
-            if self.process.poll() is not None:
-                pytest.fail(f"fastpop train exited with {self.process.returncode}:\n{self.stderr}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"not training after {START_SECONDS} s:\n{self.stdout[-3000:]}")
-            time.sleep(0.05)
-
-    def collectors(self, count: int) -> list[int]:
-        workers = worker_children(self.pid)
-        assert len(workers) == count + 1, f"expected {count} collectors and an evaluator"
-        return workers[:count]
-
-    def group(self) -> list[int]:
-        """Live processes of the run's session (it outlives the trainer while any lives)."""
-        return [pid for pid, stat in _live_pids().items() if stat[3] == self.pid]
-
-    def cleanup(self) -> None:
-        """Whatever a failed test left behind. The resource tracker is spared at first: once
-        the others are gone it exits by itself and removes their segments and semaphores."""
-        for pid in self.group():
-            if "resource_tracker" not in _cmdline(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        self.process.wait()
-        deadline = time.monotonic() + 5
-        while self.group() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, signal.SIGKILL)
-        for name in segments(self.pid):
-            (Path("/dev/shm") / name).unlink(missing_ok=True)
-
-
-@pytest.fixture
-def trainers(tmp_path):
-    started: list[Trainer] = []
-
-    def start(config: Path, *overrides: str, out: str = "run") -> Trainer:
-        trainer = Trainer(tmp_path, config, list(overrides), out)
-        started.append(trainer)
-        return trainer
-
-    yield start
-    for trainer in started:
-        trainer.cleanup()
-
-
-def assert_clean_stderr(stderr: str) -> None:
-    """No traceback, and nothing the resource tracker had to clean up after the trainer."""
-    assert "Traceback" not in stderr, stderr
-    assert "leaked" not in stderr, stderr
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
+from tests.runs import (
+    DQN_CARTPOLE,
+    ENDLESS,
+    FAST,
+    SIZE,
+    START_SECONDS,
+    STOP_SECONDS,
+    TD3_PENDULUM,
+    TOLERANCE,
+    assert_clean_stderr,
+    descendants,
+    read_jsonl,
+    segments,
+    survivors,
+    worker_children,
+)
 
 # --- end to end ---
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
+from fastpop.strategies.base import PBT_STREAM, Evaluation, Selection, Strategy, stream_rng
 from fastpop.strategies.priors import Prior
 
 
@@ -106,3 +107,83 @@ def apply_exploits(stacked_tree, exploits: list[Exploit]):
         return stacked_tree
     size = population.population_size(stacked_tree)
     return population.gather(stacked_tree, exploit_indices(size, exploits))
+
+
+class PBTState(NamedTuple):
+    next_round: int  # member env steps at which the next exploit/explore round is due
+    rounds: int  # rounds done
+    history: tuple[tuple[float, ...], ...]  # per member: its latest returns, oldest first
+
+
+def fitness(history: tuple[tuple[float, ...], ...]) -> np.ndarray:
+    """Mean of each member's window; NaN when its latest return is NaN (it must be replaced)."""
+    return np.array(
+        [np.mean(h) if h and np.isfinite(h[-1]) else np.nan for h in history], np.float64
+    )
+
+
+def make_pbt(
+    size: int,
+    priors: dict[str, Prior],
+    seed: int,
+    interval: int,
+    evaluation_interval: int,
+    bottom_fraction: float = 0.25,
+    top_fraction: float = 0.25,
+    perturb_factors: tuple[float, ...] = (0.8, 1.2),
+    resample_probability: float = 0.25,
+    fitness_window: int = 1,
+    copy_replay: bool = False,
+) -> Strategy:
+    """Every `interval` env steps per member (on the first evaluation at or after it), the
+    bottom members copy a top member's whole state and explore its hparams."""
+    selection_sizes(size, bottom_fraction, top_fraction)  # refuses what selects nobody
+
+    def init() -> PBTState:
+        return PBTState(next_round=interval, rounds=0, history=((),) * size)
+
+    def step(state: PBTState, evaluation: Evaluation, hparams: list[dict]):
+        history = tuple(
+            (*h, float(r))[-fitness_window:]
+            for h, r in zip(state.history, evaluation.returns, strict=True)
+        )
+        if evaluation.member_env_steps < state.next_round:
+            return state._replace(history=history), None
+        scores = fitness(history)
+        rng = stream_rng(seed, PBT_STREAM, state.rounds)
+        exploits = truncation_selection(scores, bottom_fraction, top_fraction, rng)
+        sources, new_hparams, events = np.arange(size), [dict(h) for h in hparams], []
+        history = list(history)
+        for target, source in exploits:
+            explored = explore(
+                {name: hparams[source][name] for name in priors},
+                priors,
+                rng,
+                perturb_factors,
+                resample_probability,
+            )
+            sources[target] = source
+            new_hparams[target] = {**hparams[source], **explored}
+            history[target] = history[source]  # it is the source's state now
+            events.append(
+                {
+                    "strategy": "pbt",
+                    "kind": "exploit",
+                    "round": state.rounds,
+                    "eval_index": evaluation.eval_index,
+                    "member_env_steps": evaluation.member_env_steps,
+                    "target": target,
+                    "source": source,
+                    "target_fitness": scores[target],
+                    "source_fitness": scores[source],
+                    "old_hparams": hparams[target],
+                    "new_hparams": new_hparams[target],
+                }
+            )
+        next_round = state.next_round
+        while next_round <= evaluation.member_env_steps:
+            next_round += interval
+        new_state = PBTState(next_round, state.rounds + 1, tuple(history))
+        return new_state, Selection(sources, new_hparams, events, copy_replay)
+
+    return Strategy("pbt", evaluation_interval, False, init, step)

@@ -1,0 +1,59 @@
+"""Population strategies: what happens to members between evaluations.
+
+    independent   members differ by seed and by config-given hparams (a grid or prior samples)
+    pbt           population-based training: whole-state exploit, bounded explore
+    branch_merge  every round all members restart from the promoted (best) member
+
+`make_strategy(config)` builds the one a config names; `member_overrides(config)` gives each
+member's initial hparams that differ from `config.hparams`. See `strategies.base` for the interface.
+"""
+
+from __future__ import annotations
+
+STRATEGIES = ("independent", "pbt", "branch_merge")
+
+
+def member_overrides(config) -> list[dict]:
+    """Per member, the hparams its strategy starts it with (beyond `config.hparams`)."""
+    from fastpop.strategies import branch_merge, independent
+
+    population = config.population
+    if config.strategy == "branch_merge":
+        multipliers = config.branch_merge.step_size_multipliers
+        multipliers = multipliers or branch_merge.default_step_size_multipliers(population.size)
+        return branch_merge.member_overrides(config.hparams, multipliers)
+    return independent.member_overrides(
+        population.size, population.grid, config_priors(config), config.seed
+    )
+
+
+def config_priors(config) -> dict:
+    from fastpop.strategies.priors import parse_prior
+
+    return {name: parse_prior(name, spec) for name, spec in config.population.priors.items()}
+
+
+def make_strategy(config):
+    from fastpop.strategies.branch_merge import make_branch_merge
+    from fastpop.strategies.independent import make_independent
+    from fastpop.strategies.pbt import make_pbt
+
+    size = config.population.size
+    if config.strategy == "pbt":
+        pbt = config.pbt
+        return make_pbt(
+            size,
+            config_priors(config),
+            config.seed,
+            pbt.interval,
+            config.eval.interval,
+            pbt.bottom_fraction,
+            pbt.top_fraction,
+            pbt.perturb_factors,
+            pbt.resample_probability,
+            pbt.fitness_window,
+            copy_replay=pbt.replay == "copy",
+        )
+    if config.strategy == "branch_merge":
+        return make_branch_merge(size, config.branch_merge.round_steps)
+    return make_independent(config.eval.interval)

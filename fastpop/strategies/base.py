@@ -1,0 +1,58 @@
+"""What a strategy is: host-side decisions between evaluations, applied by the learner on device.
+
+A strategy is a NamedTuple of pure functions over plain data (like an Agent):
+
+    init() -> state
+    step(state, evaluation, hparams) -> (state, Selection | None)
+
+`step` sees one evaluation round (every member's return with the policy held constant) and the
+members' current hparams, and may answer with a `Selection`: member i continues from the state of
+member `sources[i]` (an index gather over the whole stacked member state, done by the learner)
+with hparams `hparams[i]`. Its randomness comes from a seed derived from the config's seed and
+the round, so the same run decides the same way and a checkpointed state is plain numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# Streams of numpy seeds derived from config.seed, one per use, so no two uses share draws.
+PRIOR_STREAM = 1
+PBT_STREAM = 2
+
+
+def stream_rng(seed: int, stream: int, *counters: int) -> np.random.Generator:
+    return np.random.default_rng([seed, stream, *counters])
+
+
+class Evaluation(NamedTuple):
+    """One evaluation round as a strategy sees it."""
+
+    eval_index: int
+    member_env_steps: int
+    returns: np.ndarray  # (population,) mean return; NaN for a member with non-finite params
+
+
+class Selection(NamedTuple):
+    """A strategy's decision: member i takes the state of `sources[i]` and the hparams
+    `hparams[i]`; `events` are the lineage records (target, source, old -> new hparams, ...)."""
+
+    sources: np.ndarray
+    hparams: list[dict]
+    events: list[dict]
+    copy_replay: bool = False
+
+    @property
+    def moves_state(self) -> bool:
+        return not np.array_equal(self.sources, np.arange(len(self.sources)))
+
+
+class Strategy(NamedTuple):
+    name: str
+    evaluation_interval: int  # env steps per member between evaluation rounds
+    waits_for_evaluation: bool  # the learner pauses until each round's results are in
+    init: Callable[[], Any]
+    step: Callable[[Any, Evaluation, list[dict]], tuple[Any, Selection | None]]
