@@ -175,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead draw each run's hyperparameters per member and the best member's family "
         "tree (hparams.png)",
     )
+    plot.add_argument(
+        "--table",
+        action="store_true",
+        help="also print a markdown table of each run's best return at 5, 10 and 20 minutes",
+    )
     return parser
 
 
@@ -294,7 +299,7 @@ def format_ranking(ranking: list[dict], members_file: Path, shown: int = 10) -> 
 
 def run_plot(args: argparse.Namespace) -> int:
     from fastpop.lineage import plot_hparams
-    from fastpop.plot import plot_runs
+    from fastpop.plot import plot_runs, returns_table
 
     try:
         if args.hparams:
@@ -303,6 +308,8 @@ def run_plot(args: argparse.Namespace) -> int:
             paths = [plot_hparams(run, args.out) for run in args.runs]
         else:
             paths = plot_runs(args.runs, args.out)
+        if args.table:
+            print(returns_table(args.runs))
     except ValueError as error:
         return fail(str(error))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -286,7 +286,8 @@ def _check_member_hparams(
     elif size % grid_size(grid):
         r.fail(
             "population.size",
-            f"must be a multiple of the grid's {grid_size(grid)} combinations, got {size}",
+            f"must be a multiple of the grid's {grid_size(grid)} combinations (each repeated "
+            f"with other seeds), got {size}; e.g. population.size={grid_size(grid)}",
         )
     return dataclasses.replace(population, grid=grid, size=size)
 

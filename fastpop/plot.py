@@ -60,9 +60,11 @@ def _config_value(config: dict, *paths: str):
 
 def _label(run_dir: Path, config: dict) -> str:
     """The directory name, plus algorithm / env / population size when the config has them."""
+    strategy = _config_value(config, "strategy")
     details = [
-        _config_value(config, "algorithm", "agent.algorithm", "agent.name", "agent"),
+        _config_value(config, "algo", "algorithm", "agent.algorithm", "agent.name", "agent"),
         _config_value(config, "env.id", "env.name", "env"),
+        None if strategy == "independent" else strategy,
     ]
     size = _config_value(config, "population.size", "population_size")
     if size is not None:
@@ -156,3 +158,28 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
         paths[1],
     )
     return paths
+
+
+def returns_by_minute(curve: Curve, minutes: float) -> tuple[float, float]:
+    """(best member's return at the last evaluation taken by `minutes`, best return of any
+    evaluation taken by then); NaN before the first evaluation."""
+    taken = [i for i, m in enumerate(curve.wall_minutes) if m <= minutes]
+    if not taken:
+        return math.nan, math.nan
+    so_far = [curve.best_return[i] for i in taken if math.isfinite(curve.best_return[i])]
+    return curve.best_return[taken[-1]], max(so_far, default=math.nan)
+
+
+def returns_table(run_dirs: list[Path], minutes: tuple[float, ...] = (5, 10, 20)) -> str:
+    """A markdown table: per run, the best member's return at the last evaluation snapshot taken
+    by each wall-clock minute (in brackets: the best of any snapshot by then)."""
+    header = "| run | " + " | ".join(f"{m:g} min" for m in minutes) + " |"
+    lines = [header, "|---|" + "---:|" * len(minutes)]
+    for run_dir in run_dirs:
+        curve = load_curve(Path(run_dir))
+        cells = []
+        for m in minutes:
+            latest, best = returns_by_minute(curve, m)
+            cells.append("-" if math.isnan(latest) else f"{latest:.0f} ({best:.0f})")
+        lines.append(f"| {curve.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

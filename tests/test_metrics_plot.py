@@ -8,7 +8,14 @@ import pytest
 
 from fastpop import metrics
 from fastpop.metrics import MetricsWriter, evaluation_rounds, read_metrics, summarize
-from fastpop.plot import STEPS_PLOT, WALLTIME_PLOT, plot_runs
+from fastpop.plot import (
+    STEPS_PLOT,
+    WALLTIME_PLOT,
+    load_curve,
+    plot_runs,
+    returns_by_minute,
+    returns_table,
+)
 
 MEMBERS = 3
 EVALUATIONS = 4
@@ -107,6 +114,28 @@ def test_summarize_picks_best_member(tmp_path):
     assert summary["env_steps"] == 1000 * MEMBERS * EVALUATIONS
     assert summary["wall_time"] == 30.0 * EVALUATIONS
     assert summary["evaluations"] == EVALUATIONS
+    assert [entry["member"] for entry in summary["ranking"]] == [2, 1, 0]
+    assert summary["ranking"][0] == {
+        "member": 2,
+        "final_return": 350.0,
+        "best_return": 350.0,
+        "hparams": {"actor_lr": 3e-4 * 3, "policy_delay": 2},
+    }
+
+
+def test_returns_by_minute_reads_the_latest_round_taken_by_then(tmp_path):
+    rows = [row for e in range(4) for row in round_rows(e)]  # rounds at 0.5, 1, 1.5, 2 minutes
+    rows[4]["return_mean"] = 1000.0  # round 1 (1 minute) has an outlier best
+    with MetricsWriter(tmp_path, tensorboard=False) as writer:
+        for index in range(4):
+            writer.log_evaluation(rows[index * MEMBERS : (index + 1) * MEMBERS])
+    curve = load_curve(tmp_path)
+    assert returns_by_minute(curve, 0.25) == (pytest.approx(math.nan, nan_ok=True),) * 2
+    assert returns_by_minute(curve, 1.2) == (1000.0, 1000.0)
+    assert returns_by_minute(curve, 5) == (350.0, 1000.0)
+    table = returns_table([tmp_path], minutes=(1.2, 5)).splitlines()
+    assert table[0] == "| run | 1.2 min | 5 min |"
+    assert table[2].endswith("| 1000 (1000) | 350 (1000) |")
 
 
 def test_summarize_groups_by_env_steps_without_eval_index():

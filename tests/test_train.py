@@ -76,33 +76,43 @@ def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_step
     return summary
 
 
+GRID = "population.grid={actor_lr: [3.0e-4, 1.0e-3], policy_delay: [1, 2]}"
+
+
 @pytest.mark.parametrize(
-    "config,steps,member_steps,execution",
+    "config,steps,member_steps,extra",
     [
         # Interval evaluations at the first chunk at or after 750 and 1500 (768, 1504); the run
         # ends at 1504, which the last one already evaluated: no second, final round.
-        pytest.param(TD3_PENDULUM, (1500, 750), [768, 1504], "vectorized", id="td3-pendulum"),
-        # The same loop with the sequential executor: one flag.
+        pytest.param(TD3_PENDULUM, (1500, 750), [768, 1504], [], id="td3-pendulum"),
+        # The same loop with the sequential executor (one flag), members from a 2 x 2 grid.
         pytest.param(
-            TD3_PENDULUM, (1500, 750), [768, 1504], "sequential", id="td3-pendulum-sequential"
+            TD3_PENDULUM,
+            (1500, 750),
+            [768, 1504],
+            ["population.execution=sequential", GRID],
+            id="td3-pendulum-sequential-grid",
         ),
         # Evaluations at 640 and 1280, and a final one at the end (1504).
-        pytest.param(DQN_CARTPOLE, (1500, 640), [640, 1280, 1504], "vectorized", id="dqn-cartpole"),
+        pytest.param(DQN_CARTPOLE, (1500, 640), [640, 1280, 1504], [], id="dqn-cartpole"),
     ],
 )
-def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, execution):
-    overrides = [
-        *FAST,
-        f"train.total_env_steps={steps[0]}",
-        f"eval.interval={steps[1]}",
-        f"population.execution={execution}",
-    ]
+def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, extra):
+    overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
     trainer = trainers(config, *overrides)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
     assert_clean_stderr(trainer.stderr)
     check_run_dir(trainer.out, config, overrides, member_steps)
     assert not segments(trainer.pid)
     assert sorted(os.listdir(tmp_path)) == ["run", "stderr.txt", "stdout.txt"]
+    if GRID in extra:  # members in grid order, recorded in the run and in every evaluation row
+        grid = [(lr, delay) for lr in (3e-4, 1e-3) for delay in (1, 2)]
+        members = json.loads((trainer.out / "members.json").read_text())["members"]
+        recorded = [(m["hparams"]["actor_lr"], m["hparams"]["policy_delay"]) for m in members]
+        assert recorded == [(pytest.approx(lr), delay) for lr, delay in grid]
+        for row in read_jsonl(trainer.out / "metrics.jsonl"):
+            assert row["hparams"] == members[row["member"]]["hparams"]
+        assert "members ranked by final evaluation return" in trainer.stdout
 
 
 # --- signals and dying workers ---
