@@ -28,14 +28,20 @@ from fastpop.schema import (
     Loader,
     Reader,
     Specs,
-    coerce,
     field,
     field_specs,
     read_fields,
     read_yaml,
-    show,
 )
 from fastpop.strategies import STRATEGIES
+from fastpop.strategies.config import (
+    BranchMergeConfig,
+    CEMRLConfig,
+    DvDConfig,
+    PBTConfig,
+    check_member_hparams,
+    check_strategy,
+)
 
 __all__ = ["Config", "ConfigError", "config_from_dict", "load_config", "save_config"]
 
@@ -60,32 +66,6 @@ class PopulationConfig:
     priors: dict = dataclasses.field(default_factory=dict)
     """hparam -> prior ({log_uniform: [lo, hi]}, {uniform: ...}, {int_uniform: ...}, {choice:
     [...]}): each member samples its initial value; PBT's explore stays inside the prior."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PBTConfig:
-    interval: int = field(50_000, min=1)
-    """Env steps per member between exploit/explore rounds (each on the next evaluation)."""
-    bottom_fraction: float = field(0.25, gt=0, max=1)
-    """Share of members (ranked by fitness) that copy a member from the top."""
-    top_fraction: float = field(0.25, gt=0, max=1)
-    """Share of members the copied-from member is drawn from."""
-    perturb_factors: tuple[float, ...] = field((0.8, 1.2), gt=0)
-    """Explore multiplies each copied hparam by one of these, drawn uniformly."""
-    resample_probability: float = field(0.25, min=0, max=1)
-    """Chance that explore resamples an hparam from its prior instead of perturbing it."""
-    fitness_window: int = field(1, min=1)
-    """Evaluations averaged into a member's fitness (its latest ones since it last copied)."""
-    replay: str = field("keep", choices=("keep", "copy"))
-    """keep: a copying member keeps its own buffer; copy: it takes the source's buffer too."""
-
-
-@dataclasses.dataclass(frozen=True)
-class BranchMergeConfig:
-    round_steps: int = field(10_000, min=1)
-    """Env steps per member in one round; every round ends with an evaluation of all members."""
-    step_size_multipliers: tuple[float, ...] | None = field(None, min=0)
-    """Per member factor on every learning rate; null: the first member 0.1, the others 1."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +146,10 @@ class Config:
     """Population-based training (strategy: pbt)."""
     branch_merge: BranchMergeConfig = dataclasses.field(default_factory=BranchMergeConfig)
     """Branch-and-merge rounds (strategy: branch_merge)."""
+    cemrl: CEMRLConfig = dataclasses.field(default_factory=CEMRLConfig)
+    """CEM over actors with a shared critic (strategy: cemrl)."""
+    dvd: DvDConfig = dataclasses.field(default_factory=DvDConfig)
+    """Diversity via determinants with a shared critic (strategy: dvd)."""
     replay: ReplayConfig = dataclasses.field(default_factory=ReplayConfig)
     """Replay buffers and the samples-per-insert rate limiter."""
     collect: CollectConfig = dataclasses.field(default_factory=CollectConfig)
@@ -240,88 +224,12 @@ def _build(raw: dict, r: Reader) -> Config:
             values[name] = factory(**read_fields(r, name, raw.get(name), field_specs(factory)))
     values["env"] = dataclasses.replace(values["env"], id=_check_env(r, values["env"].id))
     size_given = isinstance(raw.get("population"), dict) and "size" in raw["population"]
-    values["population"] = _check_member_hparams(r, values["population"], algo, size_given)
+    specs = _table_specs("hparams", algo)
+    values["population"] = check_member_hparams(r, values["population"], specs, size_given)
     config = Config(**values)
-    _check_strategy(r, config)
+    check_strategy(r, config)
     _check_consistency(r, config)
     return config
-
-
-def _check_member_hparams(
-    r: Reader, population: PopulationConfig, algo: str, size_given: bool
-) -> PopulationConfig:
-    """Grid values typed and in range, priors parseable and inside the hparam's range; the size
-    follows the grid unless given (then it must be a multiple of the grid's size)."""
-    from fastpop.strategies.independent import grid_size
-    from fastpop.strategies.priors import parse_prior
-
-    specs = _table_specs("hparams", algo)
-    grid = {}
-    for name, grid_values in population.grid.items():
-        dotted = f"population.grid.{name}"
-        if name not in specs:
-            r.unknown(dotted, list(specs), f" (hparams of algo {algo})")
-        if not isinstance(grid_values, list) or not grid_values:
-            r.fail(dotted, f"expected a non-empty list of values, got {show(grid_values)}")
-        tp, allowed, _ = specs[name]
-        grid[name] = [coerce(r, dotted, value, tp, allowed) for value in grid_values]
-    for name, spec in population.priors.items():
-        dotted = f"population.priors.{name}"
-        if name not in specs:
-            r.unknown(dotted, list(specs), f" (hparams of algo {algo})")
-        if name in grid:
-            r.fail(dotted, "is also in population.grid; give each hparam one source")
-        try:
-            prior = parse_prior(name, spec)
-        except ValueError as error:
-            r.fail(dotted, str(error))
-        tp, allowed, _ = specs[name]
-        for bound in prior.values or (prior.low, prior.high):
-            coerce(r, f"{dotted} (a bound)", bound, float, allowed)
-        if tp is int and not prior.integer:
-            r.fail(dotted, "is an integer hparam: use int_uniform or a choice of integers")
-    size = population.size
-    if grid and not size_given:
-        size = grid_size(grid)
-    elif size % grid_size(grid):
-        r.fail(
-            "population.size",
-            f"must be a multiple of the grid's {grid_size(grid)} combinations (each repeated "
-            f"with other seeds), got {size}; e.g. population.size={grid_size(grid)}",
-        )
-    return dataclasses.replace(population, grid=grid, size=size)
-
-
-def _check_strategy(r: Reader, c: Config) -> None:
-    from fastpop.strategies.pbt import selection_sizes
-
-    size, strategy = c.population.size, c.strategy
-    if strategy != "independent" and size < 2:
-        r.fail("population.size", f"strategy {strategy} needs at least 2 members, got {size}")
-    if strategy == "pbt":
-        try:
-            selection_sizes(size, c.pbt.bottom_fraction, c.pbt.top_fraction)
-        except ValueError as error:
-            r.fail("pbt", str(error))
-        if not c.population.priors:
-            r.fail(
-                "population.priors",
-                "strategy pbt explores the hparams that have a prior; declare at least one, "
-                "e.g. {actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}}",
-            )
-    if strategy == "branch_merge":
-        if c.population.grid or c.population.priors:
-            r.fail(
-                "population.grid",
-                "branch_merge members differ by branch_merge.step_size_multipliers; "
-                "population.grid and population.priors are for independent and pbt",
-            )
-        multipliers = c.branch_merge.step_size_multipliers
-        if multipliers is not None and len(multipliers) != size:
-            r.fail(
-                "branch_merge.step_size_multipliers",
-                f"needs one multiplier per member ({size}), got {len(multipliers)}",
-            )
 
 
 def _check_env(r: Reader, env_id: str) -> str:

@@ -183,7 +183,7 @@ class MetricsWriter:
             for event in events:
                 step, prefix = int(event["env_steps"]), f"member_{int(event['target'])}"
                 self._tensorboard.add_scalar(f"{prefix}/lineage/source", event["source"], step)
-                for name, value in event["new_hparams"].items():
+                for name, value in event.get("new_hparams", {}).items():
                     if _is_number(value):
                         add = self._tensorboard.add_scalar
                         add(f"{prefix}/lineage/hparams/{name}", float(value), step)

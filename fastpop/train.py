@@ -87,16 +87,26 @@ class Learner:
             self.add = jax.jit(jax.vmap(add), donate_argnums=0)
         updates = config.train.updates_per_call
         sample = lambda buffer, key: replay.sample(self.replay_spec, buffer, key, agent.batch_size)
-        self.executor = population.make_executor(
-            config.population.execution,
-            agent,
-            sample,
-            updates,
-            shared_replay=shared,
-            unroll=population.scan_unroll(spec.obs_shape, updates),
-        )
+        unroll = population.scan_unroll(spec.obs_shape, updates)
+        self.strategy = strategies.make_strategy(config)
+        self.learning = self.strategy.learning  # shared-critic strategies own state and update
         self.key, init_key = jax.random.split(jax.random.key(config.seed))
-        self.states = self.executor.adopt(population.init_population(agent, init_key, self.hparams))
+        if self.learning is not None:
+            update = self.learning.make_update(agent, sample, updates, unroll)
+            identity = lambda tree: tree
+            self.executor = population.Executor("shared_critic", update, identity, identity)
+            self.states, self.strategy_state = self.learning.init_states(
+                agent, init_key, self.hparams
+            )
+            self._sample = jax.jit(sample)
+        else:
+            self.executor = population.make_executor(
+                config.population.execution, agent, sample, updates, shared, unroll
+            )
+            self.states = self.executor.adopt(
+                population.init_population(agent, init_key, self.hparams)
+            )
+            self.strategy_state = self.strategy.init()
         self.member_hparams = self.executor.adopt(self.hparams)
         if self.executor.name == "sequential" and not shared:
             # Kept as one buffer per member: slicing a stacked buffer per call would copy it.
@@ -116,7 +126,9 @@ class Learner:
     def policy_leaves(self) -> list[np.ndarray]:
         """What collectors and the evaluator act with: stacked policy params and hparams, and
         the env steps per member so far (see `collect.collector.policy_template`)."""
-        if isinstance(self.states, list):  # sequential: stack the policies only
+        if self.learning is not None:
+            policy = self.learning.policies(self.states)
+        elif isinstance(self.states, list):  # sequential: stack the policies only
             policy = population.stack([self.agent.policy_params(s) for s in self.states])
         else:
             policy = population.member_policies(self.agent, self.states)
@@ -158,9 +170,30 @@ class Learner:
 
     def finite_members(self) -> np.ndarray:
         """(P,) bool: the member's networks, targets and optimizer state are all finite."""
+        if self.learning is not None:
+            return np.asarray(population.finite_members(self.learning.member_trees(self.states)))
         if isinstance(self.states, list):
             return np.array([bool(population.finite_members(stack1(s))[0]) for s in self.states])
         return np.asarray(population.finite_members(self.states))
+
+    def strategy_step(self, evaluation: Evaluation) -> tuple[list[dict], dict]:
+        """Hand an evaluation round to the strategy and apply what it decides on device.
+        Returns the lineage events (with the hparams in force after them) and scalars to log."""
+        if self.learning is not None:
+            self.key, key = jax.random.split(self.key)
+            observations = lambda key: self._sample(self.buffers, key).obs
+            self.strategy_state, self.states, scalars, events = self.learning.step(
+                self.agent, self.strategy_state, evaluation, self.states, observations, key
+            )
+            return events, scalars
+        self.strategy_state, selection = self.strategy.step(
+            self.strategy_state, evaluation, self.all_member_hparams()
+        )
+        if selection is None:
+            return [], {}
+        self.apply_selection(selection)
+        in_force = self.all_member_hparams()  # as stored: float32, int32
+        return [{**e, "new_hparams": in_force[e["target"]]} for e in selection.events], {}
 
     def apply_selection(self, selection: Selection) -> None:
         """A strategy's decision on device: whole member states (and optionally replay buffers)
@@ -207,8 +240,7 @@ class Run:
         self.learner = Learner(config, self.spec, agent)
         self.start = time.monotonic()
         self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0, "idle": 0.0}
-        self.strategy = strategies.make_strategy(config)
-        self.strategy_state = self.strategy.init()
+        self.strategy = self.learner.strategy
         self.training_done = False  # no strategy steps on the final evaluation
         self.next_eval = self.strategy.evaluation_interval
         self.eval_index = 0
@@ -378,27 +410,13 @@ class Run:
             self.metrics.log_event("non_finite_member", {"member": int(member)})
         returns[~finite] = np.nan  # ranks last; PBT replaces it
         evaluation = Evaluation(result["eval_index"], result["env_steps"] // len(returns), returns)
-        hparams = learner.all_member_hparams()
-        self.strategy_state, selection = self.strategy.step(
-            self.strategy_state, evaluation, hparams
-        )
-        if selection is None:
-            return
-        learner.apply_selection(selection)
-        self.workers.publish(learner.policy_leaves())
+        events, scalars = learner.strategy_step(evaluation)
+        if events or scalars:
+            self.workers.publish(learner.policy_leaves())
         now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
-        in_force = learner.all_member_hparams()  # as stored: float32, int32
-        self.metrics.log_lineage(
-            [
-                {
-                    "wall_time": now,
-                    "env_steps": env_steps,
-                    **event,
-                    "new_hparams": in_force[event["target"]],
-                }
-                for event in selection.events
-            ]
-        )
+        self.metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
+        if scalars:
+            self.metrics.log_scalars(result["env_steps"], scalars)
 
     def _final_evaluation(self) -> None:
         """Evaluate the final policies (unless the last interval snapshot was taken at the final
@@ -420,7 +438,10 @@ class Run:
         elapsed = self.elapsed()
         env_steps = self.member_env_steps * size
         fraction = self.member_env_steps / self.config.train.total_env_steps
-        left = f"~{elapsed * (1 - fraction) / fraction:.0f}s left" if fraction > 0 else "starting"
+        seconds_left = elapsed * (1 - fraction) / fraction if fraction > 0 else math.inf
+        if self.config.train.max_wall_seconds is not None:
+            seconds_left = min(seconds_left, self.config.train.max_wall_seconds - elapsed)
+        left = f"~{seconds_left:.0f}s left" if math.isfinite(seconds_left) else "starting"
         returns = self.latest_returns
         if np.all(np.isnan(returns)):
             returns = np.array([np.mean(r) if r else np.nan for r in self.training_returns])

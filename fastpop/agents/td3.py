@@ -70,10 +70,19 @@ class TD3Parts(NamedTuple):
     critic_step(state, batch, hparams, key) -> (state, metrics)
     actor_step(state, obs, hparams, due) -> (state, actor_loss): actor step and Polyak
     targets where `due`, the state unchanged elsewhere.
+    critic_loss(critic, state, batch, hparams, key) -> (loss, mean q): the targets come from
+    state.target_actor and state.target_critic.
+    actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)).
+    actor_apply(actor, obs) -> deterministic actions.
+    optimizer: the moment-only optimizer of `adam_step`.
     """
 
     critic_step: Callable
     actor_step: Callable
+    critic_loss: Callable
+    actor_loss: Callable
+    actor_apply: Callable
+    optimizer: optax.GradientTransformation
 
 
 def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
@@ -171,5 +180,12 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,
-        parts=TD3Parts(critic_step, actor_and_targets_step),
+        parts=TD3Parts(
+            critic_step,
+            actor_and_targets_step,
+            critic_loss,
+            actor_loss,
+            actor_net.apply,
+            optimizer,
+        ),
     )

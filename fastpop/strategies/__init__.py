@@ -3,6 +3,8 @@
     independent   members differ by seed and by config-given hparams (a grid or prior samples)
     pbt           population-based training: whole-state exploit, bounded explore
     branch_merge  every round all members restart from the promoted (best) member
+    cemrl         CEM over actor parameters, half the samples trained against a shared critic
+    dvd           TD3 actors coupled by a diversity (log det) term, shared critic, adaptive lambda
 
 `make_strategy(config)` builds the one a config names; `member_overrides(config)` gives each
 member's initial hparams that differ from `config.hparams`. See `strategies.base` for the interface.
@@ -10,7 +12,8 @@ member's initial hparams that differ from `config.hparams`. See `strategies.base
 
 from __future__ import annotations
 
-STRATEGIES = ("independent", "pbt", "branch_merge")
+STRATEGIES = ("independent", "pbt", "branch_merge", "cemrl", "dvd")
+SHARED_CRITIC = ("cemrl", "dvd")  # TD3 members with one shared critic and replay
 
 
 def member_overrides(config) -> list[dict]:
@@ -56,4 +59,13 @@ def make_strategy(config):
         )
     if config.strategy == "branch_merge":
         return make_branch_merge(size, config.branch_merge.round_steps)
+    if config.strategy == "cemrl":
+        from fastpop.strategies.cemrl import make_cemrl
+
+        return make_cemrl(size, config.cemrl, config.cemrl.generation_steps)
+    if config.strategy == "dvd":
+        from fastpop.strategies.dvd import make_dvd
+
+        dvd = config.dvd
+        return make_dvd(size, dvd, config.seed, config.eval.interval, dvd.embedding_states)
     return make_independent(config.eval.interval)

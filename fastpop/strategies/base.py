@@ -22,6 +22,7 @@ import numpy as np
 # Streams of numpy seeds derived from config.seed, one per use, so no two uses share draws.
 PRIOR_STREAM = 1
 PBT_STREAM = 2
+DVD_STREAM = 3
 
 
 def stream_rng(seed: int, stream: int, *counters: int) -> np.random.Generator:
@@ -50,9 +51,35 @@ class Selection(NamedTuple):
         return not np.array_equal(self.sources, np.arange(len(self.sources)))
 
 
+class Learning(NamedTuple):
+    """For strategies whose members share parameters or a loss (CEM-RL, DvD): they own the
+    learner's member state and its update, and change the state on device between rounds.
+
+    init_states(agent, key, hparams) -> (states, strategy state)
+    make_update(agent, sample_batch, num_updates, unroll) -> update(states, replay, hparams, key)
+    policies(states) -> stacked policy params (what collectors and the evaluator act with)
+    member_trees(states) -> the per-member (stacked) part of the state, checked for finiteness
+    step(agent, strategy_state, evaluation, states, observations, key)
+        -> (strategy_state, states, scalars to log, events)
+        `observations(key)` samples a batch of states from the replay (for embeddings).
+    """
+
+    init_states: Callable
+    make_update: Callable
+    policies: Callable
+    member_trees: Callable
+    step: Callable
+
+
 class Strategy(NamedTuple):
     name: str
     evaluation_interval: int  # env steps per member between evaluation rounds
     waits_for_evaluation: bool  # the learner pauses until each round's results are in
     init: Callable[[], Any]
     step: Callable[[Any, Evaluation, list[dict]], tuple[Any, Selection | None]]
+    learning: Learning | None = None  # shared-parameter strategies (cemrl, dvd)
+
+
+def no_selection(state, evaluation: Evaluation, hparams: list[dict]):
+    """`Strategy.step` of strategies that act through `Learning.step` instead."""
+    return state, None

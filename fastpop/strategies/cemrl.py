@@ -1,0 +1,121 @@
+"""CEM-RL (Pourchot & Sigaud, ICLR 2019) over TD3: a diagonal-Gaussian CEM over the flattened
+actor parameters, half of its samples improved by TD3 actor steps against one shared critic.
+
+Member 0 acts with the CEM mean (evaluated and logged as its own curve, never trained); members
+1..P-1 are the generation's mirrored samples, the first `trained_fraction` of them trained. Each
+generation (`cemrl.generation_steps` env steps per member) ends with an evaluation of every
+member with the policy held constant (the learner waits for it); the returns of the samples,
+after their gradient steps, refit the distribution (Lamarckian, as in the paper) and the next
+generation is sampled: fresh actors, targets equal to them, fresh optimizer moments. The critic
+and the shared replay carry over.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from fastpop import population
+from fastpop.strategies import cem, shared_critic
+from fastpop.strategies.base import Evaluation, Learning, Strategy, no_selection
+
+MEAN_MEMBER = 0
+
+
+class CEMRLState(NamedTuple):
+    distribution: cem.CEMState
+    generation: int
+
+
+def trained_mask(size: int, trained_fraction: float) -> np.ndarray:
+    """Member 0 (the mean) is never trained; the first share of the samples is."""
+    samples = size - 1
+    mask = np.zeros(size, bool)
+    mask[1 : 1 + round(samples * trained_fraction)] = True
+    return mask
+
+
+def make_cemrl(size: int, config, evaluation_interval: int):
+    """`config`: a `CEMRLConfig`; `size`: 1 (the mean) + an even number of samples."""
+    samples = size - 1
+    if size < 3 or samples % 2:
+        raise ValueError(
+            f"cemrl needs population.size = 1 (the CEM mean) + an even number of mirrored "
+            f"samples, e.g. 11; got {size}"
+        )
+    trained = trained_mask(size, config.trained_fraction)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def next_generation(optimizer, distribution, actors, fitness, key):
+        flat = jax.vmap(lambda actor: ravel_pytree(actor)[0])(actors)
+        unravel = ravel_pytree(population.member(actors, 0))[1]
+        distribution = cem.tell(
+            distribution,
+            flat[1:],
+            fitness,
+            config.elite_fraction,
+            config.noise_decay,
+            config.noise_floor,
+        )
+        return distribution, actors_from(optimizer, distribution, unravel, key)
+
+    def actors_from(optimizer, distribution, unravel, key):
+        drawn = cem.ask(distribution, key, samples)
+        flat = jnp.concatenate([distribution.mean[None], drawn])
+        actors = jax.vmap(unravel)(flat)
+        return actors, jax.vmap(optimizer.init)(actors)
+
+    def init_states(agent, key, hparams):
+        init_key, sample_key = jax.random.split(key)
+        states = shared_critic.init(agent, init_key, hparams, trained)
+        mean, unravel = ravel_pytree(population.member(states.actors, MEAN_MEMBER))
+        distribution = cem.init(mean, config.initial_variance, config.initial_noise)
+        actors, opts = actors_from(agent.parts.optimizer, distribution, unravel, sample_key)
+        states = states._replace(
+            actors=actors, target_actors=population.copy_tree(actors), actor_opts=opts
+        )
+        return states, CEMRLState(distribution, 0)
+
+    def make_update(agent, sample_batch, num_updates, unroll):
+        return shared_critic.make_update(agent, sample_batch, num_updates, unroll=unroll)
+
+    def step(agent, state: CEMRLState, evaluation: Evaluation, states, observations, key):
+        del observations
+        returns = jnp.asarray(evaluation.returns, jnp.float32)
+        distribution, (actors, opts) = next_generation(
+            agent.parts.optimizer, state.distribution, states.actors, returns[1:], key
+        )
+        # Copies: the update donates the state, and one buffer cannot be donated twice.
+        states = states._replace(
+            actors=actors, target_actors=population.copy_tree(actors), actor_opts=opts
+        )
+        sample_returns = np.asarray(evaluation.returns[1:], np.float64)
+        finite = sample_returns[np.isfinite(sample_returns)]
+        scalars = {
+            "cemrl/mean_return": float(evaluation.returns[MEAN_MEMBER]),
+            "cemrl/best_sample_return": float(finite.max()) if finite.size else float("nan"),
+            "cemrl/mean_variance": float(jnp.mean(distribution.variance)),
+            "cemrl/noise": float(distribution.noise),
+            "cemrl/generation": state.generation + 1,
+        }
+        return CEMRLState(distribution, state.generation + 1), states, scalars, []
+
+    return Strategy(
+        name="cemrl",
+        evaluation_interval=evaluation_interval,
+        waits_for_evaluation=True,
+        init=lambda: None,
+        step=no_selection,
+        learning=Learning(
+            init_states,
+            make_update,
+            shared_critic.policies,
+            shared_critic.member_trees,
+            step,
+        ),
+    )

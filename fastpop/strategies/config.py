@@ -1,0 +1,176 @@
+"""Config sections of the strategies (`pbt:`, `branch_merge:`, `cemrl:`, `dvd:` in a preset)
+and the checks that tie them to the rest of a config (`population.grid/priors`, sizes).
+
+Frozen dataclasses with a docstring per field and allowed values as metadata, read and validated
+by `fastpop.config` like every other section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from fastpop.schema import Reader, coerce, field, show
+from fastpop.strategies import SHARED_CRITIC
+
+if TYPE_CHECKING:
+    from fastpop.config import Config
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTConfig:
+    interval: int = field(50_000, min=1)
+    """Env steps per member between exploit/explore rounds (each on the next evaluation)."""
+    bottom_fraction: float = field(0.25, gt=0, max=1)
+    """Share of members (ranked by fitness) that copy a member from the top."""
+    top_fraction: float = field(0.25, gt=0, max=1)
+    """Share of members the copied-from member is drawn from."""
+    perturb_factors: tuple[float, ...] = field((0.8, 1.2), gt=0)
+    """Explore multiplies each copied hparam by one of these, drawn uniformly."""
+    resample_probability: float = field(0.25, min=0, max=1)
+    """Chance that explore resamples an hparam from its prior instead of perturbing it."""
+    fitness_window: int = field(1, min=1)
+    """Evaluations averaged into a member's fitness (its latest ones since it last copied)."""
+    replay: str = field("keep", choices=("keep", "copy"))
+    """keep: a copying member keeps its own buffer; copy: it takes the source's buffer too."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchMergeConfig:
+    round_steps: int = field(10_000, min=1)
+    """Env steps per member in one round; every round ends with an evaluation of all members."""
+    step_size_multipliers: tuple[float, ...] | None = field(None, min=0)
+    """Per member factor on every learning rate; null: the first member 0.1, the others 1."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CEMRLConfig:
+    generation_steps: int = field(5_000, min=1)
+    """Env steps per member in one generation; each ends with an evaluation of every member."""
+    trained_fraction: float = field(0.5, min=0, max=1)
+    """Share of the sampled actors that take TD3 actor steps against the shared critic."""
+    elite_fraction: float = field(0.5, gt=0, max=1)
+    """Share of the sampled actors, best first, that the distribution is refitted to."""
+    initial_variance: float = field(1e-3, gt=0)
+    """Variance of every actor parameter in the first generation."""
+    initial_noise: float = field(1e-3, min=0)
+    """Variance added at the first refit (keeps the search from collapsing)."""
+    noise_decay: float = field(0.95, min=0, max=1)
+    """Per generation: noise <- decay * noise + (1 - decay) * noise_floor."""
+    noise_floor: float = field(1e-5, min=0)
+    """What the added variance decays towards."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DvDConfig:
+    coefficients: tuple[float, ...] = field((0.0, 0.5), min=0)
+    """The bandit's arms: values of lambda, the weight of -log det K in the actor loss."""
+    adapt: str = field("bandit", choices=("bandit", "fixed"))
+    """bandit: Thompson sampling over `coefficients`, rewarded when the population's best
+    return improves; fixed: lambda = the first coefficient throughout."""
+    embedding_states: int = field(20, min=2)
+    """States in the shared batch whose actions make a member's behavioural embedding."""
+    length_scale: float = field(1.0, gt=0)
+    """RBF kernel length scale, on the mean squared action difference."""
+    jitter: float = field(1e-3, gt=0)
+    """Added to K's diagonal before the log-determinant."""
+
+
+def check_member_hparams(r: Reader, population, specs: dict, size_given: bool):
+    """Grid values typed and in range, priors parseable and inside the hparam's range; the size
+    follows the grid unless given (then it must be a multiple of the grid's size)."""
+    from fastpop.strategies.independent import grid_size
+    from fastpop.strategies.priors import parse_prior
+
+    grid = {}
+    for name, grid_values in population.grid.items():
+        dotted = f"population.grid.{name}"
+        if name not in specs:
+            r.unknown(dotted, list(specs), " (the algo's hparams)")
+        if not isinstance(grid_values, list) or not grid_values:
+            r.fail(dotted, f"expected a non-empty list of values, got {show(grid_values)}")
+        tp, allowed, _ = specs[name]
+        grid[name] = [coerce(r, dotted, value, tp, allowed) for value in grid_values]
+    for name, spec in population.priors.items():
+        dotted = f"population.priors.{name}"
+        if name not in specs:
+            r.unknown(dotted, list(specs), " (the algo's hparams)")
+        if name in grid:
+            r.fail(dotted, "is also in population.grid; give each hparam one source")
+        try:
+            prior = parse_prior(name, spec)
+        except ValueError as error:
+            r.fail(dotted, str(error))
+        tp, allowed, _ = specs[name]
+        for bound in prior.values or (prior.low, prior.high):
+            coerce(r, f"{dotted} (a bound)", bound, float, allowed)
+        if tp is int and not prior.integer:
+            r.fail(dotted, "is an integer hparam: use int_uniform or a choice of integers")
+    size = population.size
+    if grid and not size_given:
+        size = grid_size(grid)
+    elif size % grid_size(grid):
+        r.fail(
+            "population.size",
+            f"must be a multiple of the grid's {grid_size(grid)} combinations (each repeated "
+            f"with other seeds), got {size}; e.g. population.size={grid_size(grid)}",
+        )
+    return dataclasses.replace(population, grid=grid, size=size)
+
+
+def check_shared_critic(r: Reader, c: Config) -> None:
+    strategy, size = c.strategy, c.population.size
+    checks = (
+        ("algo", c.algo != "td3", f"strategy {strategy} trains TD3 members; got {c.algo!r}"),
+        ("replay.shared", not c.replay.shared,
+         f"strategy {strategy} trains on one shared replay buffer: set replay.shared: true"),
+        ("population.execution", c.population.execution != "vectorized",
+         f"strategy {strategy} updates the population in one program: use vectorized"),
+        ("population.grid", bool(c.population.grid or c.population.priors),
+         f"strategy {strategy} shares one critic, whose hparams are equal across members; "
+         "population.grid and population.priors are for independent and pbt"),
+        ("population.size", strategy == "cemrl" and (size < 3 or size % 2 == 0),
+         f"cemrl needs 1 (the CEM mean) + an even number of mirrored samples, e.g. 11; "
+         f"got {size}"),
+        ("dvd.embedding_states",
+         strategy == "dvd" and c.dvd.embedding_states > c.agent["batch_size"],
+         f"must be <= agent.batch_size ({c.agent['batch_size']}): the embedding states are "
+         f"taken from one sampled batch, got {c.dvd.embedding_states}"),
+    )  # fmt: skip
+    for dotted, violated, problem in checks:
+        if violated:
+            r.fail(dotted, problem)
+
+
+def check_strategy(r: Reader, c: Config) -> None:
+    from fastpop.strategies.pbt import selection_sizes
+
+    size, strategy = c.population.size, c.strategy
+    if strategy != "independent" and size < 2:
+        r.fail("population.size", f"strategy {strategy} needs at least 2 members, got {size}")
+    if strategy == "pbt":
+        try:
+            selection_sizes(size, c.pbt.bottom_fraction, c.pbt.top_fraction)
+        except ValueError as error:
+            r.fail("pbt", str(error))
+        if not c.population.priors:
+            r.fail(
+                "population.priors",
+                "strategy pbt explores the hparams that have a prior; declare at least one, "
+                "e.g. {actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}}",
+            )
+    if strategy in SHARED_CRITIC:
+        check_shared_critic(r, c)
+    if strategy == "branch_merge":
+        if c.population.grid or c.population.priors:
+            r.fail(
+                "population.grid",
+                "branch_merge members differ by branch_merge.step_size_multipliers; "
+                "population.grid and population.priors are for independent and pbt",
+            )
+        multipliers = c.branch_merge.step_size_multipliers
+        if multipliers is not None and len(multipliers) != size:
+            r.fail(
+                "branch_merge.step_size_multipliers",
+                f"needs one multiplier per member ({size}), got {len(multipliers)}",
+            )

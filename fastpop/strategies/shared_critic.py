@@ -1,0 +1,167 @@
+"""TD3 members with one shared critic pair: the population-level update of CEM-RL and DvD.
+
+The members' actors (with their targets and optimizer moments) are stacked along the population
+axis; the twin critic, its target and its optimizer state are ONE set of parameters. Each update:
+
+  critic  one gradient step on the union of the trained members' batches (every member samples
+          its own batch from the shared buffer), each batch with its own member's target action;
+  actors  every `policy_delay` critic steps, one gradient step of the population-level loss
+              sum over trained members of their TD3 actor losses  -  lambda * log det K
+          (K: `diversity.rbf_kernel` over the members' actions on one shared batch of states,
+          DvD's term; lambda = 0 leaves exactly independent TD3 actor steps), then Polyak
+          targets for the trained actors and the critic.
+
+Critic-level hparams (critic_lr, discount, tau, noises, delay) are read from member 0: strategies
+with a shared critic keep them equal across members.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fastpop import population
+from fastpop.agents.base import adam_step, polyak, select_tree
+from fastpop.agents.td3 import TD3State
+from fastpop.strategies import diversity
+from fastpop.types import PyTree, Transition
+
+
+class SharedCriticState(NamedTuple):
+    actors: PyTree  # (P, ...)
+    target_actors: PyTree  # (P, ...)
+    actor_opts: PyTree  # (P, ...)
+    critic: PyTree  # one twin critic
+    target_critic: PyTree
+    critic_opt: PyTree
+    step: jax.Array  # critic updates done
+    trained: jax.Array  # (P,) bool: members whose actors take gradient steps
+    diversity_weight: jax.Array  # DvD's lambda; 0 for CEM-RL
+
+
+def init(agent, key: jax.Array, hparams, trained: jax.Array) -> SharedCriticState:
+    """Independently initialised actors, and member 0's critic as the shared one."""
+    members = population.init_population(agent, key, hparams)
+    return SharedCriticState(
+        actors=members.actor,
+        target_actors=members.target_actor,
+        actor_opts=members.actor_opt,
+        critic=population.member(members.critic, 0),
+        target_critic=population.member(members.target_critic, 0),
+        critic_opt=population.member(members.critic_opt, 0),
+        step=jnp.zeros((), jnp.int32),
+        trained=jnp.asarray(trained, bool),
+        diversity_weight=jnp.zeros((), jnp.float32),
+    )
+
+
+def policies(state: SharedCriticState) -> PyTree:
+    return state.actors
+
+
+def member_trees(state: SharedCriticState) -> tuple:
+    """The per-member (stacked) part of the state."""
+    return (state.actors, state.target_actors, state.actor_opts)
+
+
+def population_actor_loss(parts, actors, critic, obs, trained, weight, embedding_obs, kernel):
+    """sum_m trained_m * TD3 actor loss_m - lambda * log det K, written for the whole population:
+    one `grad` of this gives each actor its own TD3 gradient plus its share of the coupling."""
+    losses = jax.vmap(parts.actor_loss, in_axes=(0, None, 0))(actors, critic, obs)
+    td3 = jnp.sum(jnp.where(trained, losses, 0.0))
+
+    length_scale, jitter = kernel
+
+    def coupling(actors):
+        embeddings = diversity.embeddings(parts.actor_apply, actors, embedding_obs)
+        return diversity.log_det(diversity.rbf_kernel(embeddings, length_scale), jitter)
+
+    # cond, not a product: with lambda = 0 no gradient flows through the kernel at all.
+    log_det = jax.lax.cond(weight > 0, coupling, lambda _: jnp.zeros(()), actors)
+    return td3 - weight * log_det, losses
+
+
+def make_update(
+    agent,
+    sample_batch,
+    num_updates: int,
+    embedding_states: int = 20,
+    length_scale: float = 1.0,
+    jitter: float = 1e-3,
+    unroll: int = 1,
+):
+    """update(state, shared_replay, hparams (stacked), key) -> (state, metrics), jitted with
+    the state donated; `num_updates` critic steps per call."""
+    parts = agent.parts
+    kernel = (length_scale, jitter)
+
+    def critic_loss(critic, state: SharedCriticState, batches: Transition, hparams, keys):
+        def member_loss(target_actor, batch, key):
+            view = TD3State(None, critic, target_actor, state.target_critic, None, None, None)
+            return parts.critic_loss(critic, view, batch, hparams, key)
+
+        losses, q_means = jax.vmap(member_loss)(state.target_actors, batches, keys)
+        weights = state.trained / jnp.maximum(jnp.sum(state.trained), 1)
+        return jnp.sum(weights * losses), jnp.sum(weights * q_means)
+
+    def actor_step(state: SharedCriticState, batches: Transition, member_hparams, hparams):
+        obs = batches.obs
+        embedding_obs = obs[0, :embedding_states]
+        grads, losses = jax.grad(population_actor_loss, argnums=1, has_aux=True)(
+            parts,
+            state.actors,
+            state.critic,
+            obs,
+            state.trained,
+            state.diversity_weight,
+            embedding_obs,
+            kernel,
+        )
+        step = jax.vmap(lambda a, g, o, lr: adam_step(a, g, o, parts.optimizer, lr))
+        actors, opts = step(state.actors, grads, state.actor_opts, member_hparams.actor_lr)
+        keep = jax.vmap(select_tree)  # untrained members keep actor and moments
+        actors = keep(state.trained, actors, state.actors)
+        opts = keep(state.trained, opts, state.actor_opts)
+        targets = jax.vmap(polyak, in_axes=(0, 0, None))(state.target_actors, actors, hparams.tau)
+        state = state._replace(
+            actors=actors,
+            actor_opts=opts,
+            target_actors=keep(state.trained, targets, state.target_actors),
+            target_critic=polyak(state.target_critic, state.critic, hparams.tau),
+        )
+        return state, jnp.sum(jnp.where(state.trained, losses, 0.0)) / jnp.maximum(
+            jnp.sum(state.trained), 1
+        )
+
+    def one_update(state: SharedCriticState, replay, member_hparams, key):
+        hparams = population.member(member_hparams, 0)
+        size = state.trained.shape[0]
+        sample_keys, noise_keys = jnp.split(jax.random.split(key, 2 * size), 2)
+        batches = jax.vmap(sample_batch, in_axes=(None, 0))(replay, sample_keys)
+        (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic, state, batches, hparams, noise_keys
+        )
+        critic, critic_opt = adam_step(
+            state.critic, grads, state.critic_opt, parts.optimizer, hparams.critic_lr
+        )
+        state = state._replace(critic=critic, critic_opt=critic_opt, step=state.step + 1)
+        due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0
+        state, actor_loss = jax.lax.cond(
+            due,
+            lambda s: actor_step(s, batches, member_hparams, hparams),
+            lambda s: (s, jnp.full((), jnp.nan)),
+            state,
+        )
+        return state, {"critic_loss": loss, "q_mean": q_mean, "actor_loss": actor_loss}
+
+    def update(state, replay, member_hparams, key):
+        keys = jax.random.split(key, num_updates)
+        state, metrics = jax.lax.scan(
+            lambda s, k: one_update(s, replay, member_hparams, k), state, keys, unroll=unroll
+        )
+        # Per-member shaped metrics, as the executors return them (the learner averages).
+        return state, jax.tree.map(lambda m: jnp.broadcast_to(m, (1, *m.shape)), metrics)
+
+    return jax.jit(update, donate_argnums=0)
