@@ -211,5 +211,14 @@ def assert_clean_stderr(stderr: str) -> None:
     assert "leaked" not in stderr, stderr
 
 
+def completed_run(start, config: Path, *overrides: str) -> Path:
+    """Start `fastpop train` with the `trainers` fixture's `start`, wait for a clean exit 0 and
+    return the run directory."""
+    trainer = start(config, *overrides)
+    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
+    assert_clean_stderr(trainer.stderr)
+    return trainer.out
+
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -3,6 +3,8 @@ diversity loss and its numerics, and short `fastpop train` runs of both strategi
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +15,7 @@ from fastpop import population, replay
 from fastpop.strategies import cem, diversity, dvd, shared_critic
 from fastpop.strategies.base import Evaluation
 from fastpop.train import Learner, prepare
-from tests.runs import FAST, START_SECONDS, TD3_PENDULUM, assert_clean_stderr, read_jsonl
+from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
 
 # --- CEM ---
 
@@ -103,7 +105,7 @@ def snapshot(tree):
     return jax.tree.map(np.array, tree)
 
 
-def test_cemrl_trains_exactly_the_chosen_half_against_one_critic():
+def test_cemrl_trains_the_chosen_half_against_one_critic_then_refits_and_resamples():
     learner = shared_learner("cemrl", 5)
     states = learner.states
     np.testing.assert_array_equal(states.trained, [False, True, True, False, False])
@@ -125,20 +127,7 @@ def test_cemrl_trains_exactly_the_chosen_half_against_one_critic():
     for old, new in zip(jax.tree.leaves(before.critic), jax.tree.leaves(after.critic), strict=True):
         assert not np.array_equal(old, new)  # the one critic learned from the trained batches
 
-
-def test_shared_buffer_receives_every_members_transitions():
-    learner = shared_learner("dvd", 3)
-    rewards = np.asarray(learner.buffers.rows.reward)
-    assert learner.buffers.rows.reward.shape[0] == 3  # one lane per member's environment
-    for member in range(3):
-        np.testing.assert_array_equal(
-            rewards[member, :24], np.repeat([member, member + 100, member + 200], 8)
-        )
-
-
-def test_cemrl_generation_refits_and_resamples_actors():
-    learner = shared_learner("cemrl", 5)
-    learner.update()
+    # The end of a generation: refit to the samples' returns, resample every actor.
     distribution = learner.strategy_state.distribution
     events, scalars = learner.strategy_step(Evaluation(0, 100, np.array([0.0, 4, 3, 2, 1])))
     assert events == [] and scalars["cemrl/generation"] == 1
@@ -152,6 +141,16 @@ def test_cemrl_generation_refits_and_resamples_actors():
     assert all(np.all(np.asarray(m) == 0) for m in jax.tree.leaves(learner.states.actor_opts.mu))
 
 
+def test_shared_buffer_receives_every_members_transitions():
+    learner = read_only_dvd_learner(3)
+    rewards = np.asarray(learner.buffers.rows.reward)
+    assert learner.buffers.rows.reward.shape[0] == 3  # one lane per member's environment
+    for member in range(3):
+        np.testing.assert_array_equal(
+            rewards[member, :24], np.repeat([member, member + 100, member + 200], 8)
+        )
+
+
 def assert_same(a, b):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
@@ -160,8 +159,14 @@ def assert_same(a, b):
 # --- DvD ---
 
 
+@functools.cache
+def read_only_dvd_learner(size: int) -> Learner:
+    """Shared by the tests that only read it (compiling a learner is most of their time)."""
+    return shared_learner("dvd", size)
+
+
 def dvd_inputs(size=3, identical=False):
-    learner = shared_learner("dvd", size)
+    learner = read_only_dvd_learner(size)
     states = learner.states
     if identical:  # members 0 and 1 coincide
         actors = jax.tree.map(lambda x: x.at[1].set(x[0]), states.actors)
@@ -184,7 +189,7 @@ def loss_and_grads(learner, states, obs, weight):
 
 def test_dvd_gradient_matches_finite_differences_of_the_population_loss():
     """Guards against a per-member all_gather inside vmap(grad), which is P times too large."""
-    learner, states, obs = dvd_inputs(size=4)
+    learner, states, obs = dvd_inputs()
     weight = 10.0
 
     def coupling_only(flat):
@@ -230,11 +235,9 @@ def test_dvd_with_lambda_zero_is_independent_td3_on_the_shared_critic():
 
 def test_dvd_resets_a_non_finite_member_from_the_best_and_touches_no_other():
     learner = shared_learner("dvd", 4)
-    trees = shared_critic.member_trees(learner.states)
     broken = jax.tree.map(lambda x: x.at[1].set(jnp.nan), learner.states.actors)
     learner.states = learner.states._replace(actors=broken)
     before = snapshot(shared_critic.member_trees(learner.states))
-    del trees
     events, scalars = learner.strategy_step(Evaluation(0, 100, np.array([1.0, np.nan, 5, 2])))
     assert [(e["kind"], e["target"], e["source"]) for e in events] == [("reset", 1, 2)]
     after = snapshot(shared_critic.member_trees(learner.states))
@@ -267,7 +270,7 @@ SHARED_RUN = [
     *FAST,
     "replay.shared=true",
     "collect.num_collectors=1",
-    "train.total_env_steps=2000",
+    "train.total_env_steps=1300",
     "log.tensorboard=false",
 ]
 
@@ -287,13 +290,11 @@ SHARED_RUN = [
     ids=["cemrl", "dvd"],
 )
 def test_shared_critic_runs_complete_and_log_their_metrics(trainers, overrides, scalars):
-    trainer = trainers(TD3_PENDULUM, *SHARED_RUN, *overrides)
-    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
-    assert_clean_stderr(trainer.stderr)
-    logged = [row for row in read_jsonl(trainer.out / "scalars.jsonl") if scalars & set(row)]
-    # One row per evaluation round during training: 416, 800, 1216, 1600 (the learner waits for
-    # each; the final evaluation at 2016 decides nothing).
-    assert len(logged) == 4, logged
+    run = completed_run(trainers, TD3_PENDULUM, *SHARED_RUN, *overrides)
+    logged = [row for row in read_jsonl(run / "scalars.jsonl") if scalars & set(row)]
+    # One row per evaluation round during training: 416, 800, 1216 (the learner waits for each;
+    # the final evaluation at 1312 decides nothing).
+    assert len(logged) == 3, logged
     assert all(scalars <= set(row) for row in logged)
-    rows = read_jsonl(trainer.out / "metrics.jsonl")
-    assert sorted({row["member_env_steps"] for row in rows}) == [416, 800, 1216, 1600, 2016]
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert sorted({row["member_env_steps"] for row in rows}) == [416, 800, 1216, 1312]

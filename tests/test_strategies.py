@@ -196,8 +196,9 @@ def assert_same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-@pytest.mark.parametrize("execution", ["vectorized", "sequential"])
-@pytest.mark.parametrize("replay", ["keep", "copy"])
+@pytest.mark.parametrize(
+    "execution,replay", [("vectorized", "copy"), ("sequential", "keep"), ("sequential", "copy")]
+)
 def test_exploit_copies_the_whole_member_and_leaves_the_rest_bit_identical(execution, replay):
     learner = filled_learner(f"population.execution={execution}")
     before_states = [member_of(learner.states, m) for m in range(4)]

@@ -10,7 +10,7 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop.strategies import config_priors
-from tests.runs import FAST, REPO, START_SECONDS, TD3_PENDULUM, assert_clean_stderr, read_jsonl
+from tests.runs import FAST, REPO, TD3_PENDULUM, completed_run, read_jsonl
 
 PRIORS = (
     "population.priors={actor_lr: {log_uniform: [1.0e-4, 3.0e-3]}, "
@@ -36,10 +36,7 @@ def test_pbt_run_exploits_and_writes_consistent_lineage(trainers):
         "eval.interval=250",
         "train.total_env_steps=2500",
     ]
-    trainer = trainers(TD3_PENDULUM, *overrides)
-    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
-    assert_clean_stderr(trainer.stderr)
-    run = trainer.out
+    run = completed_run(trainers, TD3_PENDULUM, *overrides)
     config = config_lib.load_config(run / "config.yaml")
     priors = config_priors(config)
     members = json.loads((run / "members.json").read_text())
@@ -89,10 +86,7 @@ def test_branch_merge_run_promotes_one_member_each_round(trainers):
         "branch_merge.round_steps=500",
         "train.total_env_steps=1500",
     ]
-    trainer = trainers(TD3_PENDULUM, *overrides)
-    assert trainer.wait(START_SECONDS) == 0, trainer.stderr
-    assert_clean_stderr(trainer.stderr)
-    run = trainer.out
+    run = completed_run(trainers, TD3_PENDULUM, *overrides)
     rows = read_jsonl(run / "metrics.jsonl")
     # Rounds end at the first chunk at or after 500 and 1000 steps, then the final evaluation.
     assert sorted({r["member_env_steps"] for r in rows}) == [512, 1024, 1504]

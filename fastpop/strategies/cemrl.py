@@ -22,7 +22,7 @@ from jax.flatten_util import ravel_pytree
 
 from fastpop import population
 from fastpop.strategies import cem, shared_critic
-from fastpop.strategies.base import Evaluation, Learning, Strategy, no_selection
+from fastpop.strategies.base import Evaluation
 
 MEAN_MEMBER = 0
 
@@ -105,17 +105,4 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         }
         return CEMRLState(distribution, state.generation + 1), states, scalars, []
 
-    return Strategy(
-        name="cemrl",
-        evaluation_interval=evaluation_interval,
-        waits_for_evaluation=True,
-        init=lambda: None,
-        step=no_selection,
-        learning=Learning(
-            init_states,
-            make_update,
-            shared_critic.policies,
-            shared_critic.member_trees,
-            step,
-        ),
-    )
+    return shared_critic.strategy("cemrl", evaluation_interval, init_states, make_update, step)

@@ -21,9 +21,6 @@ from fastpop.strategies import diversity, shared_critic
 from fastpop.strategies.base import (
     DVD_STREAM,
     Evaluation,
-    Learning,
-    Strategy,
-    no_selection,
     stream_rng,
 )
 
@@ -127,18 +124,4 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int, sample_obs_
         scalars["dvd/lambda"] = weight
         return bandit, states, scalars, events
 
-    return Strategy(
-        name="dvd",
-        evaluation_interval=evaluation_interval,
-        # Each round's lambda depends on that round's returns: waiting keeps runs reproducible.
-        waits_for_evaluation=True,
-        init=lambda: None,
-        step=no_selection,
-        learning=Learning(
-            init_states,
-            make_update,
-            shared_critic.policies,
-            shared_critic.member_trees,
-            step,
-        ),
-    )
+    return shared_critic.strategy("dvd", evaluation_interval, init_states, make_update, step)

@@ -26,6 +26,7 @@ from fastpop import population
 from fastpop.agents.base import adam_step, polyak, select_tree
 from fastpop.agents.td3 import TD3State
 from fastpop.strategies import diversity
+from fastpop.strategies.base import Learning, Strategy, no_selection
 from fastpop.types import PyTree, Transition
 
 
@@ -55,6 +56,14 @@ def init(agent, key: jax.Array, hparams, trained: jax.Array) -> SharedCriticStat
         trained=jnp.asarray(trained, bool),
         diversity_weight=jnp.zeros((), jnp.float32),
     )
+
+
+def strategy(name: str, evaluation_interval: int, init_states, make_update, step) -> Strategy:
+    """A shared-critic strategy: it acts through `Learning.step` after every evaluation round,
+    which the learner waits for (each round's decision depends on that round's returns, so
+    waiting keeps runs reproducible)."""
+    learning = Learning(init_states, make_update, policies, member_trees, step)
+    return Strategy(name, evaluation_interval, True, lambda: None, no_selection, learning)
 
 
 def policies(state: SharedCriticState) -> PyTree:
