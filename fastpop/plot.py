@@ -32,6 +32,8 @@ class Curve:
     env_steps: list[int]
     best_return: list[float]
     median_return: list[float]
+    # CEM-RL: the return of member 0, which acts with the CEM mean, per round (else empty).
+    cem_mean_return: tuple[float, ...] = ()
 
 
 def _read_config(run_dir: Path) -> dict:
@@ -88,8 +90,16 @@ def load_curve(run_dir: Path) -> Curve:
         returns = finite_returns(group)
         best.append(max(returns) if returns else math.nan)
         medians.append(median(returns))
+    config = _read_config(run_dir)
+    cem_mean = ()
+    if config.get("strategy") == "cemrl":
+        cem_mean = tuple(
+            next((r["return_mean"] for r in group if r["member"] == 0), math.nan)
+            for group in rounds
+        )
     return Curve(
-        label=_label(run_dir, _read_config(run_dir)),
+        cem_mean_return=cem_mean,
+        label=_label(run_dir, config),
         wall_minutes=[max(r["wall_time"] for r in group) / 60 for group in rounds],
         env_steps=[max(r["env_steps"] for r in group) for group in rounds],
         best_return=best,
@@ -116,10 +126,14 @@ def _plot(curves: list[Curve], x_field: str, xlabel: str, title: str, path: Path
         x = getattr(curve, x_field)
         axes.plot(x, curve.best_return, color=colour, marker="o", markersize=3, label=curve.label)
         axes.plot(x, curve.median_return, color=colour, linestyle="--", alpha=0.8)
+        if curve.cem_mean_return:
+            axes.plot(x, curve.cem_mean_return, color=colour, linestyle=":", alpha=0.9)
     style = [
         Line2D([], [], color="black", label="best member"),
         Line2D([], [], color="black", linestyle="--", label="population median"),
     ]
+    if any(curve.cem_mean_return for curve in curves):
+        style.append(Line2D([], [], color="black", linestyle=":", label="CEM mean (member 0)"))
     handles, _ = axes.get_legend_handles_labels()
     axes.legend(handles=handles + style, loc="best", fontsize="small")
     axes.set_xlabel(xlabel)

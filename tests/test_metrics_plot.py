@@ -138,6 +138,17 @@ def test_returns_by_minute_reads_the_latest_round_taken_by_then(tmp_path):
     assert table[2].endswith("| 1000 (1000) | 350 (1000) |")
 
 
+def test_cemrl_runs_get_a_cem_mean_curve(tmp_path):
+    write_run(tmp_path / "independent")
+    write_run(tmp_path / "cemrl")
+    (tmp_path / "cemrl" / "config.yaml").write_text("strategy: cemrl\n")
+    assert load_curve(tmp_path / "independent").cem_mean_return == ()
+    curve = load_curve(tmp_path / "cemrl")
+    assert curve.cem_mean_return == tuple(100.0 * e for e in range(EVALUATIONS))  # member 0
+    assert "cemrl" in curve.label
+    assert all(p.exists() for p in plot_runs([tmp_path / "cemrl", tmp_path / "independent"]))
+
+
 def test_summarize_groups_by_env_steps_without_eval_index():
     rows = [row for e in range(EVALUATIONS) for row in round_rows(e, best=0)]
     assert len(evaluation_rounds(rows)) == EVALUATIONS
