@@ -1,0 +1,200 @@
+"""Checkpoints as plain data: a pytree's leaves in an `.npz` (no pickle) plus a JSON manifest.
+
+    <run>/checkpoints/000000123456/arrays.npz      leaf_0 ... leaf_N
+    <run>/checkpoints/000000123456/manifest.json   format, version, step, every leaf's path,
+                                                   shape and dtype, the sha256 of arrays.npz,
+                                                   and caller metadata (counters, config, ...)
+
+Writes are atomic: everything goes into a hidden temporary directory that is fsynced and then
+renamed into place, so a checkpoint directory is either complete or absent; a crash mid-write
+leaves only a `.tmp-*` directory, which readers ignore and the next save removes. Restoring
+needs a template tree of the same structure (built from the config, as at the start of a run):
+the structure never comes from the file, and a checkpoint whose leaves do not match the template
+(another config, another fastpop) is refused with the first leaf that differs. A truncated or
+corrupted file fails its checksum and is named in the error; `restore_latest` then falls back to
+the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+FORMAT = "fastpop-checkpoint"
+VERSION = 1
+ARRAYS = "arrays.npz"
+MANIFEST = "manifest.json"
+TEMPORARY_PREFIX = ".tmp-"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names it and says why."""
+
+
+def _is_key(leaf: Any) -> bool:
+    return hasattr(leaf, "dtype") and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def _plain_leaves(tree: Any) -> tuple[list[str], list[np.ndarray], list[str | None]]:
+    """Leaf paths, leaves as numpy arrays (PRNG keys as their key data) and key impls."""
+    paths, arrays, impls = [], [], []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        paths.append(jax.tree_util.keystr(path))
+        if _is_key(leaf):
+            impls.append(str(jax.random.key_impl(leaf)))
+            leaf = jax.random.key_data(leaf)
+        else:
+            impls.append(None)
+        arrays.append(np.asarray(leaf))
+    return paths, arrays, impls
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{step:012d}"
+
+
+def save(directory: Path, step: int, tree: Any, metadata: dict, keep: int = 3) -> Path:
+    """Write `tree` and `metadata` (plain JSON data) as checkpoint `step` under `directory`,
+    atomically; keep the newest `keep` complete checkpoints. Returns the checkpoint's path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob(f"{TEMPORARY_PREFIX}*"):  # a crash mid-write left it
+        shutil.rmtree(stale, ignore_errors=True)
+    final = directory / checkpoint_name(step)
+    temporary = directory / f"{TEMPORARY_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
+    temporary.mkdir()
+    try:
+        paths, arrays, impls = _plain_leaves(tree)
+        arrays_path = temporary / ARRAYS
+        with arrays_path.open("wb") as f:
+            np.savez(f, **{f"leaf_{i}": array for i, array in enumerate(arrays)})
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": step,
+            "sha256": _sha256(arrays_path),
+            "leaves": [
+                {"path": p, "shape": list(a.shape), "dtype": a.dtype.str, "key_impl": k}
+                for p, a, k in zip(paths, arrays, impls, strict=True)
+            ],
+            "metadata": metadata,
+        }
+        (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=True))
+        for path in (arrays_path, temporary / MANIFEST, temporary):
+            _fsync(path)
+        if final.exists():  # the same step saved again (e.g. a stop right after a save)
+            shutil.rmtree(final)
+        os.rename(temporary, final)
+        _fsync(directory)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    for old in complete_checkpoints(directory)[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """Checkpoint directories (not temporary ones), newest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.is_dir() and p.name.isdigit()]
+    return sorted(found, key=lambda p: int(p.name), reverse=True)
+
+
+def read_manifest(path: Path) -> dict:
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {MANIFEST}; not a fastpop checkpoint") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path / MANIFEST}: not valid JSON ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a fastpop checkpoint (format {FORMAT!r} expected)")
+    if manifest.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format version {manifest.get('version')!r}; this fastpop "
+            f"reads version {VERSION}"
+        )
+    return manifest
+
+
+def restore(path: Path, template: Any) -> tuple[Any, dict]:
+    """(tree shaped like `template`, metadata) from the checkpoint at `path`."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    arrays_path = path / ARRAYS
+    if not arrays_path.is_file():
+        raise CheckpointError(f"{path}: {ARRAYS} is missing")
+    if _sha256(arrays_path) != manifest["sha256"]:
+        raise CheckpointError(
+            f"{arrays_path}: checksum mismatch, the file is truncated or corrupted"
+        )
+    paths, expected, impls = _plain_leaves(template)
+    saved = manifest["leaves"]
+    if len(saved) != len(expected):
+        raise CheckpointError(
+            f"{path}: {len(saved)} arrays, but this run's state has {len(expected)}; the "
+            "checkpoint comes from a different config or fastpop version"
+        )
+    treedef = jax.tree.structure(template)
+    leaves = []
+    try:
+        with np.load(arrays_path, allow_pickle=False) as arrays:
+            for i, (entry, want, impl) in enumerate(zip(saved, expected, impls, strict=True)):
+                array = arrays[f"leaf_{i}"]
+                if array.shape != want.shape or array.dtype != want.dtype:
+                    raise CheckpointError(
+                        f"{path}: {entry['path']} is {array.dtype}{list(array.shape)}, but "
+                        f"this run's {paths[i]} is {want.dtype}{list(want.shape)}; the "
+                        "checkpoint comes from a different config"
+                    )
+                leaves.append(jax.random.wrap_key_data(array, impl=impl) if impl else array)
+    except (OSError, ValueError, KeyError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise CheckpointError(f"{arrays_path}: unreadable ({error})") from None
+    return jax.tree.unflatten(treedef, leaves), manifest["metadata"]
+
+
+def restore_latest(directory: Path, template: Any, warn=print) -> tuple[Any, dict, Path]:
+    """The newest checkpoint under `directory` that restores; each unusable newer one is
+    reported through `warn`. Raises CheckpointError when none does."""
+    candidates = complete_checkpoints(directory)
+    if not candidates:
+        raise CheckpointError(f"{directory}: no checkpoint to resume from")
+    problems = []
+    for path in candidates:
+        try:
+            tree, metadata = restore(path, template)
+        except CheckpointError as error:
+            problems.append(str(error))
+            warn(f"skipping checkpoint: {error}")
+            continue
+        return tree, metadata, path
+    raise CheckpointError("no usable checkpoint:\n  " + "\n  ".join(problems))
