@@ -178,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument(
         "--table",
         action="store_true",
-        help="also print a markdown table of each run's best return at 5, 10 and 20 minutes",
+        help="also print a markdown table of each run's best return at --minutes",
+    )
+    plot.add_argument(
+        "--minutes",
+        type=comma_list(float, "minutes"),
+        default=[5.0, 10.0, 20.0],
+        help="wall-clock minutes of the --table columns, comma-separated (default 5,10,20)",
     )
     return parser
 
@@ -309,7 +315,7 @@ def run_plot(args: argparse.Namespace) -> int:
         else:
             paths = plot_runs(args.runs, args.out)
         if args.table:
-            print(returns_table(args.runs))
+            print(returns_table(args.runs, tuple(args.minutes)))
     except ValueError as error:
         return fail(str(error))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -13,7 +13,7 @@ fastpop train configs/td3_cemrl_hopper_cpu.yaml "${common[@]}" "${independent[@]
 fastpop train configs/td3_dvd_humanoid_cpu.yaml "${common[@]}" --out "$out/dvd_humanoid"
 fastpop train configs/td3_dvd_humanoid_cpu.yaml "${common[@]}" "${independent[@]}" \
   --out "$out/independent_humanoid"
-fastpop plot "$out/cemrl_hopper" "$out/independent_hopper" --out "$out/hopper" --table \
+fastpop plot "$out/cemrl_hopper" "$out/independent_hopper" --out "$out/hopper" --table --minutes 5,10,15 \
   | grep '^|' > "$out/hopper/table.md"
-fastpop plot "$out/dvd_humanoid" "$out/independent_humanoid" --out "$out/humanoid" --table \
+fastpop plot "$out/dvd_humanoid" "$out/independent_humanoid" --out "$out/humanoid" --table --minutes 5,10,15 \
   | grep '^|' > "$out/humanoid/table.md"
