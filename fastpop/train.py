@@ -44,8 +44,11 @@ class StopRequested(Exception):
     """SIGTERM: stop like Ctrl-C does."""
 
 
-def _raise_stop(signum, frame):
-    raise StopRequested()
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_exception(signum: int) -> BaseException:
+    return StopRequested() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def prepare(config: config_lib.Config):
@@ -242,6 +245,7 @@ class Run:
         self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0, "idle": 0.0}
         self.strategy = self.learner.strategy
         self.training_done = False  # no strategy steps on the final evaluation
+        self.stop_signal: int | None = None  # SIGINT / SIGTERM received
         self.next_eval = self.strategy.evaluation_interval
         self.eval_index = 0
         self.snapshot_env_steps = -1  # member env steps of the latest evaluation snapshot
@@ -271,9 +275,7 @@ class Run:
         ]
         members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
         (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
-        previous = {
-            sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, _raise_stop),)
-        }
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         stopped_by = "completed"
         try:
             with (
@@ -300,10 +302,21 @@ class Run:
                 signal.signal(sig, handler)
         return summary
 
+    def _on_signal(self, signum, frame) -> None:
+        """Stop at once, and remember it: an exception raised while Python runs a finalizer or
+        a gc callback (e.g. XLA's) is printed and dropped, and the loop must still stop."""
+        self.stop_signal = signum
+        raise _stop_exception(signum)
+
+    def _check_stop(self) -> None:
+        if self.stop_signal is not None:
+            raise _stop_exception(self.stop_signal)
+
     def _loop(self) -> None:
         learner, total = self.learner, self.config.train.total_env_steps
         max_seconds = self.config.train.max_wall_seconds or math.inf
         while self.member_env_steps < total and self.elapsed() < max_seconds:
+            self._check_stop()
             self.workers.check()
             busy = self._collect()
             waiting = self.strategy.waits_for_evaluation and bool(self.pending_evals)
@@ -426,6 +439,7 @@ class Run:
             self._snapshot_for_evaluation()
         deadline = time.monotonic() + 600
         while self.pending_evals and time.monotonic() < deadline:
+            self._check_stop()
             self.workers.check()
             self._receive_evaluations(timeout=0.1)
 

@@ -7,6 +7,7 @@ session (so a failing test can still remove everything it started); every run is
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
@@ -248,6 +249,32 @@ def test_bad_input_exits_2_and_creates_nothing(trainers, tmp_path, overrides, me
 
 
 # --- a crash in the learner ---
+
+
+def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monkeypatch):
+    """Python prints and drops an exception raised while it runs a gc callback (XLA has one):
+    a Ctrl-C landing there must still stop the run."""
+    config = config_lib.load_config(TD3_PENDULUM, [*FAST, *ENDLESS])
+    real_update = train.Learner.update
+    calls = []
+
+    def update_with_a_dropped_interrupt(self):
+        real_update(self)
+        calls.append(None)
+        if len(calls) == 2:
+            with contextlib.suppress(KeyboardInterrupt):  # what the callback machinery does
+                run._on_signal(signal.SIGINT, None)
+        if len(calls) > 20:
+            raise RuntimeError("the run went on after the interrupt")
+
+    monkeypatch.setattr(train.Learner, "update", update_with_a_dropped_interrupt)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    run = train.Run(config, run_dir, log=lambda message: None)
+    summary = run.run()
+    assert summary["stopped_by"] == "interrupted"
+    assert len(calls) == 2
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatch):
