@@ -35,7 +35,7 @@ def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
 def collection_rate(config: config_lib.Config, seconds: float) -> float:
     """Env steps/s of the config's collectors acting with the policy (warm-up disabled)."""
     from fastpop.collect.workers import Workers
-    from fastpop.train import Learner, prepare
+    from fastpop.learner import Learner, prepare
 
     spec, agent = prepare(config)
     learner = Learner(config, spec, agent)

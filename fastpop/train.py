@@ -9,7 +9,6 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import signal
@@ -17,23 +16,14 @@ import time
 from collections import deque
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population, replay, strategies
-from fastpop.agents import make_agent
 from fastpop.collect.evaluator import META_FIELD
 from fastpop.collect.workers import Workers
-from fastpop.envs import env_spec
+from fastpop.learner import Learner, prepare
 from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median
-from fastpop.strategies.base import Evaluation, Selection
-
-
-def stack1(tree):
-    """One member as a population of one."""
-    return jax.tree.map(lambda leaf: leaf[None], tree)
+from fastpop.strategies.base import Evaluation
 
 
 class TrainError(RuntimeError):
@@ -49,187 +39,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 def _stop_exception(signum: int) -> BaseException:
     return StopRequested() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-def prepare(config: config_lib.Config):
-    """Everything that can refuse a config, checked before any process or file exists."""
-    atari = config_lib.atari_options(config)
-    spec = env_spec(config.env.id, atari)
-    try:
-        agent = make_agent(config.algo, spec, **config.agent)
-    except ValueError as error:
-        raise config_lib.ConfigError(f"algo {config.algo!r} on {config.env.id}: {error}") from None
-    estimate = config_lib.memory_estimate(config, spec)
-    if not estimate.fits:
-        raise config_lib.ConfigError(estimate.message)
-    return spec, agent
-
-
-class Learner:
-    """Device state (member states, replay) and the host-side bookkeeping around it."""
-
-    def __init__(self, config: config_lib.Config, spec, agent):
-        self.config = config
-        self.agent = agent
-        size = config.population.size
-        overrides = strategies.member_overrides(config)
-        self.hparams = population.broadcast_hparams(
-            config_lib.default_member_hparams(config, agent),
-            size,
-            **{name: [o[name] for o in overrides] for name in (overrides[0] if overrides else {})},
-        )
-        capacity, lanes = config_lib.replay_layout(config)
-        self.replay_spec = replay.make_replay_spec(spec, capacity, lanes, config.collect.chunk_len)
-        shared = config.replay.shared
-        add = functools.partial(replay.add, self.replay_spec)
-        if shared:
-            self.buffers = replay.init(self.replay_spec)
-            self.add = jax.jit(add, donate_argnums=0)
-        else:
-            self.buffers = replay.init_population(self.replay_spec, size)
-            self.add = jax.jit(jax.vmap(add), donate_argnums=0)
-        updates = config.train.updates_per_call
-        sample = lambda buffer, key: replay.sample(self.replay_spec, buffer, key, agent.batch_size)
-        unroll = population.scan_unroll(spec.obs_shape, updates)
-        self.strategy = strategies.make_strategy(config)
-        self.learning = self.strategy.learning  # shared-critic strategies own state and update
-        self.key, init_key = jax.random.split(jax.random.key(config.seed))
-        if self.learning is not None:
-            update = self.learning.make_update(agent, sample, updates, unroll)
-            identity = lambda tree: tree
-            self.executor = population.Executor("shared_critic", update, identity, identity)
-            self.states, self.strategy_state = self.learning.init_states(
-                agent, init_key, self.hparams
-            )
-            self._sample = jax.jit(sample)
-        else:
-            self.executor = population.make_executor(
-                config.population.execution, agent, sample, updates, shared, unroll
-            )
-            self.states = self.executor.adopt(
-                population.init_population(agent, init_key, self.hparams)
-            )
-            self.strategy_state = self.strategy.init()
-        self.member_hparams = self.executor.adopt(self.hparams)
-        if self.executor.name == "sequential" and not shared:
-            # Kept as one buffer per member: slicing a stacked buffer per call would copy it.
-            self.buffers = self.executor.adopt(self.buffers)
-            self.add = jax.jit(add, donate_argnums=0)
-        transitions_per_chunk = config.collect.chunk_len * config.collect.envs_per_member
-        self.limiter = replay.RateLimiter(
-            config.replay.samples_per_insert,
-            config.replay.min_size,
-            config.replay.tolerance,
-            samples_per_call=updates * agent.batch_size,
-            insert_size=transitions_per_chunk,
-        )
-        self.updates = 0
-        self.last_metrics: dict[str, float] = {}
-
-    def policy_leaves(self) -> list[np.ndarray]:
-        """What collectors and the evaluator act with: stacked policy params and hparams, and
-        the env steps per member so far (see `collect.collector.policy_template`)."""
-        if self.learning is not None:
-            policy = self.learning.policies(self.states)
-        elif isinstance(self.states, list):  # sequential: stack the policies only
-            policy = population.stack([self.agent.policy_params(s) for s in self.states])
-        else:
-            policy = population.member_policies(self.agent, self.states)
-        member_steps = np.asarray(self.limiter.inserted, np.int32)
-        return [np.asarray(leaf) for leaf in jax.tree.leaves((policy, self.hparams, member_steps))]
-
-    def insert(self, rows: replay.Rows) -> None:
-        """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
-        size, lanes = self.config.population.size, self.config.collect.envs_per_member
-        if self.config.replay.shared:
-            self.buffers = self.add(self.buffers, jax.tree.map(jnp.asarray, rows))
-        elif isinstance(self.buffers, list):
-            for member in range(size):
-                member_rows = jax.tree.map(
-                    lambda x, m=member: jnp.asarray(x[m * lanes : (m + 1) * lanes]), rows
-                )
-                self.buffers[member] = self.add(self.buffers[member], member_rows)
-        else:
-            chunk = jax.tree.map(lambda x: jnp.asarray(x).reshape(size, lanes, *x.shape[1:]), rows)
-            self.buffers = self.add(self.buffers, chunk)
-        self.limiter.record_insert()
-
-    def update(self) -> None:
-        self.key, update_key = jax.random.split(self.key)
-        self.states, metrics = self.executor.update(
-            self.states, self.buffers, self.member_hparams, update_key
-        )
-        self.limiter.record_sample()
-        self.updates += self.config.train.updates_per_call
-        self.last_metrics = {f"learner/{k}": float(jnp.nanmean(v)) for k, v in metrics.items()}
-
-    def member_hparams_values(self, member: int) -> dict:
-        return {
-            name: np.asarray(value[member]).item() for name, value in self.hparams._asdict().items()
-        }
-
-    def all_member_hparams(self) -> list[dict]:
-        return [self.member_hparams_values(m) for m in range(self.config.population.size)]
-
-    def finite_members(self) -> np.ndarray:
-        """(P,) bool: the member's networks, targets and optimizer state are all finite."""
-        if self.learning is not None:
-            return np.asarray(population.finite_members(self.learning.member_trees(self.states)))
-        if isinstance(self.states, list):
-            return np.array([bool(population.finite_members(stack1(s))[0]) for s in self.states])
-        return np.asarray(population.finite_members(self.states))
-
-    def strategy_step(self, evaluation: Evaluation) -> tuple[list[dict], dict]:
-        """Hand an evaluation round to the strategy and apply what it decides on device.
-        Returns the lineage events (with the hparams in force after them) and scalars to log."""
-        if self.learning is not None:
-            self.key, key = jax.random.split(self.key)
-            observations = lambda key: self._sample(self.buffers, key).obs
-            self.strategy_state, self.states, scalars, events = self.learning.step(
-                self.agent, self.strategy_state, evaluation, self.states, observations, key
-            )
-            return events, scalars
-        self.strategy_state, selection = self.strategy.step(
-            self.strategy_state, evaluation, self.all_member_hparams()
-        )
-        if selection is None:
-            return [], {}
-        self.apply_selection(selection)
-        in_force = self.all_member_hparams()  # as stored: float32, int32
-        return [{**e, "new_hparams": in_force[e["target"]]} for e in selection.events], {}
-
-    def apply_selection(self, selection: Selection) -> None:
-        """A strategy's decision on device: whole member states (and optionally replay buffers)
-        gathered from their sources, hparams replaced; nothing recompiles."""
-        size = self.config.population.size
-        if selection.moves_state:
-            indices = jnp.asarray(selection.sources)
-            self.states = self.executor.adopt(
-                population.gather(self.executor.release(self.states), indices)
-            )
-            if selection.copy_replay and not self.config.replay.shared:
-                self._copy_buffers(selection.sources)
-        self.hparams = population.broadcast_hparams(
-            population.member(self.hparams, 0),
-            size,
-            **{name: [h[name] for h in selection.hparams] for name in self.hparams._fields},
-        )
-        self.member_hparams = self.executor.adopt(self.hparams)
-
-    def _copy_buffers(self, sources: np.ndarray) -> None:
-        targets = {t for t, s in enumerate(sources) if s != t}
-        if targets & set(sources.tolist()) and not isinstance(self.buffers, list):
-            # A source is overwritten too: copy out of an untouched original.
-            self.buffers = population.gather(self.buffers, jnp.asarray(sources))
-            return
-        originals = list(self.buffers) if isinstance(self.buffers, list) else None
-        for target, source in enumerate(int(s) for s in sources):
-            if source == target:
-                continue
-            if isinstance(self.buffers, list):
-                self.buffers[target] = population.copy_tree(originals[source])
-            else:
-                self.buffers = population.copy_member(self.buffers, target, source)
 
 
 class Run:

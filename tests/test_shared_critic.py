@@ -12,9 +12,9 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import population, replay
+from fastpop.learner import Learner, prepare
 from fastpop.strategies import cem, diversity, dvd, shared_critic
 from fastpop.strategies.base import Evaluation
-from fastpop.train import Learner, prepare
 from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
 
 # --- CEM ---

@@ -9,11 +9,11 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import population, replay, strategies
+from fastpop.learner import Learner, prepare
 from fastpop.lineage import Segment, ancestry
 from fastpop.strategies import pbt
 from fastpop.strategies.base import Evaluation, Selection
 from fastpop.strategies.branch_merge import make_branch_merge
-from fastpop.train import Learner, prepare
 
 TD3_PRIORS = (
     "population.priors={actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}, "

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fastpop import config as config_lib
+from fastpop import learner as learner_lib
 from fastpop import train
 from tests.runs import (
     DQN_CARTPOLE,
@@ -255,7 +256,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
     """Python prints and drops an exception raised while it runs a gc callback (XLA has one):
     a Ctrl-C landing there must still stop the run."""
     config = config_lib.load_config(TD3_PENDULUM, [*FAST, *ENDLESS])
-    real_update = train.Learner.update
+    real_update = learner_lib.Learner.update
     calls = []
 
     def update_with_a_dropped_interrupt(self):
@@ -267,7 +268,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
         if len(calls) > 20:
             raise RuntimeError("the run went on after the interrupt")
 
-    monkeypatch.setattr(train.Learner, "update", update_with_a_dropped_interrupt)
+    monkeypatch.setattr(learner_lib.Learner, "update", update_with_a_dropped_interrupt)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     run = train.Run(config, run_dir, log=lambda message: None)
@@ -279,7 +280,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
 
 def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatch):
     config = config_lib.load_config(TD3_PENDULUM, [*FAST, *ENDLESS])
-    real_update = train.Learner.update
+    real_update = learner_lib.Learner.update
     calls, workers_at_crash, segments_at_crash = [], [], set()
 
     def failing_update(self):
@@ -290,7 +291,7 @@ def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatc
             segments_at_crash.update(segments(os.getpid()))
             raise RuntimeError("learner blew up")
 
-    monkeypatch.setattr(train.Learner, "update", failing_update)
+    monkeypatch.setattr(learner_lib.Learner, "update", failing_update)
     handler = signal.getsignal(signal.SIGTERM)
     before = segments(os.getpid())
     run_dir = tmp_path / "run"
