@@ -66,6 +66,5 @@ def make_strategy(config):
     if config.strategy == "dvd":
         from fastpop.strategies.dvd import make_dvd
 
-        dvd = config.dvd
-        return make_dvd(size, dvd, config.seed, config.eval.interval, dvd.embedding_states)
+        return make_dvd(size, config.dvd, config.seed, config.eval.interval)
     return make_independent(config.eval.interval)

@@ -64,7 +64,7 @@ def reset_indices(finite: np.ndarray, returns: np.ndarray) -> np.ndarray:
     return indices
 
 
-def make_dvd(size: int, config, seed: int, evaluation_interval: int, sample_obs_count: int):
+def make_dvd(size: int, config, seed: int, evaluation_interval: int):
     """`config`: a `DvDConfig`."""
     coefficients = tuple(float(c) for c in config.coefficients)
     adapt = config.adapt == "bandit"
@@ -118,7 +118,7 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int, sample_obs_
         bandit = bandit_step(bandit, best, seed, adapt)
         weight = coefficients[bandit.arm]
         states = states._replace(diversity_weight=jnp.float32(weight))
-        obs = observations(key)[:sample_obs_count]
+        obs = observations(key)[: config.embedding_states]
         measured = metrics_fn(agent.parts.actor_apply, states.actors, obs)
         scalars = {f"dvd/{name}": float(value) for name, value in measured.items()}
         scalars["dvd/lambda"] = weight

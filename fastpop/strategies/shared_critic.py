@@ -75,6 +75,11 @@ def member_trees(state: SharedCriticState) -> tuple:
     return (state.actors, state.target_actors, state.actor_opts)
 
 
+def trained_mean(trained: jax.Array, values: jax.Array) -> jax.Array:
+    """Mean of `values` over the trained members (0 when none is)."""
+    return jnp.sum(jnp.where(trained, values, 0.0)) / jnp.maximum(jnp.sum(trained), 1)
+
+
 def population_actor_loss(parts, actors, critic, obs, trained, weight, embedding_obs, kernel):
     """sum_m trained_m * TD3 actor loss_m - lambda * log det K, written for the whole population:
     one `grad` of this gives each actor its own TD3 gradient plus its share of the coupling."""
@@ -112,8 +117,7 @@ def make_update(
             return parts.critic_loss(critic, view, batch, hparams, key)
 
         losses, q_means = jax.vmap(member_loss)(state.target_actors, batches, keys)
-        weights = state.trained / jnp.maximum(jnp.sum(state.trained), 1)
-        return jnp.sum(weights * losses), jnp.sum(weights * q_means)
+        return trained_mean(state.trained, losses), trained_mean(state.trained, q_means)
 
     def actor_step(state: SharedCriticState, batches: Transition, member_hparams, hparams):
         obs = batches.obs
@@ -140,9 +144,7 @@ def make_update(
             target_actors=keep(state.trained, targets, state.target_actors),
             target_critic=polyak(state.target_critic, state.critic, hparams.tau),
         )
-        return state, jnp.sum(jnp.where(state.trained, losses, 0.0)) / jnp.maximum(
-            jnp.sum(state.trained), 1
-        )
+        return state, trained_mean(state.trained, losses)
 
     def one_update(state: SharedCriticState, replay, member_hparams, key):
         hparams = population.member(member_hparams, 0)
