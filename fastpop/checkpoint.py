@@ -56,6 +56,21 @@ def _plain_leaves(tree: Any) -> tuple[list[str], list[np.ndarray], list[str | No
     return paths, arrays, impls
 
 
+def _leaf_specs(tree: Any) -> list[tuple[str, tuple, np.dtype, str | None]]:
+    """(path, shape, dtype, key impl) of every leaf, without copying a leaf to the host: a
+    template may hold whole replay buffers."""
+    specs = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        impl = None
+        if _is_key(leaf):
+            impl = str(jax.random.key_impl(leaf))
+            leaf = jax.random.key_data(leaf)
+        elif not hasattr(leaf, "dtype"):
+            leaf = np.asarray(leaf)
+        specs.append((jax.tree_util.keystr(path), tuple(leaf.shape), np.dtype(leaf.dtype), impl))
+    return specs
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -105,10 +120,14 @@ def save(directory: Path, step: int, tree: Any, metadata: dict, keep: int = 3) -
         (temporary / MANIFEST).write_text(json.dumps(manifest, indent=1, allow_nan=True))
         for path in (arrays_path, temporary / MANIFEST, temporary):
             _fsync(path)
+        aside = None
         if final.exists():  # the same step saved again (e.g. a stop right after a save)
-            shutil.rmtree(final)
+            aside = directory / f"{TEMPORARY_PREFIX}replaced-{final.name}-{os.getpid()}"
+            os.rename(final, aside)
         os.rename(temporary, final)
         _fsync(directory)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
         raise
@@ -144,8 +163,13 @@ def read_manifest(path: Path) -> dict:
     return manifest
 
 
-def restore(path: Path, template: Any) -> tuple[Any, dict]:
-    """(tree shaped like `template`, metadata) from the checkpoint at `path`."""
+def restore(path: Path, template: Any, partial: bool = False) -> tuple[Any, dict]:
+    """(tree shaped like `template`, metadata) from the checkpoint at `path`.
+
+    Leaves are matched by their path in the tree. With `partial`, the template may name a subset
+    of the saved leaves (e.g. only the member states, to evaluate a policy); otherwise the saved
+    leaves must be exactly the template's.
+    """
     path = Path(path)
     manifest = read_manifest(path)
     arrays_path = path / ARRAYS
@@ -155,31 +179,34 @@ def restore(path: Path, template: Any) -> tuple[Any, dict]:
         raise CheckpointError(
             f"{arrays_path}: checksum mismatch, the file is truncated or corrupted"
         )
-    paths, expected, impls = _plain_leaves(template)
-    saved = manifest["leaves"]
-    if len(saved) != len(expected):
+    specs = _leaf_specs(template)
+    saved = {entry["path"]: i for i, entry in enumerate(manifest["leaves"])}
+    wanted = [p for p, *_ in specs]
+    missing = [p for p in wanted if p not in saved]
+    extra = [] if partial else sorted(set(saved) - set(wanted))
+    if missing or extra:
+        problem = f"lacks {missing[0]}" if missing else f"has {extra[0]}, which this run lacks"
         raise CheckpointError(
-            f"{path}: {len(saved)} arrays, but this run's state has {len(expected)}; the "
-            "checkpoint comes from a different config or fastpop version"
+            f"{path}: the checkpoint {problem} ({len(saved)} arrays saved, this run's state "
+            f"has {len(wanted)}); it comes from a different config or fastpop version"
         )
-    treedef = jax.tree.structure(template)
     leaves = []
     try:
         with np.load(arrays_path, allow_pickle=False) as arrays:
-            for i, (entry, want, impl) in enumerate(zip(saved, expected, impls, strict=True)):
-                array = arrays[f"leaf_{i}"]
-                if array.shape != want.shape or array.dtype != want.dtype:
+            for leaf_path, shape, dtype, impl in specs:
+                array = arrays[f"leaf_{saved[leaf_path]}"]
+                if array.shape != shape or array.dtype != dtype:
                     raise CheckpointError(
-                        f"{path}: {entry['path']} is {array.dtype}{list(array.shape)}, but "
-                        f"this run's {paths[i]} is {want.dtype}{list(want.shape)}; the "
-                        "checkpoint comes from a different config"
+                        f"{path}: {leaf_path} is {array.dtype}{list(array.shape)}, but this "
+                        f"run's is {dtype}{list(shape)}; the checkpoint comes from a "
+                        "different config"
                     )
                 leaves.append(jax.random.wrap_key_data(array, impl=impl) if impl else array)
     except (OSError, ValueError, KeyError) as error:
         if isinstance(error, CheckpointError):
             raise
         raise CheckpointError(f"{arrays_path}: unreadable ({error})") from None
-    return jax.tree.unflatten(treedef, leaves), manifest["metadata"]
+    return jax.tree.unflatten(jax.tree.structure(template), leaves), manifest["metadata"]
 
 
 def restore_latest(directory: Path, template: Any, warn=print) -> tuple[Any, dict, Path]:

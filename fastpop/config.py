@@ -125,6 +125,21 @@ class LogConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    interval_seconds: float | None = field(600.0, gt=0)
+    """Wall seconds between checkpoints; null: none on a timer."""
+    interval_env_steps: int | None = field(None, min=1)
+    """Env steps per member between checkpoints; null: none by steps. A checkpoint is written
+    when either interval is due, and always when the run stops (completed, Ctrl-C, SIGTERM,
+    a worker failing beyond its restarts)."""
+    keep: int = field(3, min=1)
+    """Newest complete checkpoints kept in <run>/checkpoints."""
+    replay: bool = True
+    """Save the replay buffers too: a resumed run then updates exactly as an uninterrupted one
+    would; false: smaller, faster checkpoints, and the buffers refill after a resume."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     name: str = "run"
     """Run name; outputs go to results/runs/<name> unless --out is given."""
@@ -160,6 +175,8 @@ class Config:
     """Periodic evaluation."""
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     """Terminal and TensorBoard output."""
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    """When the whole run is saved for `fastpop resume` and `fastpop eval`."""
 
 
 _AGENT_CONFIGS = {"td3": TD3Config, "sac": SACConfig, "dqn": DQNConfig}

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population, replay, strategies
+from fastpop import population, replay, run_state, strategies
 from fastpop.agents import make_agent
 from fastpop.envs import env_spec
 from fastpop.strategies.base import Evaluation, Selection
@@ -94,6 +94,57 @@ class Learner:
         )
         self.updates = 0
         self.last_metrics: dict[str, float] = {}
+
+    # --- checkpoints ---
+
+    def saved_tree(self, with_replay: bool) -> dict:
+        """Every array of the learner's state, for a checkpoint (see fastpop.run_state)."""
+        states = self.states if self.learning is not None else self.executor.release(self.states)
+        strategy_arrays, _ = run_state.split_strategy_state(self.strategy_state)
+        tree = {"states": states, "hparams": self.hparams, "key": self.key}
+        tree["strategy"] = strategy_arrays
+        if with_replay:
+            tree["buffers"] = self.buffers
+        return tree
+
+    def saved_counters(self) -> dict:
+        """The learner's plain-number state: update count, rate limiter, strategy state."""
+        limiter = self.limiter
+        return {
+            "updates": self.updates,
+            "inserted": limiter.inserted,
+            "sampled": limiter.sampled,
+            "inserted_at_start": limiter.inserted_at_start,
+            "refill_from": limiter.refill_from,
+            "strategy": run_state.split_strategy_state(self.strategy_state)[1],
+        }
+
+    def restore(self, tree: dict, counters: dict) -> None:
+        """Continue from a checkpoint's `saved_tree` / `saved_counters`. Without saved buffers
+        the replay starts empty and learning waits for replay.min_size new transitions."""
+        to_device = lambda tree: jax.tree.map(jnp.asarray, tree)
+        states = to_device(tree["states"])
+        self.states = states if self.learning is not None else self.executor.adopt(states)
+        self.hparams = to_device(tree["hparams"])
+        self.member_hparams = self.executor.adopt(self.hparams)
+        self.key = tree["key"]
+        self.strategy_state = run_state.join_strategy_state(
+            self.strategy_state, [jnp.asarray(a) for a in tree["strategy"]], counters["strategy"]
+        )
+        self.updates = counters["updates"]
+        limiter = self.limiter
+        limiter.inserted, limiter.sampled = counters["inserted"], counters["sampled"]
+        limiter.inserted_at_start = counters["inserted_at_start"]
+        limiter.refill_from = counters["refill_from"]
+        if "buffers" in tree:
+            buffers = tree["buffers"]
+            if isinstance(self.buffers, list):
+                self.buffers = [to_device(b) for b in buffers]
+            else:
+                self.buffers = to_device(buffers)
+        else:  # refill: the limiter starts over from the empty buffers, counting from here
+            limiter.inserted_at_start, limiter.sampled = None, 0
+            limiter.refill_from = limiter.inserted
 
     def policy_leaves(self) -> list[np.ndarray]:
         """What collectors and the evaluator act with: stacked policy params and hparams, and

@@ -356,6 +356,8 @@ class RateLimiter:
         self.inserted = 0  # per member, since the start
         self.sampled = 0  # per member, since learning started
         self.inserted_at_start: int | None = None  # inserted when learning started
+        self.refill_from = 0  # inserted when the buffers last started empty (a resume without
+        # saved replay starts them over)
 
     def _slack(self, learning_inserts: int) -> float:
         minimum = self.samples_per_insert * self.insert_size + self.samples_per_call
@@ -384,7 +386,7 @@ class RateLimiter:
 
     def record_insert(self) -> None:
         self.inserted += self.insert_size
-        if not self.learning and self.inserted >= self.min_size:
+        if not self.learning and self.inserted - self.refill_from >= self.min_size:
             self.inserted_at_start = self.inserted
 
     def record_sample(self) -> None:

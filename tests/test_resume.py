@@ -1,0 +1,168 @@
+"""Resuming from a checkpoint: a learner saved and restored mid-run continues exactly as the
+uninterrupted one (same transitions in, same member states out), for every algorithm and for
+strategies with host-side (PBT) and device-side (CEM-RL) state; what a resume may change."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from fastpop import checkpoint, replay, run_state
+from fastpop import config as config_lib
+from fastpop.learner import Learner, prepare
+from fastpop.schema import ConfigError
+from fastpop.strategies.base import Evaluation
+from fastpop.strategies.dvd import bandit_init, bandit_step
+from fastpop.strategies.pbt import PBTState
+
+SMALL = [
+    "agent.hidden_sizes=[8,8]",
+    "agent.batch_size=4",
+    "replay.capacity=256",
+    "replay.min_size=16",
+    "collect.chunk_len=8",
+    "train.updates_per_call=2",
+    "replay.samples_per_insert=1",
+]
+CHUNKS = 8  # chunks of collected rows fed to each learner; the interruption falls after half
+
+
+def learner_for(*overrides: str) -> Learner:
+    config = config_lib.load_config(None, [*SMALL, *overrides])
+    return Learner(config, *prepare(config))
+
+
+def rows_for(learner: Learner, chunk: int) -> replay.Rows:
+    """The same collected rows for every learner of one config: a function of the chunk."""
+    rng = np.random.default_rng(chunk)
+    config = learner.config
+    lanes = config.population.size * config.collect.envs_per_member
+    layout = replay.row_layout(learner.replay_spec, (lanes, config.collect.chunk_len))
+    obs, action, reward, *flags = layout
+    if np.issubdtype(action.dtype, np.integer):
+        actions = rng.integers(0, 2, action.shape).astype(action.dtype)
+    else:
+        actions = rng.uniform(-1, 1, action.shape).astype(action.dtype)
+    return replay.Rows(
+        rng.normal(size=obs.shape).astype(obs.dtype),
+        actions,
+        rng.normal(size=reward.shape).astype(reward.dtype),
+        *(rng.random(flag.shape) < 0.05 for flag in flags),
+    )
+
+
+def drive(learner: Learner, chunks: range) -> None:
+    """Insert each chunk, update while the limiter allows, and every other chunk hand the
+    strategy an evaluation round (returns: a fixed function of the round)."""
+    size = learner.config.population.size
+    for chunk in chunks:
+        learner.insert(rows_for(learner, chunk))
+        while learner.limiter.can_sample():
+            learner.update()
+        if chunk % 2:
+            returns = np.random.default_rng(100 + chunk).normal(size=size)
+            learner.strategy_step(Evaluation(chunk // 2, learner.limiter.inserted, returns))
+
+
+def host(tree):
+    return jax.tree.map(
+        lambda x: np.asarray(jax.random.key_data(x) if checkpoint._is_key(x) else x), tree
+    )
+
+
+CASES = {
+    "td3": [],
+    "sac-sequential": ["algo=sac", "population.execution=sequential"],
+    "dqn": ["algo=dqn", "env.id=CartPole-v1"],
+    "td3-pbt-shared-replay": [
+        "strategy=pbt",
+        "pbt.interval=1",
+        "replay.shared=true",
+        "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}",
+    ],
+    "td3-cemrl": ["strategy=cemrl", "population.size=5", "replay.shared=true"],
+    "td3-dvd": [
+        "strategy=dvd",
+        "population.size=3",
+        "replay.shared=true",
+        "dvd.embedding_states=4",
+    ],
+}
+
+
+@pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
+def test_a_resumed_learner_continues_exactly_as_an_uninterrupted_one(tmp_path, overrides):
+    uninterrupted = learner_for(*overrides)
+    drive(uninterrupted, range(CHUNKS))
+
+    first = learner_for(*overrides)
+    drive(first, range(CHUNKS // 2))
+    path = checkpoint.save(
+        tmp_path, first.limiter.inserted, first.saved_tree(True), first.saved_counters()
+    )
+    del first
+    resumed = learner_for(*overrides)
+    tree, counters = checkpoint.restore(path, resumed.saved_tree(True))
+    resumed.restore(tree, counters)
+    drive(resumed, range(CHUNKS // 2, CHUNKS))
+
+    assert resumed.updates == uninterrupted.updates > 0
+    assert resumed.saved_counters() == uninterrupted.saved_counters()
+    expected, actual = host(uninterrupted.saved_tree(True)), host(resumed.saved_tree(True))
+    assert jax.tree.structure(expected) == jax.tree.structure(actual)
+    flat_expected = jax.tree_util.tree_flatten_with_path(expected)[0]
+    flat_actual = jax.tree.leaves(actual)
+    for (leaf_path, want), got in zip(flat_expected, flat_actual, strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(leaf_path))
+    if "strategy=pbt" in overrides:
+        assert resumed.strategy_state.rounds == uninterrupted.strategy_state.rounds > 0
+
+
+def test_without_saved_replay_learning_waits_for_the_buffers_to_refill(tmp_path):
+    first = learner_for()
+    drive(first, range(CHUNKS // 2))
+    assert first.limiter.learning
+    path = checkpoint.save(tmp_path, 1, first.saved_tree(False), first.saved_counters())
+    resumed = learner_for()
+    resumed.restore(*checkpoint.restore(path, resumed.saved_tree(False)))
+    assert resumed.updates == first.updates
+    assert resumed.limiter.inserted == first.limiter.inserted
+    assert not resumed.limiter.learning and not resumed.limiter.can_sample()
+    resumed.insert(rows_for(resumed, 0))  # 8 rows per member, replay.min_size is 16
+    assert not resumed.limiter.can_sample()
+    resumed.insert(rows_for(resumed, 1))
+    assert resumed.limiter.can_sample()
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        PBTState(3, 2, ((1.0, float("nan")), (), (2.5,))),
+        bandit_step(bandit_init(3), 4.0, seed=0, adapt=True),
+        bandit_init(2),  # best_return NaN
+    ],
+    ids=["pbt", "dvd-bandit", "dvd-bandit-initial"],
+)
+def test_host_side_strategy_states_survive_json(state):
+    import json
+
+    arrays, plain = run_state.split_strategy_state(state)
+    assert arrays == []
+    back = run_state.join_strategy_state(state, [], json.loads(json.dumps(plain)))
+    assert type(back) is type(state)
+    assert repr(back) == repr(state)  # NaN == NaN here, and tuples stay tuples
+
+
+def test_resume_refuses_unsafe_changes_and_names_what_may_change():
+    saved = config_lib.config_to_dict(config_lib.load_config(None, SMALL))
+    config = run_state.resume_config(saved, ["train.total_env_steps=50000"], "checkpoint")
+    assert config.train.total_env_steps == 50000
+    for override, name in [
+        ("population.size=8", "population.size"),
+        ("agent.hidden_sizes=[16,16]", "agent.hidden_sizes"),
+        ("algo=sac", "algo"),
+    ]:
+        with pytest.raises(ConfigError, match=f"--set {name}: cannot change on resume") as info:
+            run_state.resume_config(saved, [override], "checkpoint")
+        assert "train.total_env_steps" in str(info.value)
