@@ -168,10 +168,13 @@ def restore(path: Path, template: Any, partial: bool = False) -> tuple[Any, dict
 
     Leaves are matched by their path in the tree. With `partial`, the template may name a subset
     of the saved leaves (e.g. only the member states, to evaluate a policy); otherwise the saved
-    leaves must be exactly the template's.
+    leaves must be exactly the template's. `template` may also be a function of the metadata,
+    for trees whose shape the metadata tells (e.g. how many evaluations were pending).
     """
     path = Path(path)
     manifest = read_manifest(path)
+    if callable(template):
+        template = template(manifest["metadata"])
     arrays_path = path / ARRAYS
     if not arrays_path.is_file():
         raise CheckpointError(f"{path}: {ARRAYS} is missing")

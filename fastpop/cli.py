@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from fastpop.agents import ALGORITHMS
+from fastpop.run_state import SAFE_ON_RESUME
 
 IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
 
@@ -166,6 +167,25 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", type=Path, default=None, help="run directory")
     train.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
 
+    resume = commands.add_parser(
+        "resume",
+        help="continue a run from its newest checkpoint",
+        description="Continue RUN_DIR from its newest complete checkpoint (an unusable one is "
+        "named and the previous one used): member states, optimizers, replay (if saved), "
+        "strategy state, counters and wall time; metrics continue without repeated rows. "
+        "--set may change only what does not change the saved state's meaning: "
+        + ", ".join(SAFE_ON_RESUME),
+    )
+    resume.add_argument("run_dir", type=Path, help="the run directory (results/runs/<name>)")
+    resume.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="change a resume-safe value, e.g. train.total_env_steps=2000000 (repeatable)",
+    )
+
     plot = commands.add_parser("plot", help="walltime-vs-return and steps-vs-return plots")
     plot.add_argument("runs", type=Path, nargs="+", help="run directories")
     plot.add_argument("--out", type=Path, default=None, help="output directory")
@@ -229,10 +249,7 @@ def fail(message: str, code: int = 2) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    import json
-
     from fastpop.config import ConfigError, load_config
-    from fastpop.plot import plot_runs
     from fastpop.train import Run
 
     try:
@@ -240,8 +257,8 @@ def run_train(args: argparse.Namespace) -> int:
         run_dir = args.out or Path("results/runs") / config.name
         if run_dir.exists() and any(run_dir.iterdir()) and not args.overwrite:
             raise ConfigError(
-                f"run directory {run_dir} already exists; choose another "
-                "--set name=... or --out, or pass --overwrite"
+                f"run directory {run_dir} already exists; choose another --set name=... or "
+                f"--out, pass --overwrite, or continue it with `fastpop resume {run_dir}`"
             )
         run = Run(config, run_dir)  # refuses what cannot run before anything is written
     except (ConfigError, ValueError) as error:
@@ -251,15 +268,37 @@ def run_train(args: argparse.Namespace) -> int:
 
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    return execute(run, run_dir)
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    from fastpop.checkpoint import CheckpointError
+    from fastpop.config import ConfigError
+    from fastpop.train import resume_run
+
+    if not args.run_dir.is_dir():
+        return fail(f"{args.run_dir}: no such run directory")
+    try:
+        run = resume_run(args.run_dir, args.overrides)
+    except (CheckpointError, ConfigError, ValueError) as error:
+        return fail(str(error))
+    return execute(run, args.run_dir)
+
+
+def execute(run, run_dir: Path) -> int:
+    """Run a prepared `Run`; write its summary and plots; the exit code."""
+    import json
+
     from fastpop.collect.workers import WorkerFailed
-    from fastpop.train import StopRequested
+    from fastpop.plot import plot_runs
+    from fastpop.train import StopRequested, TrainError
 
     try:
         summary = run.run()
-    except WorkerFailed as error:
+    except (WorkerFailed, TrainError) as error:
         return fail(str(error), code=1)
     except (KeyboardInterrupt, StopRequested) as stop:  # before training started
-        print("stopping: interrupted during start-up", file=sys.stderr)
+        print("stopping: interrupted before training started", file=sys.stderr)
         return 143 if isinstance(stop, StopRequested) else 130
     from fastpop.metrics import read_metrics, summarize
 
@@ -330,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_bench_pipeline(args)
     if args.command == "train":
         return run_train(args)
+    if args.command == "resume":
+        return run_resume(args)
     if args.command == "plot":
         return run_plot(args)
     return 2

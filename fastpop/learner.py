@@ -17,7 +17,7 @@ from fastpop import config as config_lib
 from fastpop import population, replay, run_state, strategies
 from fastpop.agents import make_agent
 from fastpop.envs import env_spec
-from fastpop.strategies.base import Evaluation, Selection
+from fastpop.strategies.base import Evaluation, Selection, reset_indices
 
 
 def prepare(config: config_lib.Config):
@@ -198,9 +198,15 @@ class Learner:
         return np.asarray(population.finite_members(self.executor.release(self.states)))
 
     def strategy_step(self, evaluation: Evaluation) -> tuple[list[dict], dict]:
-        """Hand an evaluation round to the strategy and apply what it decides on device.
+        """Hand an evaluation round to the strategy and apply what it decides on device; then
+        reset any member whose state is still not finite from the best finite one.
         Returns the lineage events (with the hparams in force after them) and scalars to log."""
-        if self.learning is not None:
+        finite = evaluation.finite
+        if finite is None:
+            finite = self.finite_members()
+        returns = np.where(finite, evaluation.returns, np.nan)  # ranks last; PBT replaces it
+        evaluation = evaluation._replace(returns=returns, finite=finite)
+        if self.learning is not None:  # it resets members itself where that makes sense
             self.key, key = jax.random.split(self.key)
             observations = lambda key: self._sample(self.buffers, key).obs
             self.strategy_state, self.states, scalars, events = self.learning.step(
@@ -210,11 +216,36 @@ class Learner:
         self.strategy_state, selection = self.strategy.step(
             self.strategy_state, evaluation, self.all_member_hparams()
         )
-        if selection is None:
-            return [], {}
-        self.apply_selection(selection)
+        sources, events = np.arange(len(finite)), []
+        if selection is not None:
+            self.apply_selection(selection)
+            sources, events = selection.sources, selection.events
+        events = events + self._reset_non_finite(evaluation, finite[sources], returns[sources])
         in_force = self.all_member_hparams()  # as stored: float32, int32
-        return [{**e, "new_hparams": in_force[e["target"]]} for e in selection.events], {}
+        return [{**e, "new_hparams": in_force[e["target"]]} for e in events], {}
+
+    def _reset_non_finite(self, evaluation: Evaluation, finite, returns) -> list[dict]:
+        """Members whose state is not finite continue from the best finite member's state,
+        keeping their own hparams (a sweep keeps its configurations); the rest are untouched."""
+        indices = reset_indices(finite, returns)
+        targets = np.flatnonzero(indices != np.arange(len(indices)))
+        if not targets.size:
+            return []
+        stacked = self.executor.release(self.states)
+        self.states = self.executor.adopt(population.gather(stacked, jnp.asarray(indices)))
+        return [
+            {
+                "strategy": self.strategy.name,
+                "kind": "reset",
+                "eval_index": evaluation.eval_index,
+                "member_env_steps": evaluation.member_env_steps,
+                "target": int(target),
+                "source": int(indices[target]),
+                "target_fitness": returns[target],
+                "source_fitness": returns[indices[target]],
+            }
+            for target in targets
+        ]
 
     def apply_selection(self, selection: Selection) -> None:
         """A strategy's decision on device: whole member states (and optionally replay buffers)

@@ -70,7 +70,25 @@ def _drop_partial_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def _open_tensorboard(run_dir: Path):
+# Logs that follow the run's state: a resume rewinds them to their length at the checkpoint, so
+# the resumed run writes each row exactly once. events.jsonl (restarts, stops, resumes) is a
+# record of what happened and is never rewound.
+REWOUND_FILES = (METRICS_FILE, SCALARS_FILE, LINEAGE_FILE)
+
+
+def rewind_logs(run_dir: Path, lengths: dict[str, int]) -> dict[str, int]:
+    """Cut each of `REWOUND_FILES` back to its length in `lengths`; returns the bytes cut."""
+    cut = {}
+    for name in REWOUND_FILES:
+        path = Path(run_dir) / name
+        if path.exists() and path.stat().st_size > lengths.get(name, 0):
+            cut[name] = path.stat().st_size - lengths.get(name, 0)
+            with path.open("r+b") as f:
+                f.truncate(lengths.get(name, 0))
+    return cut
+
+
+def _open_tensorboard(run_dir: Path, purge_step: int | None = None):
     global _warned_no_tensorboard
     try:
         from tensorboardX import SummaryWriter
@@ -83,7 +101,7 @@ def _open_tensorboard(run_dir: Path):
                 stacklevel=3,
             )
         return None
-    return SummaryWriter(logdir=str(run_dir))
+    return SummaryWriter(logdir=str(run_dir), purge_step=purge_step)
 
 
 class MetricsWriter:
@@ -94,7 +112,13 @@ class MetricsWriter:
     (resume) appends, and evaluation rounds continue from the last `eval_index`.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True, fsync: bool = False):
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        fsync: bool = False,
+        purge_step: int | None = None,
+    ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
@@ -106,7 +130,9 @@ class MetricsWriter:
         self.next_eval_index = 1 + max((int(r.get("eval_index", -1)) for r in previous), default=-1)
         self._files = [p.open("a", encoding="utf-8") for p in paths]
         self._metrics, self._scalars, self._events, self._lineage = self._files
-        self._tensorboard = _open_tensorboard(self.run_dir) if tensorboard else None
+        # purge_step: TensorBoard hides what an earlier writer logged from this step on (a
+        # resume repeats those steps).
+        self._tensorboard = _open_tensorboard(self.run_dir, purge_step) if tensorboard else None
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -120,6 +146,12 @@ class MetricsWriter:
         file.flush()
         if self.fsync:
             os.fsync(file.fileno())
+
+    def lengths(self) -> dict[str, int]:
+        """Bytes written so far to each of `REWOUND_FILES` (for a checkpoint)."""
+        files = {METRICS_FILE: self._metrics, SCALARS_FILE: self._scalars}
+        files[LINEAGE_FILE] = self._lineage
+        return {name: file.tell() for name, file in files.items()}
 
     def log_evaluation(self, rows: list[dict]) -> None:
         """Write one evaluation round: one row per member (schema: `ROW_FIELDS` + extras)."""

@@ -9,6 +9,7 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import signal
@@ -18,12 +19,16 @@ from pathlib import Path
 
 import numpy as np
 
+from fastpop import checkpoint, run_state
 from fastpop import config as config_lib
 from fastpop.collect.evaluator import META_FIELD
-from fastpop.collect.workers import Workers
+from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.learner import Learner, prepare
-from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median
+from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
 from fastpop.strategies.base import Evaluation
+
+CHECKPOINTS_DIR = "checkpoints"
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class TrainError(RuntimeError):
@@ -51,10 +56,19 @@ class Run:
         self.spec, agent = prepare(config)
         self.learner = Learner(config, self.spec, agent)
         self.start = time.monotonic()
-        self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0, "idle": 0.0}
+        self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0}
+        self.timers |= {"checkpoints": 0.0, "idle": 0.0}
         self.strategy = self.learner.strategy
         self.training_done = False  # no strategy steps on the final evaluation
         self.stop_signal: int | None = None  # SIGINT / SIGTERM received
+        # In the loop a first signal stops at the next safe point (state consistent, so the stop
+        # checkpoint can be written); a second one, or one during start-up, stops at once.
+        self.in_loop = False
+        self.stopped_at_once = False
+        self.checkpoint_dir = run_dir / CHECKPOINTS_DIR
+        self.last_checkpoint = (0.0, 0)  # (elapsed seconds, member env steps) at the last save
+        self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
+        self.resumes = 0
         self.next_eval = self.strategy.evaluation_interval
         self.eval_index = 0
         self.snapshot_env_steps = -1  # member env steps of the latest evaluation snapshot
@@ -79,47 +93,199 @@ class Run:
     def run(self) -> dict:
         config = self.config
         config_lib.save_config(config, self.run_dir / "config.yaml")
-        members = [
-            {"member": m, "hparams": h} for m, h in enumerate(self.learner.all_member_hparams())
-        ]
-        members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
-        (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
+        purge_step = None
+        if self.resumed_from is None:
+            hparams = self.learner.all_member_hparams()
+            members = [{"member": m, "hparams": h} for m, h in enumerate(hparams)]
+            members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
+            (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
+        else:  # rows logged after the checkpoint are written again by this run
+            rewind_logs(self.run_dir, self.resumed_from["logs"])
+            purge_step = self.member_env_steps * config.population.size
         previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         stopped_by = "completed"
         try:
             with (
-                MetricsWriter(self.run_dir, tensorboard=config.log.tensorboard) as metrics,
+                MetricsWriter(
+                    self.run_dir, tensorboard=config.log.tensorboard, purge_step=purge_step
+                ) as metrics,
                 Workers(
                     config,
                     self.learner.policy_leaves(),
                     self.spec,
                     self.log,
                     log_event=metrics.log_event,
+                    generation=self.resumes,
                 ) as workers,
             ):
                 self.metrics, self.workers = metrics, workers
+                self._announce_resume()
                 try:
+                    self.in_loop = True
                     self._loop()
                     self._final_evaluation()
                 except (KeyboardInterrupt, StopRequested) as stop:
                     stopped_by = "terminated" if isinstance(stop, StopRequested) else "interrupted"
                     self.log(f"stopping: {stopped_by}")
+                except WorkerFailed:
+                    self._stop_checkpoint("worker failed")
+                    raise
+                except OSError as error:
+                    raise self._write_failed(error) from None
+                self._stop_checkpoint(stopped_by)
                 self.worker_stats = workers.stop()
                 summary = self._summary(stopped_by)
         finally:
+            self.in_loop = False
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return summary
 
     def _on_signal(self, signum, frame) -> None:
-        """Stop at once, and remember it: an exception raised while Python runs a finalizer or
-        a gc callback (e.g. XLA's) is printed and dropped, and the loop must still stop."""
+        """The first signal in the loop asks the loop to stop at its next check; otherwise stop
+        at once. Raising is remembered too: an exception raised while Python runs a finalizer
+        or a gc callback (e.g. XLA's) is printed and dropped, and the loop must still stop."""
+        first = self.stop_signal is None
         self.stop_signal = signum
+        if self.in_loop and first:
+            return
+        self.stopped_at_once = self.in_loop
         raise _stop_exception(signum)
 
     def _check_stop(self) -> None:
         if self.stop_signal is not None:
             raise _stop_exception(self.stop_signal)
+
+    # --- checkpoints ---
+
+    def _checkpoint_due(self) -> bool:
+        every = self.config.checkpoint
+        seconds, steps = self.last_checkpoint
+        return (
+            every.interval_seconds is not None
+            and self.elapsed() - seconds >= every.interval_seconds
+        ) or (
+            every.interval_env_steps is not None
+            and self.member_env_steps - steps >= every.interval_env_steps
+        )
+
+    def save_checkpoint(self, reason: str) -> Path:
+        """The whole run as it is now: see fastpop.run_state for what goes where."""
+        start = time.perf_counter()
+        with_replay = self.config.checkpoint.replay
+        pending = sorted(self.pending_evals)
+        tree = {
+            "learner": self.learner.saved_tree(with_replay),
+            "pending": [self.pending_evals[index][0] for index in pending],
+        }
+        run = {
+            "reason": reason,
+            "member_env_steps": self.member_env_steps,
+            "elapsed": self.elapsed(),
+            "eval_index": self.eval_index,
+            "next_eval": self.next_eval,
+            "snapshot_env_steps": self.snapshot_env_steps,
+            "learning_started_at": self.learning_started_at,
+            "latest_returns": self.latest_returns.tolist(),
+            "training_returns": [list(returns) for returns in self.training_returns],
+            "timers": self.timers,
+            "resumes": self.resumes,
+            "replay_saved": with_replay,
+            "pending": [{"eval_index": i, "hparams": self.pending_evals[i][1]} for i in pending],
+        }
+        metadata = {
+            "config": config_lib.config_to_dict(self.config),
+            "learner": self.learner.saved_counters(),
+            "run": run,
+            "logs": self.metrics.lengths(),
+        }
+        path = checkpoint.save(
+            self.checkpoint_dir, self.member_env_steps, tree, metadata, self.config.checkpoint.keep
+        )
+        seconds = time.perf_counter() - start
+        self.timers["checkpoints"] += seconds
+        self.last_checkpoint = (self.elapsed(), self.member_env_steps)
+        size = sum(f.stat().st_size for f in path.iterdir())
+        self.metrics.log_event(
+            "checkpoint",
+            {"path": str(path), "reason": reason, "member_env_steps": self.member_env_steps}
+            | {"seconds": seconds, "bytes": size, "replay": with_replay},
+        )
+        self.log(f"checkpoint {path} ({reason}; {size / 1e6:,.1f} MB in {seconds:.1f}s)")
+        return path
+
+    def _stop_checkpoint(self, reason: str) -> None:
+        self.in_loop = False  # a signal from here on stops at once
+        if self.stopped_at_once:
+            self.log(f"stopped at once: no checkpoint written ({self._newest_checkpoint()})")
+            return
+        try:
+            self.save_checkpoint(reason)
+        except OSError as error:
+            raise self._write_failed(error) from None
+
+    def _newest_checkpoint(self) -> str:
+        newest = checkpoint.complete_checkpoints(self.checkpoint_dir)
+        return f"newest complete checkpoint: {newest[0]}" if newest else "no checkpoint yet"
+
+    def _write_failed(self, error: OSError) -> TrainError:
+        what = "the disk is full" if error.errno in DISK_FULL else "a write failed"
+        return TrainError(
+            f"stopping: {what} ({error}); {self._newest_checkpoint()} (intact; resume from "
+            f"it with `fastpop resume {self.run_dir}` once there is room)"
+        )
+
+    def checkpoint_template(self, metadata: dict) -> dict:
+        """The tree a checkpoint of this run's config holds, given its metadata."""
+        snapshot = {f"leaf_{i}": leaf for i, leaf in enumerate(self.learner.policy_leaves())}
+        snapshot[META_FIELD] = np.zeros(4, np.float64)
+        run = metadata["run"]
+        return {
+            "learner": self.learner.saved_tree(run["replay_saved"]),
+            "pending": [snapshot] * len(run["pending"]),
+        }
+
+    def restore(self, tree: dict, metadata: dict, path: Path) -> None:
+        """Continue from a checkpoint (before `run`)."""
+        self.learner.restore(tree["learner"], metadata["learner"])
+        run = metadata["run"]
+        self.start = time.monotonic() - run["elapsed"]
+        self.last_progress = self.start
+        self.eval_index, self.next_eval = run["eval_index"], run["next_eval"]
+        self.snapshot_env_steps = run["snapshot_env_steps"]
+        self.learning_started_at = run["learning_started_at"]
+        self.latest_returns = np.array(run["latest_returns"], np.float64)
+        self.training_returns = [deque(r, maxlen=10) for r in run["training_returns"]]
+        self.timers |= run["timers"]
+        self.resumes = run["resumes"] + 1
+        self.pending_evals = {
+            entry["eval_index"]: (arrays, entry["hparams"])
+            for entry, arrays in zip(run["pending"], tree["pending"], strict=True)
+        }
+        self.last_checkpoint = (run["elapsed"], self.member_env_steps)
+        self.resumed_from = {"path": str(path), "logs": metadata["logs"], **run}
+
+    def _announce_resume(self) -> None:
+        resumed = self.resumed_from
+        if resumed is None:
+            return
+        replay = (
+            "replay restored"
+            if resumed["replay_saved"]
+            else "replay not saved (checkpoint.replay: false): the buffers refill from the "
+            f"collectors, learning waits for replay.min_size={self.config.replay.min_size}"
+        )
+        self.log(
+            f"resumed from {resumed['path']}: {self.member_env_steps:,} env steps per member, "
+            f"{self.learner.updates:,} updates, {resumed['elapsed']:.0f}s of wall time; {replay}"
+        )
+        self.metrics.log_event(
+            "resumed",
+            {"path": resumed["path"], "member_env_steps": self.member_env_steps}
+            | {"wall_time": resumed["elapsed"], "replay_restored": resumed["replay_saved"]},
+        )
+        for index in sorted(self.pending_evals):  # results the previous process never received
+            self.workers.evaluate(self.pending_evals[index][0])
 
     def _loop(self) -> None:
         learner, total = self.learner, self.config.train.total_env_steps
@@ -139,6 +305,8 @@ class Run:
                 busy = True
             self._receive_evaluations(timeout=0.01 if waiting else 0.0)
             self._progress()
+            if self._checkpoint_due():
+                self.save_checkpoint("interval")
             if not busy:
                 start = time.perf_counter()
                 time.sleep(0.001)
@@ -230,8 +398,8 @@ class Run:
         finite = learner.finite_members()
         for member in np.flatnonzero(~finite):
             self.metrics.log_event("non_finite_member", {"member": int(member)})
-        returns[~finite] = np.nan  # ranks last; PBT replaces it
-        evaluation = Evaluation(result["eval_index"], result["env_steps"] // len(returns), returns)
+        member_steps = result["env_steps"] // len(returns)
+        evaluation = Evaluation(result["eval_index"], member_steps, returns, finite)
         events, scalars = learner.strategy_step(evaluation)
         if events or scalars:
             self.workers.publish(learner.policy_leaves())
@@ -294,6 +462,46 @@ class Run:
         }
         self.log(format_breakdown(summary))
         return summary
+
+
+def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:
+    """A Run continuing `run_dir` from its newest usable checkpoint, with the --set changes a
+    resume allows. Raises CheckpointError (nothing usable) or ConfigError (a refused change, or
+    nothing left to do), before any file is touched."""
+    directory = Path(run_dir) / CHECKPOINTS_DIR
+    candidates = checkpoint.complete_checkpoints(directory)
+    if not candidates:
+        raise checkpoint.CheckpointError(
+            f"{run_dir}: no checkpoint to resume from ({directory} has none; a run writes one "
+            "every checkpoint.interval_seconds / interval_env_steps and when it stops)"
+        )
+    config = None
+    for path in candidates:  # the config of the newest readable manifest
+        try:
+            saved = checkpoint.read_manifest(path)["metadata"]["config"]
+        except checkpoint.CheckpointError as error:
+            log(f"skipping checkpoint: {error}")
+            continue
+        config = run_state.resume_config(saved, overrides, str(path / checkpoint.MANIFEST))
+        break
+    if config is None:
+        raise checkpoint.CheckpointError(f"{directory}: no checkpoint has a readable manifest")
+    run = Run(config, Path(run_dir), log)
+    tree, metadata, path = checkpoint.restore_latest(directory, run.checkpoint_template, log)
+    run.restore(tree, metadata, path)
+    train = config.train
+    if run.member_env_steps >= train.total_env_steps:
+        raise config_lib.ConfigError(
+            f"{run_dir} is complete: {run.member_env_steps:,} of train.total_env_steps="
+            f"{train.total_env_steps:,} env steps per member; to train on, resume with --set "
+            "train.total_env_steps=<more>"
+        )
+    if train.max_wall_seconds is not None and run.elapsed() >= train.max_wall_seconds:
+        raise config_lib.ConfigError(
+            f"{run_dir} used its train.max_wall_seconds={train.max_wall_seconds:g} "
+            f"({run.elapsed():.0f}s so far); resume with --set train.max_wall_seconds=<more>"
+        )
+    return run
 
 
 def format_breakdown(summary: dict) -> str:

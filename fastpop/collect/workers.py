@@ -48,8 +48,13 @@ class Workers:
     few seconds and unlinks every shared-memory segment.
     """
 
-    def __init__(self, config, initial_leaves, env_spec, log=print, log_event=None):
+    def __init__(
+        self, config, initial_leaves, env_spec, log=print, log_event=None, generation: int = 0
+    ):
         self.config = config
+        # Resumes of the run so far: a resumed run's collectors draw new environment seeds
+        # instead of replaying the first episodes of the run.
+        self.generation = generation
         self.log = log
         self.log_event = log_event or (lambda kind, payload: None)
         self.context = mp.get_context("spawn")
@@ -118,12 +123,9 @@ class Workers:
 
     def _start_collector(self, index: int) -> None:
         first, count = self.blocks[index]
-        seed = int(
-            np.random.SeedSequence([self.config.seed, first, self.restarts[index]]).generate_state(
-                1
-            )[0]
-            % 2**31
-        )
+        entropy = [self.config.seed, first, self.restarts[index]]
+        entropy += [self.generation] if self.generation else []
+        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] % 2**31)
         spec = CollectorSpec(
             index,
             self.config_dict,

@@ -35,6 +35,18 @@ class Evaluation(NamedTuple):
     eval_index: int
     member_env_steps: int
     returns: np.ndarray  # (population,) mean return; NaN for a member with non-finite params
+    finite: np.ndarray | None = None  # (population,) bool: the member's state is all finite
+
+
+def reset_indices(finite: np.ndarray, returns: np.ndarray) -> np.ndarray:
+    """indices[i] = the member whose state member i continues from: the best finite member for
+    members whose state is not finite, itself otherwise (and itself when no member is usable)."""
+    usable = finite & np.isfinite(returns)
+    indices = np.arange(len(finite))
+    if usable.any() and not finite.all():
+        best = int(np.flatnonzero(usable)[np.argmax(returns[usable])])
+        indices[~finite] = best
+    return indices
 
 
 class Selection(NamedTuple):

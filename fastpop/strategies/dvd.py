@@ -18,11 +18,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.strategies import diversity, shared_critic
-from fastpop.strategies.base import (
-    DVD_STREAM,
-    Evaluation,
-    stream_rng,
-)
+from fastpop.strategies.base import DVD_STREAM, Evaluation, reset_indices, stream_rng
 
 
 class BanditState(NamedTuple):
@@ -51,17 +47,6 @@ def bandit_step(state: BanditState, best_return: float, seed: int, adapt: bool) 
         arm = int(np.argmax(draws))
     best = best_return if math.isfinite(best_return) else state.best_return
     return BanditState(tuple(successes), tuple(failures), arm, best, state.rounds + 1)
-
-
-def reset_indices(finite: np.ndarray, returns: np.ndarray) -> np.ndarray:
-    """indices[i] = the member whose state member i continues from: the best finite member for
-    members whose parameters are not finite, itself otherwise."""
-    usable = finite & np.isfinite(returns)
-    indices = np.arange(len(finite))
-    if usable.any() and not finite.all():
-        best = int(np.flatnonzero(usable)[np.argmax(returns[usable])])
-        indices[~finite] = best
-    return indices
 
 
 def make_dvd(size: int, config, seed: int, evaluation_interval: int):
@@ -93,7 +78,9 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
 
     def step(agent, bandit: BanditState, evaluation: Evaluation, states, observations, key):
         returns = np.asarray(evaluation.returns, np.float64)
-        finite = np.asarray(population.finite_members(shared_critic.member_trees(states)))
+        finite = evaluation.finite
+        if finite is None:
+            finite = np.asarray(population.finite_members(shared_critic.member_trees(states)))
         indices = reset_indices(finite, returns)
         events = [
             {
