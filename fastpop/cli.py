@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fastpop import evaluate
 from fastpop.agents import ALGORITHMS
 from fastpop.run_state import SAFE_ON_RESUME
 
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="change a resume-safe value, e.g. train.total_env_steps=2000000 (repeatable)",
     )
+
+    evaluate.add_parser(commands)
 
     plot = commands.add_parser("plot", help="walltime-vs-return and steps-vs-return plots")
     plot.add_argument("runs", type=Path, nargs="+", help="run directories")
@@ -371,6 +374,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_train(args)
     if args.command == "resume":
         return run_resume(args)
+    if args.command == "eval":
+        return evaluate.run(args)
     if args.command == "plot":
         return run_plot(args)
     return 2

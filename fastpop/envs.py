@@ -261,7 +261,9 @@ def _reward_sign(reward) -> float:
     return float(np.sign(reward))
 
 
-def _make_atari(env_id: str, training: bool, options: AtariOptions) -> gym.Env:
+def _make_atari(
+    env_id: str, training: bool, options: AtariOptions, render_mode: str | None = None
+) -> gym.Env:
     import ale_py
 
     gym.register_envs(ale_py)
@@ -272,6 +274,7 @@ def _make_atari(env_id: str, training: bool, options: AtariOptions) -> gym.Env:
         repeat_action_probability=options.repeat_action_probability,
         full_action_space=options.full_action_space,
         max_num_frames_per_episode=options.max_episode_frames,
+        render_mode=render_mode,  # rgb_array renders the colour screen, whatever obs_type is
     )
     env = gym.wrappers.AtariPreprocessing(
         env,
@@ -294,7 +297,12 @@ def _make_atari(env_id: str, training: bool, options: AtariOptions) -> gym.Env:
 
 
 def make_env(
-    env_id: str, seed: int, *, training: bool = True, atari: AtariOptions | None = None
+    env_id: str,
+    seed: int,
+    *,
+    training: bool = True,
+    atari: AtariOptions | None = None,
+    render_mode: str | None = None,
 ) -> gym.Env:
     """One seeded environment (see `check_env_id` for the ids accepted).
 
@@ -305,12 +313,13 @@ def make_env(
     `AtariOptions`; `atari` is ignored for other environments). float64 observations (MuJoCo)
     are cast to float32, the precision the networks compute in, halving replay memory.
     The environment is reset once with `seed`, so later unseeded resets are deterministic too.
+    `render_mode` is gymnasium's (`"rgb_array"` for `fastpop eval --video`).
     """
     env_id = check_env_id(env_id)
     if env_id.startswith("ALE/"):
-        env = _make_atari(env_id, training, atari or AtariOptions())
+        env = _make_atari(env_id, training, atari or AtariOptions(), render_mode)
     else:
-        env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id))
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, render_mode=render_mode))
         space = env.observation_space
         if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
             float32_space = gym.spaces.Box(

@@ -113,14 +113,25 @@ def worker_children(pid: int) -> list[int]:
 
 
 class Trainer:
-    """A `python -m fastpop train` subprocess with its output in files under `workdir`."""
+    """A `python -m fastpop train` (or, with `resume`, `fastpop resume`) subprocess with its
+    output in files under `workdir`."""
 
-    def __init__(self, workdir: Path, config: Path, overrides: list[str], out: str = "run"):
+    def __init__(
+        self,
+        workdir: Path,
+        config: Path | None,
+        overrides: list[str],
+        out: str = "run",
+        resume: bool = False,
+    ):
         self.workdir, self.out = workdir, workdir / out
-        self.stdout_path, self.stderr_path = workdir / "stdout.txt", workdir / "stderr.txt"
+        logs = "resume-" if resume else ""
+        self.stdout_path = workdir / f"{logs}stdout.txt"
+        self.stderr_path = workdir / f"{logs}stderr.txt"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "fastpop", "train", str(config), "--out", out]
+        command = [sys.executable, "-m", "fastpop"]
+        command += ["resume", out] if resume else ["train", str(config), "--out", out]
         for override in overrides:
             command += ["--set", override]
         # A test run started in the background (`pytest &`) ignores SIGINT, and the trainer would
@@ -131,7 +142,12 @@ class Trainer:
         try:
             with self.stdout_path.open("wb") as stdout, self.stderr_path.open("wb") as stderr:
                 self.process = subprocess.Popen(
-                    command, cwd=workdir, stdout=stdout, stderr=stderr, start_new_session=True
+                    command,
+                    cwd=workdir,
+                    env=env,
+                    stdout=stdout,
+                    stderr=stderr,
+                    start_new_session=True,
                 )
         finally:
             signal.signal(signal.SIGINT, sigint)
@@ -195,8 +211,8 @@ class Trainer:
 def trainers(tmp_path):
     started: list[Trainer] = []
 
-    def start(config: Path, *overrides: str, out: str = "run") -> Trainer:
-        trainer = Trainer(tmp_path, config, list(overrides), out)
+    def start(config: Path | None, *overrides: str, out: str = "run", resume=False) -> Trainer:
+        trainer = Trainer(tmp_path, config, list(overrides), out, resume)
         started.append(trainer)
         return trainer
 

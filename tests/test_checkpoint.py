@@ -142,3 +142,55 @@ def test_nothing_is_unpickled(tmp_path, monkeypatch):
     (path / checkpoint.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(CheckpointError, match="unreadable"):
         checkpoint.restore(path, tree())
+
+
+def test_partial_restore_reads_only_what_the_template_names(tmp_path):
+    path = checkpoint.save(tmp_path, 1, {"learner": tree(3.0), "buffers": jnp.ones(5)}, {})
+    part, _ = checkpoint.restore(path, {"learner": tree()}, partial=True)
+    assert_trees_equal(part["learner"], tree(3.0))
+    with pytest.raises(CheckpointError, match=r"has \['buffers'\], which this run lacks"):
+        checkpoint.restore(path, {"learner": tree()})
+    with pytest.raises(CheckpointError, match=r"lacks \['other'\]"):
+        checkpoint.restore(path, {"learner": tree(), "other": jnp.ones(1)}, partial=True)
+
+
+def test_saving_the_same_step_again_replaces_it(tmp_path):
+    checkpoint.save(tmp_path, 5, tree(1.0), {"n": 1})
+    checkpoint.save(tmp_path, 5, tree(2.0), {"n": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["000000000005"]
+    restored, metadata = checkpoint.restore(tmp_path / "000000000005", tree())
+    assert_trees_equal(restored, tree(2.0)) and metadata == {"n": 2}
+
+
+WRITER = """
+import sys, jax.numpy as jnp
+from fastpop import checkpoint
+big = {"w": jnp.zeros((64, 1024, 1024), jnp.uint8)}  # 64 MB: writing takes a while
+for step in range(1, 1000):
+    checkpoint.save(sys.argv[1], step, {**big, "step": jnp.asarray(step)}, {"step": step}, keep=2)
+    print(step, flush=True)
+"""
+
+
+def test_sigkill_while_writing_leaves_the_previous_checkpoint_loadable(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout.readline().strip() == "1"  # one complete checkpoint
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".tmp-*")):  # the next one is being written
+            assert time.monotonic() < deadline and writer.poll() is None
+            time.sleep(0.001)
+    finally:
+        writer.kill()
+        writer.wait()
+    template = {"w": jnp.zeros((64, 1024, 1024), jnp.uint8), "step": jnp.asarray(0)}
+    restored, metadata, path = checkpoint.restore_latest(tmp_path, template)
+    assert metadata["step"] == int(restored["step"]) == int(path.name) >= 1
+    checkpoint.save(tmp_path, 10_000, template, {})
+    assert not list(tmp_path.glob(".tmp-*"))  # the next save clears the half-written one

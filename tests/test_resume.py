@@ -4,13 +4,16 @@ strategies with host-side (PBT) and device-side (CEM-RL) state; what a resume ma
 
 from __future__ import annotations
 
+import errno
+
 import jax
 import numpy as np
 import pytest
 
-from fastpop import checkpoint, replay, run_state
+from fastpop import checkpoint, cli, replay, run_state, train
 from fastpop import config as config_lib
 from fastpop.learner import Learner, prepare
+from fastpop.metrics import MetricsWriter
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.dvd import bandit_init, bandit_step
@@ -166,3 +169,56 @@ def test_resume_refuses_unsafe_changes_and_names_what_may_change():
         with pytest.raises(ConfigError, match=f"--set {name}: cannot change on resume") as info:
             run_state.resume_config(saved, [override], "checkpoint")
         assert "train.total_env_steps" in str(info.value)
+
+
+# --- a Run's checkpoints without its processes ---
+
+
+def run_with_checkpoint(run_dir):
+    """A Run (no workers started) with some collected rows and one checkpoint written."""
+    config = config_lib.load_config(None, [*SMALL, "log.tensorboard=false"])
+    run = train.Run(config, run_dir, log=lambda *_: None)
+    run.metrics = MetricsWriter(run_dir, tensorboard=False)
+    run.learner.insert(rows_for(run.learner, 0))
+    run.save_checkpoint("interval")
+    return run
+
+
+def test_disk_full_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run = run_with_checkpoint(tmp_path)
+    run.learner.insert(rows_for(run.learner, 1))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", disk_full)
+    with pytest.raises(train.TrainError) as stop:
+        run._stop_checkpoint("interrupted")
+    message = str(stop.value)
+    assert "the disk is full" in message and "No space left on device" in message
+    assert f"newest complete checkpoint: {tmp_path / 'checkpoints' / '000000000008'}" in message
+    monkeypatch.undo()
+    directory = tmp_path / "checkpoints"
+    assert [p.name for p in directory.iterdir()] == ["000000000008"]  # no half-written one
+    _, metadata, _ = checkpoint.restore_latest(directory, run.checkpoint_template)
+    assert metadata["run"]["member_env_steps"] == 8 and metadata["run"]["reason"] == "interval"
+
+
+def test_cli_resume_refuses_an_unsafe_change_and_touches_nothing(tmp_path, capsys):
+    run_with_checkpoint(tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")}
+    assert cli.main(["resume", str(tmp_path), "--set", "agent.hidden_sizes=[32,32]"]) == 2
+    assert "--set agent.hidden_sizes: cannot change on resume" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_an_unusable_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path):
+    run = run_with_checkpoint(tmp_path)
+    run.learner.insert(rows_for(run.learner, 1))
+    newest = run.save_checkpoint("interval")
+    arrays = newest / checkpoint.ARRAYS
+    arrays.write_bytes(arrays.read_bytes()[:1000])  # truncated
+    said = []
+    resumed = train.resume_run(tmp_path, [], log=said.append)
+    assert resumed.member_env_steps == 8
+    assert any("000000000016" in line and "checksum mismatch" in line for line in said)

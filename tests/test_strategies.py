@@ -237,6 +237,27 @@ def test_non_finite_members_are_found():
     assert learner.finite_members().tolist() == [True, True, False, True]
 
 
+@pytest.mark.parametrize("execution", ["vectorized", "sequential"])
+def test_a_non_finite_member_is_reset_from_the_best_and_the_others_are_untouched(execution):
+    learner = filled_learner(f"population.execution={execution}")
+    stacked = learner.executor.release(learner.states)
+    poisoned = stacked._replace(critic=jax.tree.map(lambda x: x.at[2].set(np.nan), stacked.critic))
+    learner.states = learner.executor.adopt(poisoned)
+    before = [member_of(learner.states, m) for m in range(4)]
+    hparams = learner.all_member_hparams()
+
+    # independent: no strategy decision, so the learner's reset is all that acts
+    events, _ = learner.strategy_step(Evaluation(0, 100, np.array([1.0, 9.0, 50.0, 3.0])))
+    assert [(e["kind"], e["target"], e["source"]) for e in events] == [("reset", 2, 1)]
+    assert np.isnan(events[0]["target_fitness"]) and events[0]["source_fitness"] == 9.0
+    assert learner.finite_members().all()
+    assert_same(member_of(learner.states, 2), before[1])  # the best finite member's state
+    for member in (0, 1, 3):  # bit for bit
+        assert_same(member_of(learner.states, member), before[member])
+    assert learner.all_member_hparams() == hparams  # it keeps its own configuration
+    assert learner.strategy_step(Evaluation(1, 200, np.array([1.0, 2, 3, 4])))[0] == []
+
+
 def test_branch_merge_restarts_every_member_from_the_promoted_one():
     learner = filled_learner("strategy=branch_merge")
     rates = [h["actor_lr"] for h in learner.all_member_hparams()]

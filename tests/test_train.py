@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from fastpop import checkpoint, train
 from fastpop import config as config_lib
 from fastpop import learner as learner_lib
-from fastpop import train
 from tests.runs import (
     DQN_CARTPOLE,
     ENDLESS,
@@ -120,6 +120,15 @@ def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, extra
 # --- signals and dying workers ---
 
 
+def assert_stop_checkpoint(run_dir: Path, reason: str) -> None:
+    """The run's newest checkpoint was written at the stop, for `reason`, and restores."""
+    newest = checkpoint.complete_checkpoints(run_dir / "checkpoints")[0]
+    assert checkpoint.read_manifest(newest)["metadata"]["run"]["reason"] == reason
+    events = read_jsonl(run_dir / "events.jsonl")
+    assert [e["reason"] for e in events if e["kind"] == "checkpoint"][-1] == reason
+    assert train.resume_run(run_dir, [], log=lambda *_: None).member_env_steps > 0
+
+
 @pytest.mark.parametrize(
     "signum,to_group",
     [
@@ -145,6 +154,7 @@ def test_signal_stops_the_run_and_cleans_up(trainers, signum, to_group):
     assert not segments(trainer.pid)
     summary = json.loads((trainer.out / "summary.json").read_text())
     assert summary["stopped_by"] == reason
+    assert_stop_checkpoint(trainer.out, reason)
     # Collectors report their stats only when they stop cleanly, on the learner's request.
     assert set(summary["workers"]) == {"collector 0", "collector 1"}
 
@@ -221,6 +231,7 @@ def test_collector_dying_beyond_max_restarts_fails_the_run(trainers):
     assert "fastpop: error: collector 0 died (killed by SIGKILL)" in trainer.stderr
     assert "collect.max_restarts" in trainer.stderr
     assert_clean_stderr(trainer.stderr)
+    assert_stop_checkpoint(trainer.out, "worker failed")
     assert not survivors(children)
     assert not segments(trainer.pid)
 

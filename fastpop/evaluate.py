@@ -1,0 +1,436 @@
+"""`fastpop eval RUN_DIR`: evaluate one member of a run from its newest usable checkpoint.
+
+The member acts as in the periodic evaluation (`collect.evaluator.evaluate_population`): no
+exploration, the policy held constant. Only the member states and hparams are read from the
+checkpoint (never the replay buffers), and nothing is written into the run directory; `--video`
+records the first episode with gymnasium's `rgb_array` rendering (MuJoCo offscreen through EGL
+or OSMesa, so it works without a display).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+VIDEO_SUFFIX = ".mp4"
+VIDEO_INSTALL = 'pip install -e ".[video]"'
+VIDEO_MODULES = ("imageio", "imageio_ffmpeg")  # imageio-ffmpeg brings the ffmpeg binary
+# MuJoCo's default 4096^2 shadow map dominates software (llvmpipe) rendering: 1024 renders a
+# 480x480 HalfCheetah frame about 2-3x faster and looks the same at video resolution.
+MUJOCO_SHADOW_SIZE = 1024
+ATARI_FRAMES_PER_SECOND = 60  # the emulator's (NTSC) rate; one agent step is frame_skip frames
+
+
+class EvalError(ValueError):
+    """Bad input to `fastpop eval`; the message says what and what would be right."""
+
+
+class Loaded(NamedTuple):
+    path: Path  # the checkpoint directory used
+    config: Any  # fastpop.config.Config of the run
+    metadata: dict  # the checkpoint's metadata ("config", "run", ...)
+    agent: Any
+    policy: Any  # stacked policy params, (P, ...) leaves
+    hparams: Any  # stacked hparams, (P,) leaves
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """Add `eval` to the `fastpop` subcommands (`commands`: from add_subparsers)."""
+    from fastpop.cli import positive_int_arg
+
+    parser = commands.add_parser(
+        "eval",
+        help="evaluate one member of a run from its newest checkpoint",
+        description="Evaluate one member of a run from its newest usable checkpoint, acting "
+        "without exploration with the policy held constant (as the periodic evaluation does), "
+        "and print the mean and std of its return. Reads the run directory only; --video "
+        "writes an mp4 of the first episode.",
+    )
+    parser.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="run directory (holds checkpoints/)"
+    )
+    parser.add_argument(
+        "--member",
+        default="best",
+        metavar="best|N",
+        help="member index, or best: the highest return of the checkpoint's latest evaluation "
+        "round (for cemrl, member 0: the CEM mean) (default best)",
+    )
+    parser.add_argument(
+        "--episodes",
+        type=positive_int_arg("episodes"),
+        default=None,
+        metavar="E",
+        help="episodes to average over (default: the run's eval.episodes)",
+    )
+    parser.add_argument(
+        "--video",
+        type=Path,
+        default=None,
+        metavar="OUT.mp4",
+        help="also record the first episode as an mp4 (rendered offscreen on the CPU or GPU; "
+        f"needs {VIDEO_INSTALL})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="seed of the environments (default: the run's seed, that of its first "
+        "evaluation round)",
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `fastpop eval` handler: 0 on success, 2 (with a message) on bad input."""
+    try:
+        return _run(args)
+    except EvalError as error:
+        print(f"fastpop: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _warn(message: str) -> None:
+    print(f"fastpop: warning: {message}", file=sys.stderr)
+
+
+def _run(args: argparse.Namespace) -> int:
+    requested = parse_member(args.member)
+    if args.video is not None:
+        check_video_path(args.video)
+        check_video_dependencies()
+        choose_mujoco_gl()  # before the first MuJoCo render (the backend is read then)
+    loaded = load_latest(args.run_dir, _warn)
+    config = loaded.config
+    size = config.population.size
+    member, reason = resolve_member(requested, loaded.metadata, config)
+    if member >= size:
+        raise EvalError(
+            f"--member {member}: the run's population has {size} members (0..{size - 1})"
+        )
+    episodes = args.episodes or config.eval.episodes
+    seed = config.seed if args.seed is None else args.seed
+    steps = (loaded.metadata.get("run") or {}).get("member_env_steps", int(loaded.path.name))
+    policy, hparams = one_member(loaded.policy, member), one_member(loaded.hparams, member)
+    print(
+        f"checkpoint {loaded.path} ({steps:,} env steps/member): {config.algo} on "
+        f"{config.env.id}, strategy {config.strategy}, population {size}"
+    )
+    print(f"member {member}{f' ({reason})' if reason else ''}; hparams: {format_hparams(hparams)}")
+    video_env = make_video_env(config, seed) if args.video is not None else None
+    try:
+        mean, std = evaluate_member(loaded.agent, policy, hparams, config, episodes, seed)
+        print(
+            f"member {member} (checkpoint {loaded.path.name}, {steps:,} env steps/member): "
+            f"return {mean:.1f} +- {std:.1f} over {episodes} episode{'s' * (episodes != 1)}",
+            flush=True,
+        )
+        if video_env is not None:
+            print(f"recording the first episode to {args.video} ...", flush=True)
+            frames, episode_return = record_episode(
+                loaded.agent,
+                policy,
+                hparams,
+                video_env,
+                seed,
+                args.video,
+                video_fps(config, video_env),
+            )
+            print(
+                f"wrote {args.video}: {frames} frames, the first episode (return "
+                f"{episode_return:.1f})"
+            )
+    finally:
+        if video_env is not None:
+            video_env.close()
+    return 0
+
+
+def parse_member(text: str) -> str | int:
+    """best, or a member index >= 0."""
+    if text.strip() == "best":
+        return "best"
+    try:
+        index = int(text)
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise EvalError(f"--member {text!r}: expected best or a member index (0, 1, ...)")
+    return index
+
+
+def resolve_member(requested: str | int, metadata: dict, config) -> tuple[int, str]:
+    """(member index, why it was chosen) for --member best|N."""
+    import math
+
+    if requested != "best":
+        return int(requested), ""
+    if config.strategy == "cemrl":
+        # The samples are redrawn after every evaluation round: the latest returns describe
+        # actors no longer in the checkpoint; the refitted mean is the policy CEM-RL reports.
+        return 0, "best: cemrl's CEM mean"
+    returns = (metadata.get("run") or {}).get("latest_returns") or []
+    finite = [
+        (value, index)
+        for index, value in enumerate(returns)
+        if isinstance(value, int | float) and math.isfinite(value)
+    ]
+    if not finite:
+        raise EvalError(
+            "--member best: no evaluation was recorded before the checkpoint (the run stopped "
+            f"before its first evaluation round finished); pass --member N (0.."
+            f"{config.population.size - 1})"
+        )
+    value, index = max(finite)
+    return index, f"best: return {value:.1f} in the checkpoint's latest evaluation round"
+
+
+def one_member(tree: Any, index: int) -> Any:
+    """Member `index` of a stacked tree, keeping a member axis of 1 (a population of one)."""
+    import jax
+
+    return jax.tree.map(lambda leaf: leaf[index : index + 1], tree)
+
+
+def format_hparams(hparams: Any) -> str:
+    """name=value of a population-of-one's hparams."""
+    import numpy as np
+
+    values = {name: np.asarray(value)[0].item() for name, value in hparams._asdict().items()}
+    return ", ".join(f"{name}={value:.4g}" for name, value in values.items())
+
+
+# --- loading ---
+
+
+def load_latest(run_dir: Path, warn) -> Loaded:
+    """Member states and hparams of the newest checkpoint under `run_dir` that restores; each
+    unusable newer one is reported through `warn`."""
+    from fastpop import checkpoint
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise EvalError(f"run directory {run_dir} does not exist")
+    directory = run_dir / "checkpoints"
+    candidates = checkpoint.complete_checkpoints(directory)
+    if not candidates:
+        raise EvalError(
+            f"{run_dir} has no checkpoint (looked for {directory}/<env steps>/); a run writes "
+            "one when it stops and every checkpoint.interval_seconds"
+        )
+    problems = []
+    built = None  # (config, template, agent, learning): checkpoints of one run share it
+    for path in candidates:
+        try:
+            config = _checkpoint_config(path)
+            if built is None or built[0] != config:
+                built = (config, *_template(config))
+            _, template, agent, learning = built
+            tree, metadata = checkpoint.restore(path, template, partial=True)
+        except checkpoint.CheckpointError as error:
+            problems.append(str(error))
+            warn(f"skipping checkpoint: {error}")
+            continue
+        states, hparams = tree["learner"]["states"], tree["learner"]["hparams"]
+        if learning is not None:  # shared critic: the actors are the policies
+            policy = learning.policies(states)
+        else:
+            from fastpop import population
+
+            policy = population.member_policies(agent, states)
+        return Loaded(path, config, metadata, agent, policy, hparams)
+    raise EvalError(f"no usable checkpoint in {directory}:\n  " + "\n  ".join(problems))
+
+
+def _checkpoint_config(path: Path):
+    """The run's Config from a checkpoint's manifest (a CheckpointError when unreadable)."""
+    from fastpop import checkpoint
+    from fastpop.config import config_from_dict
+    from fastpop.schema import ConfigError
+
+    manifest = checkpoint.read_manifest(path)
+    source = str(path / checkpoint.MANIFEST)
+    data = (manifest.get("metadata") or {}).get("config")
+    if not isinstance(data, dict):
+        raise checkpoint.CheckpointError(f"{source}: no config in its metadata")
+    try:
+        return config_from_dict(data, source)
+    except ConfigError as error:  # e.g. written by another fastpop version
+        raise checkpoint.CheckpointError(f"{source}: its config is not valid: {error}") from None
+
+
+def _template(config):
+    """(template of the saved member states and hparams, agent, shared-critic learning or
+    None). The template holds shapes only: a learner built under `jax.eval_shape` compiles and
+    allocates nothing (a real one compiles its init for seconds), and its replay is the
+    smallest anyway. Restoring reads only each leaf's shape and dtype from the template."""
+    import jax
+
+    from fastpop import run_state
+    from fastpop.learner import Learner, prepare
+
+    small = run_state.with_small_replay(config)
+    try:
+        spec, agent = prepare(small)
+    except ValueError as error:  # ConfigError, MissingExtra: the environment cannot be built
+        raise EvalError(str(error)) from None
+    learning = []
+
+    def saved_members():
+        learner = Learner(small, spec, agent)
+        learning.append(learner.learning)  # functions only, no traced values
+        saved = learner.saved_tree(False)
+        return {"learner": {"states": saved["states"], "hparams": saved["hparams"]}}
+
+    template = jax.eval_shape(saved_members)
+    return template, agent, learning[0]
+
+
+# --- evaluation ---
+
+
+def evaluate_member(agent, policy, hparams, config, episodes: int, seed: int):
+    """(mean, std) of the return of a population of one, as the periodic evaluation does."""
+    from fastpop import config as config_lib
+    from fastpop.collect.evaluator import evaluate_population
+
+    mean, std = evaluate_population(
+        agent,
+        policy,
+        hparams,
+        config.env.id,
+        episodes,
+        seed,
+        atari=config_lib.atari_options(config),
+    )
+    return float(mean[0]), float(std[0])
+
+
+# --- video ---
+
+
+def check_video_path(path: Path) -> None:
+    if path.suffix.lower() != VIDEO_SUFFIX:
+        raise EvalError(f"--video {path}: the video is written as mp4; name it *{VIDEO_SUFFIX}")
+    if path.is_dir():
+        raise EvalError(f"--video {path}: is a directory; name a file, e.g. {path}/episode.mp4")
+    if not path.parent.is_dir():
+        raise EvalError(f"--video {path}: directory {path.parent} does not exist; create it first")
+
+
+def check_video_dependencies() -> None:
+    missing = [m for m in VIDEO_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EvalError(
+            f"--video needs imageio and imageio-ffmpeg ({', '.join(missing)} not installed): "
+            f"{VIDEO_INSTALL}"
+        )
+
+
+def choose_mujoco_gl() -> str | None:
+    """MUJOCO_GL for offscreen rendering without a display, unless the user has set it: EGL
+    (a GPU's, or Mesa's software llvmpipe) where libEGL is found, else OSMesa."""
+    import ctypes.util
+
+    if os.environ.get("MUJOCO_GL"):
+        return os.environ["MUJOCO_GL"]
+    for backend, library in (("egl", "EGL"), ("osmesa", "OSMesa")):
+        if ctypes.util.find_library(library):
+            os.environ["MUJOCO_GL"] = backend
+            return backend
+    return None
+
+
+def make_video_env(config, seed: int):
+    """The env the video is rendered from, checked to render before anything is evaluated."""
+    from fastpop import config as config_lib
+    from fastpop.envs import make_env
+
+    env_id = config.env.id
+    env = make_env(
+        env_id,
+        seed,
+        training=False,
+        atari=config_lib.atari_options(config),
+        render_mode="rgb_array",
+    )
+    try:
+        if env.render_mode != "rgb_array":
+            raise EvalError(f"--video: {env_id} does not render rgb_array frames")
+        quality = getattr(
+            getattr(getattr(env.unwrapped, "model", None), "vis", None), "quality", None
+        )
+        if quality is not None:  # MuJoCo; read when the first render makes the GL context
+            quality.shadowsize = min(quality.shadowsize, MUJOCO_SHADOW_SIZE)
+        try:
+            frame = env.render()
+        except Exception as error:  # pygame missing (classic control), no OpenGL, ...
+            hint = ""
+            if quality is not None:
+                hint = (
+                    f" (MUJOCO_GL={os.environ.get('MUJOCO_GL')}; MuJoCo renders offscreen with "
+                    "MUJOCO_GL=egl (libEGL) or osmesa (libOSMesa))"
+                )
+            raise EvalError(f"--video: {env_id} cannot render: {error}{hint}") from None
+        if getattr(frame, "ndim", 0) != 3:
+            raise EvalError(f"--video: {env_id} renders no RGB frames (got {type(frame)})")
+    except BaseException:
+        env.close()
+        raise
+    return env
+
+
+def video_fps(config, env) -> float:
+    """Real time: one frame per agent step."""
+    from fastpop import config as config_lib
+
+    atari = config_lib.atari_options(config)
+    if atari is not None:  # ALE's metadata gives the emulator's rate, not the agent's
+        return ATARI_FRAMES_PER_SECOND / atari.frame_skip
+    return float(env.metadata.get("render_fps") or 30)
+
+
+def record_episode(agent, policy, hparams, env, seed: int, path: Path, fps: float):
+    """Write one episode as an mp4: (frames, return). The same reset seed and action keys as
+    `evaluate_population`, so it is the evaluation's first episode."""
+    import warnings
+
+    import imageio.v2 as imageio
+    import jax
+    import numpy as np
+
+    from fastpop import population
+
+    act = jax.jit(population.population_act(agent))
+    key = jax.random.key(seed)
+    obs, _ = env.reset(seed=seed)
+    episode_return, frames = 0.0, 0
+    with warnings.catch_warnings():
+        # JAX warns on any fork; the ffmpeg subprocess execs at once and never touches JAX.
+        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+        # macro_block_size 2: yuv420p needs even sizes; 16 would rescale e.g. Atari's 210x160.
+        writer = imageio.get_writer(path, format="FFMPEG", fps=fps, macro_block_size=2)
+        try:
+            writer.append_data(env.render())
+            frames += 1
+            done = False
+            while not done:
+                key, act_key = jax.random.split(key)
+                keys = jax.random.split(act_key, 1)
+                action = act(policy, obs[None, None], keys, hparams, False, 0)
+                obs, reward, terminated, truncated, _ = env.step(np.asarray(action)[0, 0])
+                episode_return += float(reward)
+                writer.append_data(env.render())
+                frames += 1
+                done = terminated or truncated
+            writer.close()
+        except BaseException:
+            writer.close()
+            path.unlink(missing_ok=True)  # no half-written video left behind
+            raise
+    return frames, episode_return
