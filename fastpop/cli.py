@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fastpop import evaluate
+from fastpop import bench_checkpoint, evaluate
 from fastpop.agents import ALGORITHMS
 from fastpop.run_state import SAFE_ON_RESUME
 
@@ -142,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--train-seconds", type=float, default=120.0, help="wall seconds of the training run"
     )
     pipeline.add_argument("--out", type=Path, default=Path("results/bench"))
+
+    bench_checkpoint.add_parser(bench)
 
     train = commands.add_parser(
         "train",
@@ -370,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_bench_update(args)
     if args.command == "bench" and args.bench == "pipeline":
         return run_bench_pipeline(args)
+    if args.command == "bench" and args.bench == "checkpoint":
+        return bench_checkpoint.run(args)
     if args.command == "train":
         return run_train(args)
     if args.command == "resume":
