@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -255,7 +256,7 @@ def fail(message: str, code: int = 2) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from fastpop.config import ConfigError, load_config
-    from fastpop.train import Run
+    from fastpop.train import Run, lock_run_directory
 
     try:
         config = load_config(args.config, args.overrides)
@@ -266,28 +267,40 @@ def run_train(args: argparse.Namespace) -> int:
                 f"--out, pass --overwrite, or continue it with `fastpop resume {run_dir}`"
             )
         run = Run(config, run_dir)  # refuses what cannot run before anything is written
+        if args.overwrite and run_dir.exists():
+            import shutil
+
+            os.close(lock_run_directory(run_dir))  # never delete a live run
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        descriptor = lock_run_directory(run_dir)
     except (ConfigError, ValueError) as error:
         return fail(str(error))
-    if args.overwrite and run_dir.exists():
-        import shutil
-
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return execute(run, run_dir)
+    try:
+        return execute(run, run_dir)
+    finally:
+        os.close(descriptor)
 
 
 def run_resume(args: argparse.Namespace) -> int:
     from fastpop.checkpoint import CheckpointError
     from fastpop.config import ConfigError
-    from fastpop.train import resume_run
+    from fastpop.train import lock_run_directory, resume_run
 
     if not args.run_dir.is_dir():
         return fail(f"{args.run_dir}: no such run directory")
     try:
-        run = resume_run(args.run_dir, args.overrides)
-    except (CheckpointError, ConfigError, ValueError) as error:
+        descriptor = lock_run_directory(args.run_dir)
+    except ConfigError as error:
         return fail(str(error))
-    return execute(run, args.run_dir)
+    try:
+        try:
+            run = resume_run(args.run_dir, args.overrides)
+        except (CheckpointError, ConfigError, ValueError) as error:
+            return fail(str(error))
+        return execute(run, args.run_dir)
+    finally:
+        os.close(descriptor)
 
 
 def execute(run, run_dir: Path) -> int:

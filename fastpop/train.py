@@ -10,8 +10,10 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import math
+import os
 import signal
 import time
 from collections import deque
@@ -462,6 +464,22 @@ class Run:
         }
         self.log(format_breakdown(summary))
         return summary
+
+
+def lock_run_directory(run_dir: Path) -> int:
+    """Hold `run_dir` for this process (until it exits: the kernel drops the lock even on
+    SIGKILL), so that a second train --overwrite or resume cannot write into a live run.
+    Returns the descriptor that holds the lock; raises ConfigError when another process does."""
+    descriptor = os.open(run_dir, os.O_RDONLY)  # not inherited by the worker processes
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise config_lib.ConfigError(
+            f"run directory {run_dir} is in use by another fastpop process (train or resume); "
+            "stop it first (Ctrl-C writes a checkpoint), then resume"
+        ) from None
+    return descriptor
 
 
 def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:

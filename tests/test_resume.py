@@ -97,15 +97,16 @@ CASES = {
 @pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
 def test_a_resumed_learner_continues_exactly_as_an_uninterrupted_one(tmp_path, overrides):
     uninterrupted = learner_for(*overrides)
-    drive(uninterrupted, range(CHUNKS))
-
-    first = learner_for(*overrides)
-    drive(first, range(CHUNKS // 2))
+    drive(uninterrupted, range(CHUNKS // 2))
     path = checkpoint.save(
-        tmp_path, first.limiter.inserted, first.saved_tree(True), first.saved_counters()
+        tmp_path,
+        uninterrupted.limiter.inserted,
+        uninterrupted.saved_tree(True),
+        uninterrupted.saved_counters(),
     )
-    del first
-    resumed = learner_for(*overrides)
+    drive(uninterrupted, range(CHUNKS // 2, CHUNKS))
+
+    resumed = learner_for(*overrides)  # a fresh learner, as in a new process
     tree, counters = checkpoint.restore(path, resumed.saved_tree(True))
     resumed.restore(tree, counters)
     drive(resumed, range(CHUNKS // 2, CHUNKS))

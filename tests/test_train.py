@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpop import checkpoint, train
+from fastpop import checkpoint, cli, train
 from fastpop import config as config_lib
 from fastpop import learner as learner_lib
 from tests.runs import (
@@ -136,12 +136,16 @@ def assert_stop_checkpoint(run_dir: Path, reason: str) -> None:
         pytest.param(signal.SIGTERM, False, id="SIGTERM-to-the-trainer"),  # kill PID
     ],
 )
-def test_signal_stops_the_run_and_cleans_up(trainers, signum, to_group):
+def test_signal_stops_the_run_and_cleans_up(trainers, signum, to_group, capsys):
     trainer = trainers(TD3_PENDULUM, *FAST, *ENDLESS)
     trainer.wait_until_training()
     children = descendants(trainer.pid)
     assert len(trainer.collectors(2)) == 2
     assert segments(trainer.pid), "a training run holds shared memory"
+    if signum == signal.SIGTERM:  # a live run's directory is not written by anyone else
+        for command in (["resume"], ["train", str(TD3_PENDULUM), "--overwrite", "--out"]):
+            assert cli.main([*command, str(trainer.out)]) == 2
+            assert "is in use by another fastpop process" in capsys.readouterr().err
     start = time.monotonic()
     (os.killpg if to_group else os.kill)(trainer.pid, signum)
     code = trainer.wait(STOP_SECONDS)
