@@ -266,11 +266,12 @@ def run_train(args: argparse.Namespace) -> int:
                 f"run directory {run_dir} already exists; choose another --set name=... or "
                 f"--out, pass --overwrite, or continue it with `fastpop resume {run_dir}`"
             )
+        if args.overwrite and run_dir.exists():
+            os.close(lock_run_directory(run_dir))  # never delete a live run
         run = Run(config, run_dir)  # refuses what cannot run before anything is written
         if args.overwrite and run_dir.exists():
             import shutil
 
-            os.close(lock_run_directory(run_dir))  # never delete a live run
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         descriptor = lock_run_directory(run_dir)
