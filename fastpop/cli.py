@@ -256,7 +256,8 @@ def fail(message: str, code: int = 2) -> int:
 
 def run_train(args: argparse.Namespace) -> int:
     from fastpop.config import ConfigError, load_config
-    from fastpop.train import Run, lock_run_directory
+    from fastpop.resume import lock_run_directory
+    from fastpop.train import Run
 
     try:
         config = load_config(args.config, args.overrides)
@@ -286,7 +287,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_resume(args: argparse.Namespace) -> int:
     from fastpop.checkpoint import CheckpointError
     from fastpop.config import ConfigError
-    from fastpop.train import lock_run_directory, resume_run
+    from fastpop.resume import lock_run_directory, resume_run
 
     if not args.run_dir.is_dir():
         return fail(f"{args.run_dir}: no such run directory")

@@ -2,6 +2,7 @@
 
     drain chunks -> replay.add -> rate limiter -> K-step population update -> publish params
     every eval.interval env steps: snapshot -> evaluator process -> metrics.jsonl
+    every checkpoint interval and at every stop: the whole run -> checkpoints/ (run_state.py)
 
 Nothing here is algorithm-specific. The learner owns all device state; collector and evaluator
 processes (fastpop.collect) step CPU simulators and talk to it through shared memory.
@@ -10,10 +11,8 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import math
-import os
 import signal
 import time
 from collections import deque
@@ -175,32 +174,7 @@ class Run:
         """The whole run as it is now: see fastpop.run_state for what goes where."""
         start = time.perf_counter()
         with_replay = self.config.checkpoint.replay
-        pending = sorted(self.pending_evals)
-        tree = {
-            "learner": self.learner.saved_tree(with_replay),
-            "pending": [self.pending_evals[index][0] for index in pending],
-        }
-        run = {
-            "reason": reason,
-            "member_env_steps": self.member_env_steps,
-            "elapsed": self.elapsed(),
-            "eval_index": self.eval_index,
-            "next_eval": self.next_eval,
-            "snapshot_env_steps": self.snapshot_env_steps,
-            "learning_started_at": self.learning_started_at,
-            "latest_returns": self.latest_returns.tolist(),
-            "training_returns": [list(returns) for returns in self.training_returns],
-            "timers": self.timers,
-            "resumes": self.resumes,
-            "replay_saved": with_replay,
-            "pending": [{"eval_index": i, "hparams": self.pending_evals[i][1]} for i in pending],
-        }
-        metadata = {
-            "config": config_lib.config_to_dict(self.config),
-            "learner": self.learner.saved_counters(),
-            "run": run,
-            "logs": self.metrics.lengths(),
-        }
+        tree, metadata = run_state.capture(self, reason)
         path = checkpoint.save(
             self.checkpoint_dir, self.member_env_steps, tree, metadata, self.config.checkpoint.keep
         )
@@ -238,34 +212,12 @@ class Run:
         )
 
     def checkpoint_template(self, metadata: dict) -> dict:
-        """The tree a checkpoint of this run's config holds, given its metadata."""
-        snapshot = {f"leaf_{i}": leaf for i, leaf in enumerate(self.learner.policy_leaves())}
-        snapshot[META_FIELD] = np.zeros(4, np.float64)
-        run = metadata["run"]
-        return {
-            "learner": self.learner.saved_tree(run["replay_saved"]),
-            "pending": [snapshot] * len(run["pending"]),
-        }
+        return run_state.template(self, metadata)
 
     def restore(self, tree: dict, metadata: dict, path: Path) -> None:
         """Continue from a checkpoint (before `run`)."""
-        self.learner.restore(tree["learner"], metadata["learner"])
-        run = metadata["run"]
-        self.start = time.monotonic() - run["elapsed"]
-        self.last_progress = self.start
-        self.eval_index, self.next_eval = run["eval_index"], run["next_eval"]
-        self.snapshot_env_steps = run["snapshot_env_steps"]
-        self.learning_started_at = run["learning_started_at"]
-        self.latest_returns = np.array(run["latest_returns"], np.float64)
-        self.training_returns = [deque(r, maxlen=10) for r in run["training_returns"]]
-        self.timers |= run["timers"]
-        self.resumes = run["resumes"] + 1
-        self.pending_evals = {
-            entry["eval_index"]: (arrays, entry["hparams"])
-            for entry, arrays in zip(run["pending"], tree["pending"], strict=True)
-        }
-        self.last_checkpoint = (run["elapsed"], self.member_env_steps)
-        self.resumed_from = {"path": str(path), "logs": metadata["logs"], **run}
+        run_state.apply(self, tree, metadata)
+        self.resumed_from = {"path": str(path), "logs": metadata["logs"], **metadata["run"]}
 
     def _announce_resume(self) -> None:
         resumed = self.resumed_from
@@ -464,62 +416,6 @@ class Run:
         }
         self.log(format_breakdown(summary))
         return summary
-
-
-def lock_run_directory(run_dir: Path) -> int:
-    """Hold `run_dir` for this process (until it exits: the kernel drops the lock even on
-    SIGKILL), so that a second train --overwrite or resume cannot write into a live run.
-    Returns the descriptor that holds the lock; raises ConfigError when another process does."""
-    descriptor = os.open(run_dir, os.O_RDONLY)  # not inherited by the worker processes
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        raise config_lib.ConfigError(
-            f"run directory {run_dir} is in use by another fastpop process (train or resume); "
-            "stop it first (Ctrl-C writes a checkpoint), then resume"
-        ) from None
-    return descriptor
-
-
-def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:
-    """A Run continuing `run_dir` from its newest usable checkpoint, with the --set changes a
-    resume allows. Raises CheckpointError (nothing usable) or ConfigError (a refused change, or
-    nothing left to do), before any file is touched."""
-    directory = Path(run_dir) / CHECKPOINTS_DIR
-    candidates = checkpoint.complete_checkpoints(directory)
-    if not candidates:
-        raise checkpoint.CheckpointError(
-            f"{run_dir}: no checkpoint to resume from ({directory} has none; a run writes one "
-            "every checkpoint.interval_seconds / interval_env_steps and when it stops)"
-        )
-    config = None
-    for path in candidates:  # the config of the newest readable manifest
-        try:
-            saved = checkpoint.read_manifest(path)["metadata"]["config"]
-        except checkpoint.CheckpointError as error:
-            log(f"skipping checkpoint: {error}")
-            continue
-        config = run_state.resume_config(saved, overrides, str(path / checkpoint.MANIFEST))
-        break
-    if config is None:
-        raise checkpoint.CheckpointError(f"{directory}: no checkpoint has a readable manifest")
-    run = Run(config, Path(run_dir), log)
-    tree, metadata, path = checkpoint.restore_latest(directory, run.checkpoint_template, log)
-    run.restore(tree, metadata, path)
-    train = config.train
-    if run.member_env_steps >= train.total_env_steps:
-        raise config_lib.ConfigError(
-            f"{run_dir} is complete: {run.member_env_steps:,} of train.total_env_steps="
-            f"{train.total_env_steps:,} env steps per member; to train on, resume with --set "
-            "train.total_env_steps=<more>"
-        )
-    if train.max_wall_seconds is not None and run.elapsed() >= train.max_wall_seconds:
-        raise config_lib.ConfigError(
-            f"{run_dir} used its train.max_wall_seconds={train.max_wall_seconds:g} "
-            f"({run.elapsed():.0f}s so far); resume with --set train.max_wall_seconds=<more>"
-        )
-    return run
 
 
 def format_breakdown(summary: dict) -> str:

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import checkpoint, cli, replay, run_state, train
+from fastpop import checkpoint, cli, replay, resume, run_state, train
 from fastpop import config as config_lib
 from fastpop.learner import Learner, prepare
 from fastpop.metrics import MetricsWriter
@@ -220,6 +220,6 @@ def test_an_unusable_newest_checkpoint_is_named_and_the_previous_one_used(tmp_pa
     arrays = newest / checkpoint.ARRAYS
     arrays.write_bytes(arrays.read_bytes()[:1000])  # truncated
     said = []
-    resumed = train.resume_run(tmp_path, [], log=said.append)
+    resumed = resume.resume_run(tmp_path, [], log=said.append)
     assert resumed.member_env_steps == 8
     assert any("000000000016" in line and "checksum mismatch" in line for line in said)

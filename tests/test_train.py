@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpop import checkpoint, cli, train
+from fastpop import checkpoint, cli, resume, train
 from fastpop import config as config_lib
 from fastpop import learner as learner_lib
 from tests.runs import (
@@ -126,7 +126,7 @@ def assert_stop_checkpoint(run_dir: Path, reason: str) -> None:
     assert checkpoint.read_manifest(newest)["metadata"]["run"]["reason"] == reason
     events = read_jsonl(run_dir / "events.jsonl")
     assert [e["reason"] for e in events if e["kind"] == "checkpoint"][-1] == reason
-    assert train.resume_run(run_dir, [], log=lambda *_: None).member_env_steps > 0
+    assert resume.resume_run(run_dir, [], log=lambda *_: None).member_env_steps > 0
 
 
 @pytest.mark.parametrize(
