@@ -317,8 +317,8 @@ def execute(run, run_dir: Path) -> int:
         summary = run.run()
     except (WorkerFailed, TrainError) as error:
         return fail(str(error), code=1)
-    except (KeyboardInterrupt, StopRequested) as stop:  # before training started
-        print("stopping: interrupted before training started", file=sys.stderr)
+    except (KeyboardInterrupt, StopRequested) as stop:  # during start-up, or stopped at once
+        print("stopping: interrupted", file=sys.stderr)
         return 143 if isinstance(stop, StopRequested) else 130
     from fastpop.metrics import read_metrics, summarize
 

@@ -41,6 +41,7 @@ class StopRequested(Exception):
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+REPEAT_SECONDS = 1.0  # a second stop signal sooner than this is the first one delivered again
 
 
 def _stop_exception(signum: int) -> BaseException:
@@ -62,10 +63,10 @@ class Run:
         self.strategy = self.learner.strategy
         self.training_done = False  # no strategy steps on the final evaluation
         self.stop_signal: int | None = None  # SIGINT / SIGTERM received
-        # In the loop a first signal stops at the next safe point (state consistent, so the stop
-        # checkpoint can be written); a second one, or one during start-up, stops at once.
+        # From the loop on, a signal stops at the next safe point (see _on_signal).
         self.in_loop = False
         self.stopped_at_once = False
+        self.stop_requested_at = 0.0
         self.checkpoint_dir = run_dir / CHECKPOINTS_DIR
         self.last_checkpoint = (0.0, 0)  # (elapsed seconds, member env steps) at the last save
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
@@ -143,14 +144,22 @@ class Run:
         return summary
 
     def _on_signal(self, signum, frame) -> None:
-        """The first signal in the loop asks the loop to stop at its next check; otherwise stop
-        at once. Raising is remembered too: an exception raised while Python runs a finalizer
-        or a gc callback (e.g. XLA's) is printed and dropped, and the loop must still stop."""
-        first = self.stop_signal is None
+        """From the loop on, the first signal asks for a stop at the loop's next check (the
+        state is consistent there, so the stop checkpoint can be written). A signal within
+        REPEAT_SECONDS of it is the same request delivered twice (to the whole process group,
+        or forwarded by a wrapper such as timeout or a batch system) and is ignored; a later
+        one stops at once, without the checkpoint. Before the loop every signal stops at once.
+        Raising is remembered too: an exception raised while Python runs a finalizer or a gc
+        callback (e.g. XLA's) is printed and dropped, and the loop must still stop."""
+        now = time.monotonic()
+        if self.in_loop:
+            if self.stop_signal is None:
+                self.stop_signal, self.stop_requested_at = signum, now
+                return
+            if now - self.stop_requested_at < REPEAT_SECONDS:
+                return
+            self.stopped_at_once = True
         self.stop_signal = signum
-        if self.in_loop and first:
-            return
-        self.stopped_at_once = self.in_loop
         raise _stop_exception(signum)
 
     def _check_stop(self) -> None:
@@ -191,7 +200,6 @@ class Run:
         return path
 
     def _stop_checkpoint(self, reason: str) -> None:
-        self.in_loop = False  # a signal from here on stops at once
         if self.stopped_at_once:
             self.log(f"stopped at once: no checkpoint written ({self._newest_checkpoint()})")
             return
@@ -199,6 +207,11 @@ class Run:
             self.save_checkpoint(reason)
         except OSError as error:
             raise self._write_failed(error) from None
+        except (KeyboardInterrupt, StopRequested):  # a repeated signal: stop at once
+            self.log(f"stopped at once: checkpoint abandoned ({self._newest_checkpoint()})")
+            return
+        if reason != "completed":
+            self.log(f"continue it with: fastpop resume {self.run_dir}")
 
     def _newest_checkpoint(self) -> str:
         newest = checkpoint.complete_checkpoints(self.checkpoint_dir)
