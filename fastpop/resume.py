@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fastpop import checkpoint, run_state
 from fastpop import config as config_lib
-from fastpop.train import CHECKPOINTS_DIR, Run
+from fastpop.train import CHECKPOINTS_DIR, CONFIG_FILE, Run
 
 
 def lock_run_directory(run_dir: Path) -> int:
@@ -27,6 +27,32 @@ def lock_run_directory(run_dir: Path) -> int:
             "stop it first (Ctrl-C writes a checkpoint), then resume"
         ) from None
     return descriptor
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and key not in ("grid", "priors"):  # those are values
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _check_config_file(path: Path, saved: dict) -> None:
+    """A resume continues the checkpoint's config; an edit of the run's config.yaml would be
+    ignored without a word, so one outside what a resume may change is refused instead."""
+    if not path.exists():
+        return
+    edited = _flat(config_lib.config_to_dict(config_lib.load_config(path)))
+    for name, value in _flat(saved).items():
+        if edited.get(name) != value and name not in run_state.SAFE_ON_RESUME:
+            raise config_lib.ConfigError(
+                f"{path} was edited after the checkpoint ({name}: {value!r} there, "
+                f"{edited.get(name)!r} here); a resume continues the checkpoint's config. Undo "
+                f"the edit; a resume may change only {', '.join(run_state.SAFE_ON_RESUME)}, "
+                "with --set"
+            )
 
 
 def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:
@@ -47,6 +73,7 @@ def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:
         except checkpoint.CheckpointError as error:
             log(f"skipping checkpoint: {error}")
             continue
+        _check_config_file(Path(run_dir) / CONFIG_FILE, saved)
         config = run_state.resume_config(saved, overrides, str(path / checkpoint.MANIFEST))
         break
     if config is None:

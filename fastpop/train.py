@@ -29,6 +29,7 @@ from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
 from fastpop.strategies.base import Evaluation
 
 CHECKPOINTS_DIR = "checkpoints"
+CONFIG_FILE = "config.yaml"  # the resolved config the run (or its latest resume) started with
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
@@ -94,7 +95,7 @@ class Run:
 
     def run(self) -> dict:
         config = self.config
-        config_lib.save_config(config, self.run_dir / "config.yaml")
+        config_lib.save_config(config, self.run_dir / CONFIG_FILE)
         purge_step = None
         if self.resumed_from is None:
             hparams = self.learner.all_member_hparams()

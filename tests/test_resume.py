@@ -4,6 +4,7 @@ strategies with host-side (PBT) and device-side (CEM-RL) state; what a resume ma
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 import jax
@@ -211,6 +212,20 @@ def test_cli_resume_refuses_an_unsafe_change_and_touches_nothing(tmp_path, capsy
     assert cli.main(["resume", str(tmp_path), "--set", "agent.hidden_sizes=[32,32]"]) == 2
     assert "--set agent.hidden_sizes: cannot change on resume" in capsys.readouterr().err
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*")} == before
+
+
+def test_an_edited_config_file_is_refused_rather_than_ignored(tmp_path):
+    run = run_with_checkpoint(tmp_path)
+    edited = dataclasses.replace(run.config, seed=7)
+    config_lib.save_config(
+        dataclasses.replace(edited, log=run.config.log), tmp_path / "config.yaml"
+    )
+    with pytest.raises(ConfigError, match=r"config.yaml was edited after the checkpoint \(seed: 0"):
+        resume.resume_run(tmp_path, [])
+    # A resume-safe value written there is not an edit to refuse (--set decides it).
+    longer = dataclasses.replace(run.config.train, total_env_steps=99_999)
+    config_lib.save_config(dataclasses.replace(run.config, train=longer), tmp_path / "config.yaml")
+    assert resume.resume_run(tmp_path, []).config.train.total_env_steps == 20_000
 
 
 def test_an_unusable_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path):
