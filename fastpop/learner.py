@@ -137,11 +137,11 @@ class Learner:
         limiter.inserted_at_start = counters["inserted_at_start"]
         limiter.refill_from = counters["refill_from"]
         if "buffers" in tree:
+            # Free the empty buffers first: at no time two replays' worth of device memory.
+            per_member = isinstance(self.buffers, list)
+            self.buffers = None
             buffers = tree["buffers"]
-            if isinstance(self.buffers, list):
-                self.buffers = [to_device(b) for b in buffers]
-            else:
-                self.buffers = to_device(buffers)
+            self.buffers = [to_device(b) for b in buffers] if per_member else to_device(buffers)
         else:  # refill: the limiter starts over from the empty buffers, counting from here
             limiter.inserted_at_start, limiter.sampled = None, 0
             limiter.refill_from = limiter.inserted
