@@ -13,6 +13,7 @@ as null and read back as NaN (an infinite return is not a result anyone needs to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -223,7 +224,10 @@ class MetricsWriter:
 
     def close(self) -> None:
         for file in self._files:
-            file.close()
+            # Every row is flushed when logged, so a close can only fail by retrying a write
+            # that already failed (a full disk), and that error has been raised once already.
+            with contextlib.suppress(OSError):
+                file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -123,6 +124,8 @@ class Trainer:
         overrides: list[str],
         out: str = "run",
         resume: bool = False,
+        file_size_limit: int | None = None,
+        environment: dict[str, str] | None = None,
     ):
         self.workdir, self.out = workdir, workdir / out
         logs = "resume-" if resume else ""
@@ -130,6 +133,11 @@ class Trainer:
         self.stderr_path = workdir / f"{logs}stderr.txt"
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env |= environment or {}
+
+        def limit_files():  # in the child: files it writes stop growing here, as on a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size_limit, file_size_limit))
+
         command = [sys.executable, "-m", "fastpop"]
         command += ["resume", out] if resume else ["train", str(config), "--out", out]
         for override in overrides:
@@ -148,6 +156,7 @@ class Trainer:
                     stdout=stdout,
                     stderr=stderr,
                     start_new_session=True,
+                    preexec_fn=None if file_size_limit is None else limit_files,
                 )
         finally:
             signal.signal(signal.SIGINT, sigint)
@@ -211,8 +220,8 @@ class Trainer:
 def trainers(tmp_path):
     started: list[Trainer] = []
 
-    def start(config: Path | None, *overrides: str, out: str = "run", resume=False) -> Trainer:
-        trainer = Trainer(tmp_path, config, list(overrides), out, resume)
+    def start(config: Path | None, *overrides: str, out: str = "run", **options) -> Trainer:
+        trainer = Trainer(tmp_path, config, list(overrides), out, **options)
         started.append(trainer)
         return trainer
 

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from fastpop import checkpoint, cli
+from fastpop import checkpoint, cli, resume
 from tests.runs import (
     FAST,
     SIZE,
@@ -99,3 +99,35 @@ def test_resume_refuses_what_it_cannot_do_and_writes_nothing(tmp_path, capsys):
     assert run_cli("resume", str(tmp_path)) == 2
     assert "no checkpoint to resume from" in capsys.readouterr().err
     assert os.listdir(tmp_path) == []
+
+
+def test_a_full_disk_stops_the_run_clearly_and_keeps_the_newest_checkpoint(trainers):
+    limit = 160 * 1024  # bytes per file: a checkpoint without replay fits, metrics.jsonl fills
+    trainer = trainers(
+        TD3_PENDULUM,
+        *FAST,
+        "train.total_env_steps=10_000_000",
+        "eval.interval=32",
+        "checkpoint.interval_env_steps=256",
+        "checkpoint.replay=false",
+        "log.tensorboard=false",
+        "log.progress_interval_seconds=600",
+        "collect.ring_slots=4",
+        "replay.samples_per_insert=4",  # little learning: the evaluation rows come faster
+        file_size_limit=limit,
+        # Without its own cache: a cache entry cut short by the limit would poison the shared
+        # one for the rest of the session.
+        environment={"JAX_ENABLE_COMPILATION_CACHE": "false"},
+    )
+    assert trainer.wait(START_SECONDS) == 1, trainer.stderr
+    assert_clean_stderr(trainer.stderr)
+    directory = trainer.out / "checkpoints"
+    newest = checkpoint.complete_checkpoints(directory)[0]
+    assert "fastpop: error: stopping: the disk is full ([Errno 27] File too large" in (
+        trainer.stderr
+    )
+    assert f"newest complete checkpoint: {newest.relative_to(trainer.workdir)}" in trainer.stderr
+    assert (trainer.out / "metrics.jsonl").stat().st_size <= limit
+    assert not list(directory.glob(".tmp-*"))
+    resumed = resume.resume_run(trainer.out, [], log=lambda *_: None)
+    assert resumed.member_env_steps == int(newest.name)
