@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,13 @@ class Trainer:
         if sigint == signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
-            with self.stdout_path.open("wb") as stdout, self.stderr_path.open("wb") as stderr:
+            with (
+                self.stdout_path.open("wb") as stdout,
+                self.stderr_path.open("wb") as stderr,
+                warnings.catch_warnings(),
+            ):
+                # A preexec_fn makes Popen fork; the child only sets a limit and execs.
+                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
                 self.process = subprocess.Popen(
                     command,
                     cwd=workdir,
