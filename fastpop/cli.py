@@ -151,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="train a population with collector processes",
         description="Train a population from a YAML preset (configs/) with --set overrides. "
         "Writes results/runs/<name>/ (or --out): config.yaml, metrics.jsonl, TensorBoard "
-        "events, summary.json and the return plots.",
+        "events, summary.json, the return plots and checkpoints/ (every "
+        "checkpoint.interval_seconds and at every stop; continue with fastpop resume).",
     )
     train.add_argument(
         "config",
