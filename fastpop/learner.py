@@ -17,7 +17,7 @@ from fastpop import config as config_lib
 from fastpop import population, replay, run_state, strategies
 from fastpop.agents import make_agent
 from fastpop.envs import env_spec
-from fastpop.strategies.base import Evaluation, Selection, reset_indices
+from fastpop.strategies.base import Evaluation, Selection, reset_events, reset_indices
 
 
 def prepare(config: config_lib.Config):
@@ -99,7 +99,7 @@ class Learner:
 
     def saved_tree(self, with_replay: bool) -> dict:
         """Every array of the learner's state, for a checkpoint (see fastpop.run_state)."""
-        states = self.states if self.learning is not None else self.executor.release(self.states)
+        states = self.executor.release(self.states)  # stacked, whatever the executor
         strategy_arrays, _ = run_state.split_strategy_state(self.strategy_state)
         tree = {"states": states, "hparams": self.hparams, "key": self.key}
         tree["strategy"] = strategy_arrays
@@ -123,8 +123,7 @@ class Learner:
         """Continue from a checkpoint's `saved_tree` / `saved_counters`. Without saved buffers
         the replay starts empty and learning waits for replay.min_size new transitions."""
         to_device = lambda tree: jax.tree.map(jnp.asarray, tree)
-        states = to_device(tree["states"])
-        self.states = states if self.learning is not None else self.executor.adopt(states)
+        self.states = self.executor.adopt(to_device(tree["states"]))
         self.hparams = to_device(tree["hparams"])
         self.member_hparams = self.executor.adopt(self.hparams)
         self.key = tree["key"]
@@ -228,24 +227,11 @@ class Learner:
         """Members whose state is not finite continue from the best finite member's state,
         keeping their own hparams (a sweep keeps its configurations); the rest are untouched."""
         indices = reset_indices(finite, returns)
-        targets = np.flatnonzero(indices != np.arange(len(indices)))
-        if not targets.size:
-            return []
-        stacked = self.executor.release(self.states)
-        self.states = self.executor.adopt(population.gather(stacked, jnp.asarray(indices)))
-        return [
-            {
-                "strategy": self.strategy.name,
-                "kind": "reset",
-                "eval_index": evaluation.eval_index,
-                "member_env_steps": evaluation.member_env_steps,
-                "target": int(target),
-                "source": int(indices[target]),
-                "target_fitness": returns[target],
-                "source_fitness": returns[indices[target]],
-            }
-            for target in targets
-        ]
+        events = reset_events(self.strategy.name, evaluation, indices, returns)
+        if events:
+            stacked = self.executor.release(self.states)
+            self.states = self.executor.adopt(population.gather(stacked, jnp.asarray(indices)))
+        return events
 
     def apply_selection(self, selection: Selection) -> None:
         """A strategy's decision on device: whole member states (and optionally replay buffers)

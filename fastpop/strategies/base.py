@@ -36,6 +36,7 @@ class Evaluation(NamedTuple):
     member_env_steps: int
     returns: np.ndarray  # (population,) mean return; NaN for a member with non-finite params
     finite: np.ndarray | None = None  # (population,) bool: the member's state is all finite
+    # (filled in by the learner before a strategy sees the round)
 
 
 def reset_indices(finite: np.ndarray, returns: np.ndarray) -> np.ndarray:
@@ -47,6 +48,23 @@ def reset_indices(finite: np.ndarray, returns: np.ndarray) -> np.ndarray:
         best = int(np.flatnonzero(usable)[np.argmax(returns[usable])])
         indices[~finite] = best
     return indices
+
+
+def reset_events(strategy: str, evaluation: Evaluation, indices, returns) -> list[dict]:
+    """Lineage records of the members that `indices` (see `reset_indices`) moves."""
+    return [
+        {
+            "strategy": strategy,
+            "kind": "reset",
+            "eval_index": evaluation.eval_index,
+            "member_env_steps": evaluation.member_env_steps,
+            "target": int(target),
+            "source": int(indices[target]),
+            "target_fitness": returns[target],
+            "source_fitness": returns[indices[target]],
+        }
+        for target in np.flatnonzero(indices != np.arange(len(indices)))
+    ]
 
 
 class Selection(NamedTuple):

@@ -18,7 +18,13 @@ import numpy as np
 
 from fastpop import population
 from fastpop.strategies import diversity, shared_critic
-from fastpop.strategies.base import DVD_STREAM, Evaluation, reset_indices, stream_rng
+from fastpop.strategies.base import (
+    DVD_STREAM,
+    Evaluation,
+    reset_events,
+    reset_indices,
+    stream_rng,
+)
 
 
 class BanditState(NamedTuple):
@@ -78,23 +84,8 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
 
     def step(agent, bandit: BanditState, evaluation: Evaluation, states, observations, key):
         returns = np.asarray(evaluation.returns, np.float64)
-        finite = evaluation.finite
-        if finite is None:
-            finite = np.asarray(population.finite_members(shared_critic.member_trees(states)))
-        indices = reset_indices(finite, returns)
-        events = [
-            {
-                "strategy": "dvd",
-                "kind": "reset",
-                "eval_index": evaluation.eval_index,
-                "member_env_steps": evaluation.member_env_steps,
-                "target": int(target),
-                "source": int(indices[target]),
-                "target_fitness": returns[target],
-                "source_fitness": returns[indices[target]],
-            }
-            for target in np.flatnonzero(indices != np.arange(size))
-        ]
+        indices = reset_indices(evaluation.finite, returns)
+        events = reset_events("dvd", evaluation, indices, returns)
         if events:
             members = population.gather(shared_critic.member_trees(states), jnp.asarray(indices))
             states = states._replace(
