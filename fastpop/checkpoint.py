@@ -174,7 +174,10 @@ def restore(path: Path, template: Any, partial: bool = False) -> tuple[Any, dict
     path = Path(path)
     manifest = read_manifest(path)
     if callable(template):
-        template = template(manifest["metadata"])
+        try:
+            template = template(manifest["metadata"])
+        except CheckpointError as error:  # the metadata does not describe a usable run
+            raise CheckpointError(f"{path / MANIFEST}: {error}") from None
     arrays_path = path / ARRAYS
     if not arrays_path.is_file():
         raise CheckpointError(f"{path}: {ARRAYS} is missing")
@@ -212,19 +215,22 @@ def restore(path: Path, template: Any, partial: bool = False) -> tuple[Any, dict
     return jax.tree.unflatten(jax.tree.structure(template), leaves), manifest["metadata"]
 
 
-def restore_latest(directory: Path, template: Any, warn=print) -> tuple[Any, dict, Path]:
-    """The newest checkpoint under `directory` that restores; each unusable newer one is
-    reported through `warn`. Raises CheckpointError when none does."""
+def restore_latest(
+    directory: Path, template: Any, warn=print, partial: bool = False
+) -> tuple[Any, dict, Path]:
+    """The newest checkpoint under `directory` that restores (see `restore` for `template` and
+    `partial`); each unusable newer one is reported through `warn`. Raises CheckpointError
+    when none does."""
     candidates = complete_checkpoints(directory)
     if not candidates:
         raise CheckpointError(f"{directory}: no checkpoint to resume from")
     problems = []
     for path in candidates:
         try:
-            tree, metadata = restore(path, template)
+            tree, metadata = restore(path, template, partial)
         except CheckpointError as error:
             problems.append(str(error))
             warn(f"skipping checkpoint: {error}")
             continue
         return tree, metadata, path
-    raise CheckpointError("no usable checkpoint:\n  " + "\n  ".join(problems))
+    raise CheckpointError(f"no usable checkpoint in {directory}:\n  " + "\n  ".join(problems))

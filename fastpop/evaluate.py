@@ -223,45 +223,43 @@ def load_latest(run_dir: Path, warn) -> Loaded:
             f"{run_dir} has no checkpoint (looked for {directory}/<env steps>/); a run writes "
             "one when it stops and every checkpoint.interval_seconds"
         )
-    problems = []
-    built = None  # (config, template, agent, learning): checkpoints of one run share it
-    for path in candidates:
-        try:
-            config = _checkpoint_config(path)
-            if built is None or built[0] != config:
-                built = (config, *_template(config))
-            _, template, agent, learning = built
-            tree, metadata = checkpoint.restore(path, template, partial=True)
-        except checkpoint.CheckpointError as error:
-            problems.append(str(error))
-            warn(f"skipping checkpoint: {error}")
-            continue
-        states, hparams = tree["learner"]["states"], tree["learner"]["hparams"]
-        if learning is not None:  # shared critic: the actors are the policies
-            policy = learning.policies(states)
-        else:
-            from fastpop import population
+    built = {}  # checkpoints of one run share their config, so its template is built once
 
-            policy = population.member_policies(agent, states)
-        return Loaded(path, config, metadata, agent, policy, hparams)
-    raise EvalError(f"no usable checkpoint in {directory}:\n  " + "\n  ".join(problems))
+    def template(metadata: dict):
+        config = _checkpoint_config(metadata)
+        if built.get("config") != config:
+            tree, agent, learning = _template(config)
+            built.update(config=config, template=tree, agent=agent, learning=learning)
+        return built["template"]
+
+    try:
+        tree, metadata, path = checkpoint.restore_latest(directory, template, warn, partial=True)
+    except checkpoint.CheckpointError as error:
+        raise EvalError(str(error)) from None
+    states, hparams = tree["learner"]["states"], tree["learner"]["hparams"]
+    agent, learning = built["agent"], built["learning"]
+    if learning is not None:  # shared critic: the actors are the policies
+        policy = learning.policies(states)
+    else:
+        from fastpop import population
+
+        policy = population.member_policies(agent, states)
+    return Loaded(path, built["config"], metadata, agent, policy, hparams)
 
 
-def _checkpoint_config(path: Path):
-    """The run's Config from a checkpoint's manifest (a CheckpointError when unreadable)."""
+def _checkpoint_config(metadata: dict):
+    """The run's Config from a checkpoint's metadata (a CheckpointError when unusable)."""
     from fastpop import checkpoint
     from fastpop.config import config_from_dict
     from fastpop.schema import ConfigError
 
-    manifest = checkpoint.read_manifest(path)
-    source = str(path / checkpoint.MANIFEST)
-    data = (manifest.get("metadata") or {}).get("config")
+    data = (metadata or {}).get("config")
     if not isinstance(data, dict):
-        raise checkpoint.CheckpointError(f"{source}: no config in its metadata")
+        raise checkpoint.CheckpointError("no config in its metadata")
     try:
-        return config_from_dict(data, source)
+        return config_from_dict(data, "the checkpoint's config")
     except ConfigError as error:  # e.g. written by another fastpop version
-        raise checkpoint.CheckpointError(f"{source}: its config is not valid: {error}") from None
+        raise checkpoint.CheckpointError(f"its config is not valid: {error}") from None
 
 
 def _template(config):
