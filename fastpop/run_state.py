@@ -12,24 +12,23 @@
 not-yet-started Run where the checkpoint left it. Strategy states are NamedTuples of plain
 numbers and arrays: `split_strategy_state` takes the arrays out (into the npz) and leaves
 JSON-ready data; `join_strategy_state` puts them back against the state a fresh run starts
-from, which supplies the types.
+from, which supplies the types (both in `fastpop.strategies.codec`, imported here for callers).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import jax
 import numpy as np
 
 from fastpop import config as config_lib
 from fastpop.collect.evaluator import META_FIELD
 from fastpop.schema import ConfigError
+from fastpop.strategies.codec import join_strategy_state, split_strategy_state  # noqa: F401
 
 if TYPE_CHECKING:
     from fastpop.train import Run
@@ -111,55 +110,6 @@ def apply(run: Run, tree: dict, metadata: dict) -> None:
         for entry, arrays in zip(counters["pending"], tree["pending"], strict=True)
     }
     run.last_checkpoint = (counters["elapsed"], run.member_env_steps)
-
-
-def _is_array(value: Any) -> bool:
-    return isinstance(value, jax.Array | np.ndarray)
-
-
-def _is_record(value: Any) -> bool:
-    return isinstance(value, tuple) and hasattr(value, "_fields")
-
-
-def split_strategy_state(state: Any) -> tuple[list, Any]:
-    """(arrays in field order, the rest as plain JSON data with None where an array was)."""
-    arrays: list = []
-
-    def plain(value):
-        if _is_array(value):
-            arrays.append(value)
-            return None
-        if _is_record(value):
-            return {name: plain(item) for name, item in zip(value._fields, value, strict=True)}
-        if isinstance(value, tuple | list):
-            return [plain(item) for item in value]
-        if isinstance(value, np.generic):
-            return value.item()
-        return value
-
-    return arrays, plain(state)
-
-
-def join_strategy_state(template: Any, arrays: Sequence, data: Any) -> Any:
-    """The inverse of `split_strategy_state`; `template` (a fresh strategy state) gives the
-    record types and where the arrays go. Lists become tuples, as strategies keep them."""
-    remaining = iter(arrays)
-
-    def tuples(value):
-        return tuple(tuples(v) for v in value) if isinstance(value, list) else value
-
-    def build(template, value):
-        if _is_array(template):
-            return next(remaining)
-        if _is_record(template):
-            return type(template)(**{n: build(getattr(template, n), value[n]) for n in value})
-        if isinstance(template, tuple):
-            return tuples(value)
-        if isinstance(template, float) and value is None:
-            return math.nan
-        return value
-
-    return build(template, data)
 
 
 def resume_config(saved: dict, overrides: Sequence[str], source: str) -> config_lib.Config:

@@ -111,3 +111,29 @@ def test_small_integers_move_under_perturbation():
 def test_bad_priors_name_the_hparam(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_prior("actor_lr", spec)
+
+
+def test_a_member_reset_after_a_nan_is_ranked_on_its_returns_since():
+    # fitness_window 2, as configs/dqn_pbt_pong.yaml: member 0's params went non-finite (NaN
+    # return) between rounds and the learner reset it; its next return is the best.
+    priors = {"actor_lr": parse_prior("actor_lr", {"log_uniform": [3e-5, 3e-3]})}
+    strategy = pbt.make_pbt(
+        4, priors, seed=0, interval=100, evaluation_interval=50, fitness_window=2
+    )
+    state = strategy.init()
+    state, _ = strategy.step(state, pbt.Evaluation(0, 50, np.array([np.nan, 1.0, 2, 3])), [])
+    hparams = [{"actor_lr": 1e-3}] * 4
+    state, selection = strategy.step(
+        state, pbt.Evaluation(1, 100, np.array([9.0, 1.0, 2, 3])), hparams
+    )
+    (event,) = selection.events
+    assert (event["target"], event["source"]) == (1, 0)  # the worst copies the best
+    assert (event["target_fitness"], event["source_fitness"]) == (1.0, 9.0)
+    np.testing.assert_array_equal(selection.sources, [0, 0, 2, 3])
+
+
+def test_fitness_is_nan_only_when_the_latest_return_is():
+    history = ((1.0, 3.0), (np.nan, 4.0), (2.0, np.nan), (5.0, np.inf, 6.0, 8.0), ())
+    scores = pbt.fitness(history)
+    np.testing.assert_array_equal(scores[:2], [2.0, 4.0])
+    assert np.isnan(scores[2]) and scores[3] == 7.0 and np.isnan(scores[4])

@@ -17,8 +17,6 @@ from fastpop.learner import Learner, prepare
 from fastpop.metrics import MetricsWriter
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
-from fastpop.strategies.dvd import bandit_init, bandit_step
-from fastpop.strategies.pbt import PBTState
 
 SMALL = [
     "agent.hidden_sizes=[8,8]",
@@ -138,25 +136,6 @@ def test_without_saved_replay_learning_waits_for_the_buffers_to_refill(tmp_path)
     assert not resumed.limiter.can_sample()
     resumed.insert(rows_for(resumed, 1))
     assert resumed.limiter.can_sample()
-
-
-@pytest.mark.parametrize(
-    "state",
-    [
-        PBTState(3, 2, ((1.0, float("nan")), (), (2.5,))),
-        bandit_step(bandit_init(3), 4.0, seed=0, adapt=True),
-        bandit_init(2),  # best_return NaN
-    ],
-    ids=["pbt", "dvd-bandit", "dvd-bandit-initial"],
-)
-def test_host_side_strategy_states_survive_json(state):
-    import json
-
-    arrays, plain = run_state.split_strategy_state(state)
-    assert arrays == []
-    back = run_state.join_strategy_state(state, [], json.loads(json.dumps(plain)))
-    assert type(back) is type(state)
-    assert repr(back) == repr(state)  # NaN == NaN here, and tuples stay tuples
 
 
 def test_resume_refuses_unsafe_changes_and_names_what_may_change():

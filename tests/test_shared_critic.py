@@ -13,7 +13,7 @@ import pytest
 from fastpop import config as config_lib
 from fastpop import population, replay
 from fastpop.learner import Learner, prepare
-from fastpop.strategies import cem, diversity, dvd, shared_critic
+from fastpop.strategies import cem, diversity, shared_critic
 from fastpop.strategies.base import Evaluation
 from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
 
@@ -246,22 +246,6 @@ def test_dvd_resets_a_non_finite_member_from_the_best_and_touches_no_other():
     assert_same(population.member(after, 1), population.member(before, 2))
     assert set(scalars) == {"dvd/log_det_kernel", "dvd/mean_pairwise_distance", "dvd/lambda"}
     assert all(np.isfinite(v) for v in scalars.values())
-
-
-def test_bandit_rewards_improvement_and_fixed_mode_keeps_the_first_coefficient():
-    state = dvd.bandit_init(2)
-    state = dvd.bandit_step(state, 10.0, seed=0, adapt=True)  # first round: nothing to compare
-    assert state.successes == (0, 0) and state.failures == (0, 0)
-    arm = state.arm
-    state = dvd.bandit_step(state, 12.0, seed=0, adapt=True)
-    assert state.successes[arm] == 1 and sum(state.failures) == 0
-    arm = state.arm
-    state = dvd.bandit_step(state, 11.0, seed=0, adapt=True)
-    assert state.failures[arm] == 1 and state.best_return == 11.0
-    fixed = dvd.bandit_init(3)
-    for value in (1.0, 2.0, 0.5):
-        fixed = dvd.bandit_step(fixed, value, seed=0, adapt=False)
-    assert fixed.arm == 0
 
 
 # --- short runs ---

@@ -6,6 +6,19 @@ Pure functions over a `CEMState` of flat parameter vectors:
     tell(state, samples, fitness, ...) -> state: the mean moves to the log-rank weighted elites,
         the variance is the elites' weighted spread around the OLD mean plus an additive noise
         that decays towards a floor (so the search never collapses to a point).
+
+The refit is the paper's (arXiv:1810.01222, its CEM update), with K_e elites z_i, best first:
+
+    lambda_i = log((K_e + 1) / i) / sum_j log((K_e + 1) / j)
+    mean'     = sum_i lambda_i z_i
+    variance' = sum_i lambda_i (z_i - mean)^2 + noise     (the noise in force)
+    noise'    = noise_decay * noise + (1 - noise_decay) * noise_floor
+
+The authors' code differs in two places (apourchot/CEM-RL, ES.py, `sepCEM.tell`, lines 512-518
+at commit 1a45822): it decays the noise first (line 513) and adds the decayed value, and it
+divides the weighted spread by K_e (`1 / self.parents * self.weights @ (z * z)`, line 517), so
+its spread term is K_e times smaller than the formula's. fastpop follows the formula (test:
+tests/test_cem.py, against a float64 numpy transcription of it).
 """
 
 from __future__ import annotations

@@ -8,6 +8,12 @@ member with the policy held constant (the learner waits for it); the returns of 
 after their gradient steps, refit the distribution (Lamarckian, as in the paper) and the next
 generation is sampled: fresh actors, targets equal to them, fresh optimizer moments. The critic
 and the shared replay carry over.
+
+Gradient steps per generation: `generation_steps * samples_per_insert / batch_size` critic
+steps, and that over `policy_delay` actor steps for each trained actor. The authors' code gives
+each trained actor as many actor steps as the generation's samples took env steps, and the
+critic as many in all (apourchot/CEM-RL, es_grad.py, lines 418-433): configs/td3_cemrl_hopper.yaml
+sets samples_per_insert = (population.size - 1) * batch_size and policy_delay = 1 for that.
 """
 
 from __future__ import annotations

@@ -8,13 +8,10 @@ by `fastpop.config` like every other section.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from fastpop.schema import Reader, coerce, field, show
 from fastpop.strategies import SHARED_CRITIC
-
-if TYPE_CHECKING:
-    from fastpop.config import Config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +27,8 @@ class PBTConfig:
     resample_probability: float = field(0.25, min=0, max=1)
     """Chance that explore resamples an hparam from its prior instead of perturbing it."""
     fitness_window: int = field(1, min=1)
-    """Evaluations averaged into a member's fitness (its latest ones since it last copied)."""
+    """Evaluations averaged into a member's fitness (its latest ones since it last copied,
+    after its last NaN return: a member reset after a NaN is judged on what it did since)."""
     replay: str = field("keep", choices=("keep", "copy"))
     """keep: a copying member keeps its own buffer; copy: it takes the source's buffer too."""
 
@@ -66,14 +64,38 @@ class DvDConfig:
     coefficients: tuple[float, ...] = field((0.0, 0.5), min=0)
     """The bandit's arms: values of lambda, the weight of -log det K in the actor loss."""
     adapt: str = field("bandit", choices=("bandit", "fixed"))
-    """bandit: Thompson sampling over `coefficients`, rewarded when the population's best
-    return improves; fixed: lambda = the first coefficient throughout."""
+    """bandit: Thompson sampling over `coefficients` as the authors' code does it (an arm is
+    rewarded when the population's mean return beats the best of 5 earlier rounds; posteriors
+    over the latest 50 judged rounds; the first 5 picks uniform); fixed: lambda = the first
+    coefficient throughout."""
     embedding_states: int = field(20, min=2)
     """States in the shared batch whose actions make a member's behavioural embedding."""
     length_scale: float = field(1.0, gt=0)
     """RBF kernel length scale, on the mean squared action difference."""
     jitter: float = field(1e-3, gt=0)
     """Added to K's diagonal before the log-determinant."""
+
+
+class CheckedConfig(Protocol):
+    """What the checks below read of a `fastpop.config.Config` (which holds the sections above:
+    a protocol, so that this module needs no import of `fastpop.config`, which imports it)."""
+
+    @property
+    def algo(self) -> str: ...
+    @property
+    def strategy(self) -> str: ...
+    @property
+    def agent(self) -> dict: ...
+    @property
+    def population(self) -> Any: ...
+    @property
+    def replay(self) -> Any: ...
+    @property
+    def pbt(self) -> PBTConfig: ...
+    @property
+    def branch_merge(self) -> BranchMergeConfig: ...
+    @property
+    def dvd(self) -> DvDConfig: ...
 
 
 def check_member_hparams(r: Reader, population, specs: dict, size_given: bool):
@@ -118,7 +140,7 @@ def check_member_hparams(r: Reader, population, specs: dict, size_given: bool):
     return dataclasses.replace(population, grid=grid, size=size)
 
 
-def check_shared_critic(r: Reader, c: Config) -> None:
+def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
     strategy, size = c.strategy, c.population.size
     checks = (
         ("algo", c.algo != "td3", f"strategy {strategy} trains TD3 members; got {c.algo!r}"),
@@ -142,7 +164,7 @@ def check_shared_critic(r: Reader, c: Config) -> None:
             r.fail(dotted, problem)
 
 
-def check_strategy(r: Reader, c: Config) -> None:
+def check_strategy(r: Reader, c: CheckedConfig) -> None:
     from fastpop.strategies.pbt import selection_sizes
 
     size, strategy = c.population.size, c.strategy

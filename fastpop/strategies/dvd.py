@@ -1,6 +1,8 @@
 """DvD (Parker-Holder et al., NeurIPS 2020) over TD3: a shared critic, actors trained on the sum
 of their TD3 losses minus lambda * log det K (see `shared_critic` and `diversity`), lambda chosen
-online by a Thompson-sampling bandit rewarded when the population's best return improves.
+online by the authors' Thompson-sampling bandit (jparkerholder/DvD_ES, bandits.py): an arm is
+rewarded when the population's mean return beats the best of 5 earlier rounds, the posteriors
+are made of the latest 50 judged rounds, and the first 5 picks are uniform.
 
 Between rounds (every eval.interval env steps; the learner waits for each round's returns):
 members with non-finite parameters restart from the best member (logged), the bandit picks the
@@ -26,33 +28,81 @@ from fastpop.strategies.base import (
     stream_rng,
 )
 
+# The bandit of the authors' code (jparkerholder/DvD_ES, bandits.py, BayesianBandits):
+BASELINE_ROUNDS = 5  # a round's value is judged against the best of 5 earlier ones (line 53)
+WINDOW = 50  # judged rounds the posteriors are made of (lines 10, 59)
+RANDOM_ROUNDS = 5  # rounds whose next arm is drawn uniformly, not by Thompson sampling (12, 28)
+
 
 class BanditState(NamedTuple):
-    successes: tuple[int, ...]  # per arm
-    failures: tuple[int, ...]
-    arm: int  # the arm in force since the last round
-    best_return: float  # the population's best return at the last round (NaN before any)
+    """Plain numbers and tuples (checkpointed as JSON by `strategies.codec`).
+
+    arm        the arm in force since the last round (arm 0 first: bandits.py line 19)
+    rounds     rounds seen
+    values     the bandit's value (`bandit_value`) of the latest BASELINE_ROUNDS + 1 rounds,
+               oldest first
+    feedback   (arm, reward) of the latest WINDOW judged rounds, oldest first: reward 1 if the
+               round beat its baseline, 0.5 on a tie, 0 otherwise (bandits.py line 57)
+    """
+
+    arm: int
     rounds: int
+    values: tuple[float, ...]
+    feedback: tuple[tuple[int, float], ...]
 
 
-def bandit_init(arms: int) -> BanditState:
-    return BanditState((0,) * arms, (0,) * arms, 0, math.nan, 0)
+def bandit_init() -> BanditState:
+    """Arm 0 in force, no feedback: every arm's posterior is Beta(1, 1)."""
+    return BanditState(0, 0, (), ())
 
 
-def bandit_step(state: BanditState, best_return: float, seed: int, adapt: bool) -> BanditState:
-    """Reward the arm in force (1 if the best return improved), then draw the next arm from the
-    Beta(1 + successes, 1 + failures) posteriors."""
-    successes, failures = list(state.successes), list(state.failures)
-    if math.isfinite(state.best_return) and math.isfinite(best_return):
-        improved = best_return > state.best_return
-        (successes if improved else failures)[state.arm] += 1
+def bandit_value(returns: np.ndarray) -> float:
+    """What the bandit is fed each round: the population's mean return (train.py line 137,
+    `reward = np.mean(rwds)`, fed at line 157), over the members whose return is finite."""
+    finite = np.asarray(returns, np.float64)
+    finite = finite[np.isfinite(finite)]
+    return float(finite.mean()) if finite.size else math.nan
+
+
+def bandit_posterior(state: BanditState, arms: int) -> tuple[tuple[float, ...], ...]:
+    """(alpha, beta) per arm: Beta(1 + rewards, 1 + judged rounds - rewards) over the window."""
+    rewards, counts = np.zeros(arms), np.zeros(arms)
+    for arm, reward in state.feedback:
+        rewards[arm] += reward
+        counts[arm] += 1
+    return tuple(float(a) for a in 1 + rewards), tuple(float(b) for b in 1 + counts - rewards)
+
+
+def judge(state: BanditState, value: float) -> tuple[tuple[int, float], ...]:
+    """The feedback window after this round's value: the arm in force since the last round is
+    rewarded if `value` beats the best of the BASELINE_ROUNDS rounds before the last one (as
+    bandits.py's `rolling(5).max().shift(1)` does), from the 7th round on (its first judged row
+    is dropped, line 58); nothing when a value involved is not finite (pandas' NaN windows)."""
+    if len(state.values) < BASELINE_ROUNDS + 1:
+        return state.feedback
+    baseline = state.values[:-1]
+    if not all(math.isfinite(v) for v in (value, *baseline)):
+        return state.feedback
+    reward = (float(np.sign(value - max(baseline))) + 1) / 2
+    return (*state.feedback, (state.arm, reward))[-WINDOW:]
+
+
+def bandit_step(state: BanditState, value: float, arms: int, seed: int, adapt: bool) -> BanditState:
+    """Judge the arm in force by this round's `value` (see `judge`), then pick the next arm:
+    uniformly for the first RANDOM_ROUNDS rounds, then by Thompson sampling from the
+    posteriors (`bandit_posterior`); always arm 0 unless `adapt`."""
+    feedback = judge(state, value)
+    values = (*state.values, value)[-(BASELINE_ROUNDS + 1) :]
+    rounds = state.rounds + 1
     arm = state.arm
     if adapt:
         rng = stream_rng(seed, DVD_STREAM, state.rounds)
-        draws = rng.beta(1 + np.array(successes), 1 + np.array(failures))
-        arm = int(np.argmax(draws))
-    best = best_return if math.isfinite(best_return) else state.best_return
-    return BanditState(tuple(successes), tuple(failures), arm, best, state.rounds + 1)
+        if rounds <= RANDOM_ROUNDS:
+            arm = int(rng.integers(arms))
+        else:
+            alpha, beta = bandit_posterior(state._replace(feedback=feedback), arms)
+            arm = int(np.argmax(rng.beta(alpha, beta)))
+    return BanditState(arm, rounds, values, feedback)
 
 
 def make_dvd(size: int, config, seed: int, evaluation_interval: int):
@@ -69,7 +119,7 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
     def init_states(agent, key, hparams):
         states = shared_critic.init(agent, key, hparams, np.ones(size, bool))
         states = states._replace(diversity_weight=jnp.float32(coefficients[0]))
-        return states, bandit_init(len(coefficients))
+        return states, bandit_init()
 
     def make_update(agent, sample_batch, num_updates, unroll):
         return shared_critic.make_update(
@@ -91,9 +141,7 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
             states = states._replace(
                 actors=members[0], target_actors=members[1], actor_opts=members[2]
             )
-        finite_returns = returns[np.isfinite(returns)]
-        best = float(finite_returns.max()) if finite_returns.size else math.nan
-        bandit = bandit_step(bandit, best, seed, adapt)
+        bandit = bandit_step(bandit, bandit_value(returns), len(coefficients), seed, adapt)
         weight = coefficients[bandit.arm]
         states = states._replace(diversity_weight=jnp.float32(weight))
         obs = observations(key)[: config.embedding_states]

@@ -115,11 +115,22 @@ class PBTState(NamedTuple):
     history: tuple[tuple[float, ...], ...]  # per member: its latest returns, oldest first
 
 
+def since_last_non_finite(returns: tuple[float, ...]) -> tuple[float, ...]:
+    """The returns after the last non-finite one (all of them when every one is finite)."""
+    broken = [i for i, value in enumerate(returns) if not math.isfinite(value)]
+    return returns[broken[-1] + 1 :] if broken else returns
+
+
 def fitness(history: tuple[tuple[float, ...], ...]) -> np.ndarray:
-    """Mean of each member's window; NaN when its latest return is NaN (it must be replaced)."""
-    return np.array(
-        [np.mean(h) if h and np.isfinite(h[-1]) else np.nan for h in history], np.float64
-    )
+    """Mean of each member's window after its last non-finite return; NaN when its latest
+    return is not finite (it ranks last and is replaced).
+
+    A NaN return means the member's state was not finite, and the learner reset it from the
+    best member's state: the returns before the NaN belong to a state it no longer has, so they
+    must not keep it last for the rest of the window.
+    """
+    recent = [since_last_non_finite(h) for h in history]
+    return np.array([np.mean(r) if r else np.nan for r in recent], np.float64)
 
 
 def make_pbt(
