@@ -1,74 +1,17 @@
-"""The `fastpop` command line: fastpop bench update ..."""
+"""The `fastpop` command line: fastpop train | resume | eval | plot | bench."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from fastpop import bench_checkpoint, evaluate
-from fastpop.agents import ALGORITHMS
+from fastpop import evaluate
+from fastpop.bench import commands as bench_commands
+from fastpop.cli_args import comma_list, fail
 from fastpop.run_state import SAFE_ON_RESUME
-
-IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
-
-
-def comma_list(parse_item: Callable[[str], object], what: str, allowed: Sequence | None = None):
-    """argparse type for 'a,b,c' lists; bad items give a message naming what is allowed."""
-
-    def parse(text: str) -> list:
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError(f"empty {what} list")
-        values = []
-        for item in items:
-            try:
-                value = parse_item(item)
-            except ValueError as error:
-                raise argparse.ArgumentTypeError(f"{what} {item!r}: {error}") from None
-            if allowed is not None and value not in allowed:
-                raise argparse.ArgumentTypeError(
-                    f"unknown {what} {item!r}; choose from {', '.join(allowed)}"
-                )
-            values.append(value)
-        return values
-
-    return parse
-
-
-def one_of(what: str, allowed: Sequence[str]):
-    """argparse type for one choice, with the same message on every Python version."""
-
-    def parse(text: str) -> str:
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(
-                f"unknown {what} {text!r}; choose from {', '.join(allowed)}"
-            )
-        return text
-
-    return parse
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError("not an integer") from None
-    if value < 1:
-        raise ValueError("must be >= 1")
-    return value
-
-
-def positive_int_arg(what: str):
-    def parse(text: str) -> int:
-        try:
-            return positive_int(text)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(f"{what} {text!r}: {error}") from None
-
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,76 +19,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fastpop", description="Vectorized population training of off-policy RL agents."
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(
-        dest="bench", required=True
-    )
-    update = bench.add_parser(
-        "update",
-        help="population-wide update step: vectorized vs sequential vs PyTorch",
-        description="Agent-updates/s of one population-wide update step on random data of the "
-        "paper's shapes (HalfCheetah for TD3/SAC, Atari for DQN). Writes "
-        "results/bench/update_<algo>_<device>.json and .png.",
-    )
-    update.add_argument(
-        "--algo",
-        type=one_of("algorithm", ALGORITHMS),
-        default="td3",
-        help=f"one of {', '.join(ALGORITHMS)} (default td3)",
-    )
-    update.add_argument(
-        "--pop",
-        type=comma_list(positive_int, "population size"),
-        default=[1, 2, 4, 8],
-        help="population sizes, comma-separated (default 1,2,4,8)",
-    )
-    update.add_argument(
-        "--impl",
-        type=comma_list(str, "implementation", IMPLEMENTATIONS),
-        default=list(IMPLEMENTATIONS),
-        help=f"implementations, comma-separated from {','.join(IMPLEMENTATIONS)} (default all)",
-    )
-    update.add_argument(
-        "--batch-size",
-        type=positive_int_arg("batch size"),
-        default=None,
-        help="transitions per update (default: the paper's, 256 for TD3/SAC, 32 for DQN)",
-    )
-    update.add_argument(
-        "--updates-per-call",
-        type=positive_int_arg("updates per call"),
-        default=10,
-        help="K: updates per compiled call (the scan length)",
-    )
-    update.add_argument(
-        "--min-seconds", type=float, default=2.0, help="timed seconds per measurement"
-    )
-    update.add_argument("--out", type=Path, default=Path("results/bench"))
+    bench_commands.add_parser(commands)
+    add_train_parser(commands)
+    add_resume_parser(commands)
+    evaluate.add_parser(commands)
+    add_plot_parser(commands)
+    return parser
 
-    pipeline = bench.add_parser(
-        "pipeline",
-        help="collection rate and learner utilisation of a real TD3 run",
-        description="Collector env steps/s against gymnasium's raw rate, and a real TD3 run's "
-        "agent-updates/s against the update benchmark at the same population. Writes "
-        "results/bench/pipeline_<env>_<device>.json.",
-    )
-    pipeline.add_argument("--env", default="HalfCheetah-v5")
-    pipeline.add_argument("--pop", type=positive_int_arg("population size"), default=4)
-    pipeline.add_argument(
-        "--collectors",
-        type=comma_list(positive_int, "collector count"),
-        default=[1, 2],
-        help="collector counts to measure (default 1,2)",
-    )
-    pipeline.add_argument(
-        "--seconds", type=float, default=10.0, help="timed seconds per collection measurement"
-    )
-    pipeline.add_argument(
-        "--train-seconds", type=float, default=120.0, help="wall seconds of the training run"
-    )
-    pipeline.add_argument("--out", type=Path, default=Path("results/bench"))
 
-    bench_checkpoint.add_parser(bench)
-
+def add_train_parser(commands) -> None:
     train = commands.add_parser(
         "train",
         help="train a population with collector processes",
@@ -172,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--out", type=Path, default=None, help="run directory")
     train.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
 
+
+def add_resume_parser(commands) -> None:
     resume = commands.add_parser(
         "resume",
         help="continue a run from its newest checkpoint",
@@ -191,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="change a resume-safe value, e.g. train.total_env_steps=2000000 (repeatable)",
     )
 
-    evaluate.add_parser(commands)
 
+def add_plot_parser(commands) -> None:
     plot = commands.add_parser("plot", help="walltime-vs-return and steps-vs-return plots")
     plot.add_argument("runs", type=Path, nargs="+", help="run directories")
     plot.add_argument("--out", type=Path, default=None, help="output directory")
@@ -213,46 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=[5.0, 10.0, 20.0],
         help="wall-clock minutes of the --table columns, comma-separated (default 5,10,20)",
     )
-    return parser
-
-
-def run_bench_update(args: argparse.Namespace) -> int:
-    from fastpop.bench import bench_update, write_results
-
-    result = bench_update(
-        args.algo,
-        args.pop,
-        args.impl,
-        updates_per_call=args.updates_per_call,
-        batch_size=args.batch_size,
-        min_seconds=args.min_seconds,
-    )
-    json_path, png_path = write_results(result, args.out)
-    print(
-        f"large matmul: {result['matmul_gflops_per_s']:.1f} GFLOP/s; "
-        f"{result['flops_per_update'] / 1e6:.1f} MFLOP per agent update"
-    )
-    print(f"wrote {json_path} and {png_path}")
-    return 0
-
-
-def run_bench_pipeline(args: argparse.Namespace) -> int:
-    from fastpop.bench_pipeline import bench_pipeline, write_pipeline_results
-    from fastpop.config import ConfigError
-
-    try:
-        result = bench_pipeline(
-            args.env, args.pop, args.collectors, args.seconds, args.train_seconds
-        )
-    except (ConfigError, ValueError) as error:
-        return fail(str(error))
-    print(f"wrote {write_pipeline_results(result, args.out)}")
-    return 0
-
-
-def fail(message: str, code: int = 2) -> int:
-    print(f"fastpop: error: {message}", file=sys.stderr)
-    return code
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -384,21 +228,14 @@ def run_plot(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "bench" and args.bench == "update":
-        return run_bench_update(args)
-    if args.command == "bench" and args.bench == "pipeline":
-        return run_bench_pipeline(args)
-    if args.command == "bench" and args.bench == "checkpoint":
-        return bench_checkpoint.run(args)
-    if args.command == "train":
-        return run_train(args)
-    if args.command == "resume":
-        return run_resume(args)
-    if args.command == "eval":
-        return evaluate.run(args)
-    if args.command == "plot":
-        return run_plot(args)
-    return 2
+    handlers = {
+        "bench": bench_commands.run,
+        "train": run_train,
+        "resume": run_resume,
+        "eval": evaluate.run,
+        "plot": run_plot,
+    }
+    return handlers[args.command](args)
 
 
 if __name__ == "__main__":

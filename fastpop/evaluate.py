@@ -3,26 +3,18 @@
 The member acts as in the periodic evaluation (`collect.evaluator.evaluate_population`): no
 exploration, the policy held constant. Only the member states and hparams are read from the
 checkpoint (never the replay buffers), and nothing is written into the run directory; `--video`
-records the first episode with gymnasium's `rgb_array` rendering (MuJoCo offscreen through EGL
-or OSMesa, so it works without a display).
+also records the first episode (`fastpop.video`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-VIDEO_SUFFIX = ".mp4"
-VIDEO_INSTALL = 'pip install -e ".[video]"'
-VIDEO_MODULES = ("imageio", "imageio_ffmpeg")  # imageio-ffmpeg brings the ffmpeg binary
-# MuJoCo's default 4096^2 shadow map dominates software (llvmpipe) rendering: 1024 renders a
-# 480x480 HalfCheetah frame about 2-3x faster and looks the same at video resolution.
-MUJOCO_SHADOW_SIZE = 1024
-ATARI_FRAMES_PER_SECOND = 60  # the emulator's (NTSC) rate; one agent step is frame_skip frames
+from fastpop import video
+from fastpop.cli_args import fail, positive_int_arg
 
 
 class EvalError(ValueError):
@@ -40,8 +32,6 @@ class Loaded(NamedTuple):
 
 def add_parser(commands) -> argparse.ArgumentParser:
     """Add `eval` to the `fastpop` subcommands (`commands`: from add_subparsers)."""
-    from fastpop.cli import positive_int_arg
-
     parser = commands.add_parser(
         "eval",
         help="evaluate one member of a run from its newest checkpoint",
@@ -73,7 +63,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
         default=None,
         metavar="OUT.mp4",
         help="also record the first episode as an mp4 (rendered offscreen on the CPU or GPU; "
-        f"needs {VIDEO_INSTALL})",
+        f"needs {video.VIDEO_INSTALL})",
     )
     parser.add_argument(
         "--seed",
@@ -90,9 +80,8 @@ def run(args: argparse.Namespace) -> int:
     """The `fastpop eval` handler: 0 on success, 2 (with a message) on bad input."""
     try:
         return _run(args)
-    except EvalError as error:
-        print(f"fastpop: error: {error}", file=sys.stderr)
-        return 2
+    except (EvalError, video.VideoError) as error:
+        return fail(str(error))
 
 
 def _warn(message: str) -> None:
@@ -102,9 +91,9 @@ def _warn(message: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     requested = parse_member(args.member)
     if args.video is not None:
-        check_video_path(args.video)
-        check_video_dependencies()
-        choose_mujoco_gl()  # before the first MuJoCo render (the backend is read then)
+        video.check_video_path(args.video)
+        video.check_video_dependencies()
+        video.choose_mujoco_gl()  # before the first MuJoCo render (the backend is read then)
     loaded = load_latest(args.run_dir, _warn)
     config = loaded.config
     size = config.population.size
@@ -122,7 +111,7 @@ def _run(args: argparse.Namespace) -> int:
         f"{config.env.id}, strategy {config.strategy}, population {size}"
     )
     print(f"member {member}{f' ({reason})' if reason else ''}; hparams: {format_hparams(hparams)}")
-    video_env = make_video_env(config, seed) if args.video is not None else None
+    video_env = video.make_video_env(config, seed) if args.video is not None else None
     try:
         mean, std = evaluate_member(loaded.agent, policy, hparams, config, episodes, seed)
         print(
@@ -132,14 +121,14 @@ def _run(args: argparse.Namespace) -> int:
         )
         if video_env is not None:
             print(f"recording the first episode to {args.video} ...", flush=True)
-            frames, episode_return = record_episode(
+            frames, episode_return = video.record_episode(
                 loaded.agent,
                 policy,
                 hparams,
                 video_env,
                 seed,
                 args.video,
-                video_fps(config, video_env),
+                video.video_fps(config, video_env),
             )
             print(
                 f"wrote {args.video}: {frames} frames, the first episode (return "
@@ -307,128 +296,3 @@ def evaluate_member(agent, policy, hparams, config, episodes: int, seed: int):
         atari=config_lib.atari_options(config),
     )
     return float(mean[0]), float(std[0])
-
-
-# --- video ---
-
-
-def check_video_path(path: Path) -> None:
-    if path.suffix.lower() != VIDEO_SUFFIX:
-        raise EvalError(f"--video {path}: the video is written as mp4; name it *{VIDEO_SUFFIX}")
-    if path.is_dir():
-        raise EvalError(f"--video {path}: is a directory; name a file, e.g. {path}/episode.mp4")
-    if not path.parent.is_dir():
-        raise EvalError(f"--video {path}: directory {path.parent} does not exist; create it first")
-
-
-def check_video_dependencies() -> None:
-    missing = [m for m in VIDEO_MODULES if importlib.util.find_spec(m) is None]
-    if missing:
-        raise EvalError(
-            f"--video needs imageio and imageio-ffmpeg ({', '.join(missing)} not installed): "
-            f"{VIDEO_INSTALL}"
-        )
-
-
-def choose_mujoco_gl() -> str | None:
-    """MUJOCO_GL for offscreen rendering without a display, unless the user has set it: EGL
-    (a GPU's, or Mesa's software llvmpipe) where libEGL is found, else OSMesa."""
-    import ctypes.util
-
-    if os.environ.get("MUJOCO_GL"):
-        return os.environ["MUJOCO_GL"]
-    for backend, library in (("egl", "EGL"), ("osmesa", "OSMesa")):
-        if ctypes.util.find_library(library):
-            os.environ["MUJOCO_GL"] = backend
-            return backend
-    return None
-
-
-def make_video_env(config, seed: int):
-    """The env the video is rendered from, checked to render before anything is evaluated."""
-    from fastpop import config as config_lib
-    from fastpop.envs import make_env
-
-    env_id = config.env.id
-    env = make_env(
-        env_id,
-        seed,
-        training=False,
-        atari=config_lib.atari_options(config),
-        render_mode="rgb_array",
-    )
-    try:
-        if env.render_mode != "rgb_array":
-            raise EvalError(f"--video: {env_id} does not render rgb_array frames")
-        quality = getattr(
-            getattr(getattr(env.unwrapped, "model", None), "vis", None), "quality", None
-        )
-        if quality is not None:  # MuJoCo; read when the first render makes the GL context
-            quality.shadowsize = min(quality.shadowsize, MUJOCO_SHADOW_SIZE)
-        try:
-            frame = env.render()
-        except Exception as error:  # pygame missing (classic control), no OpenGL, ...
-            hint = ""
-            if quality is not None:
-                hint = (
-                    f" (MUJOCO_GL={os.environ.get('MUJOCO_GL')}; MuJoCo renders offscreen with "
-                    "MUJOCO_GL=egl (libEGL) or osmesa (libOSMesa))"
-                )
-            raise EvalError(f"--video: {env_id} cannot render: {error}{hint}") from None
-        if getattr(frame, "ndim", 0) != 3:
-            raise EvalError(f"--video: {env_id} renders no RGB frames (got {type(frame)})")
-    except BaseException:
-        env.close()
-        raise
-    return env
-
-
-def video_fps(config, env) -> float:
-    """Real time: one frame per agent step."""
-    from fastpop import config as config_lib
-
-    atari = config_lib.atari_options(config)
-    if atari is not None:  # ALE's metadata gives the emulator's rate, not the agent's
-        return ATARI_FRAMES_PER_SECOND / atari.frame_skip
-    return float(env.metadata.get("render_fps") or 30)
-
-
-def record_episode(agent, policy, hparams, env, seed: int, path: Path, fps: float):
-    """Write one episode as an mp4: (frames, return). The same reset seed and action keys as
-    `evaluate_population`, so it is the evaluation's first episode."""
-    import warnings
-
-    import imageio.v2 as imageio
-    import jax
-    import numpy as np
-
-    from fastpop import population
-
-    act = jax.jit(population.population_act(agent))
-    key = jax.random.key(seed)
-    obs, _ = env.reset(seed=seed)
-    episode_return, frames = 0.0, 0
-    with warnings.catch_warnings():
-        # JAX warns on any fork; the ffmpeg subprocess execs at once and never touches JAX.
-        warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
-        # macro_block_size 2: yuv420p needs even sizes; 16 would rescale e.g. Atari's 210x160.
-        writer = imageio.get_writer(path, format="FFMPEG", fps=fps, macro_block_size=2)
-        try:
-            writer.append_data(env.render())
-            frames += 1
-            done = False
-            while not done:
-                key, act_key = jax.random.split(key)
-                keys = jax.random.split(act_key, 1)
-                action = act(policy, obs[None, None], keys, hparams, False, 0)
-                obs, reward, terminated, truncated, _ = env.step(np.asarray(action)[0, 0])
-                episode_return += float(reward)
-                writer.append_data(env.render())
-                frames += 1
-                done = terminated or truncated
-            writer.close()
-        except BaseException:
-            writer.close()
-            path.unlink(missing_ok=True)  # no half-written video left behind
-            raise
-    return frames, episode_return

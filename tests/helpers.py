@@ -9,7 +9,7 @@ import numpy as np
 
 from fastpop import population, replay
 from fastpop.agents import make_agent
-from fastpop.bench import random_rows
+from fastpop.bench.update import random_rows
 from fastpop.types import EnvSpec
 
 TINY_SPECS = {

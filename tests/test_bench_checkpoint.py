@@ -10,7 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import bench_checkpoint
+from fastpop.bench import checkpoint as bench_checkpoint
+from fastpop.bench.checkpoint_timing import trees_equal
 
 CONFIG = Path(__file__).parents[1] / "configs" / "td3_pendulum_cpu.yaml"
 TINY = [
@@ -66,10 +67,10 @@ def test_bad_input_exits_2_with_a_clear_message(argv, message, tmp_path, capsys)
 
 def test_round_trip_check_sees_one_changed_value_and_dtype():
     tree = {"w": np.arange(4.0, dtype=np.float32), "key": jax.random.key(0), "nan": np.nan}
-    assert bench_checkpoint.trees_equal(tree, dict(tree))
-    assert not bench_checkpoint.trees_equal(tree, {**tree, "w": np.float32([0, 1, 2, 4])})
-    assert not bench_checkpoint.trees_equal(tree, {**tree, "w": np.arange(4.0)})  # float64
-    assert not bench_checkpoint.trees_equal(tree, {**tree, "key": jax.random.key(1)})
+    assert trees_equal(tree, dict(tree))
+    assert not trees_equal(tree, {**tree, "w": np.float32([0, 1, 2, 4])})
+    assert not trees_equal(tree, {**tree, "w": np.arange(4.0)})  # float64
+    assert not trees_equal(tree, {**tree, "key": jax.random.key(1)})
 
 
 def test_refuses_a_checkpoint_larger_than_the_free_disk(tmp_path):

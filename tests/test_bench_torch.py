@@ -1,4 +1,4 @@
-"""Tests for the sequential PyTorch update baseline (fastpop/bench_torch.py)."""
+"""Tests for the sequential PyTorch update baseline (fastpop/bench/torch_baseline.py)."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fastpop import bench_torch  # noqa: E402
+from fastpop.bench import torch_baseline as bench_torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import pytest
 
 from fastpop import checkpoint, evaluate, population
 from fastpop import config as config_lib
+from fastpop import video as fastpop_video
 from fastpop.collect.evaluator import evaluate_population
 from fastpop.learner import Learner, prepare
 
@@ -184,7 +185,7 @@ def test_video_of_an_env_that_cannot_render_exits_2(pendulum_run, tmp_path, caps
 def test_video_without_its_dependencies_names_the_extra(
     pendulum_run, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setattr(evaluate, "VIDEO_MODULES", ("imageio", "no_such_module_for_fastpop"))
+    monkeypatch.setattr(fastpop_video, "VIDEO_MODULES", ("imageio", "no_such_module_for_fastpop"))
     assert fastpop_eval(pendulum_run[0], "--video", tmp_path / "out.mp4") == 2
     err = capsys.readouterr().err
     assert "no_such_module_for_fastpop not installed" in err
@@ -195,7 +196,7 @@ def test_mujoco_gl_is_the_users_or_a_headless_backend_found_here(monkeypatch):
     import ctypes.util
 
     monkeypatch.setenv("MUJOCO_GL", "osmesa")
-    assert evaluate.choose_mujoco_gl() == "osmesa"
+    assert fastpop_video.choose_mujoco_gl() == "osmesa"
     monkeypatch.delenv("MUJOCO_GL")
     expected = (
         "egl"
@@ -204,7 +205,7 @@ def test_mujoco_gl_is_the_users_or_a_headless_backend_found_here(monkeypatch):
         if ctypes.util.find_library("OSMesa")
         else None
     )
-    assert evaluate.choose_mujoco_gl() == expected
+    assert fastpop_video.choose_mujoco_gl() == expected
     assert os.environ.get("MUJOCO_GL") == expected
 
 
@@ -229,7 +230,7 @@ def test_video_records_the_evaluated_first_episode(tmp_path, capsys, monkeypatch
     if importlib.util.find_spec("imageio_ffmpeg") is None:
         pytest.skip('the video extra is not installed: pip install -e ".[video]"')
     monkeypatch.setenv("MUJOCO_GL", os.environ.get("MUJOCO_GL", ""))  # restored afterwards
-    evaluate.choose_mujoco_gl()
+    fastpop_video.choose_mujoco_gl()
     if not mujoco_renders():
         pytest.skip(f"MuJoCo cannot render offscreen here (MUJOCO_GL={os.environ['MUJOCO_GL']})")
     # Hopper, not HalfCheetah: an untrained Hopper falls within a few dozen steps, so the

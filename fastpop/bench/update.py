@@ -10,7 +10,6 @@ population, on random data of the paper's shapes held in a device replay buffer:
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -22,9 +21,8 @@ import numpy as np
 
 from fastpop import population, replay
 from fastpop.agents import Agent, make_agent
+from fastpop.bench.common import device_label
 from fastpop.types import EnvSpec, Transition
-
-IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
 
 # The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
 BENCH_SPECS = {
@@ -36,13 +34,6 @@ BENCH_SPECS = {
 }
 # Rows of random data per member: enough to sample from, small enough for P=64 in RAM.
 BENCH_REPLAY_ROWS = {"td3": 10_000, "sac": 10_000, "dqn": 1_000}
-
-
-def device_label() -> str:
-    device = jax.devices()[0]
-    if device.platform == "cpu":
-        return "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
 
 
 def random_rows(spec: replay.ReplaySpec, env_spec: EnvSpec, key) -> replay.Rows:
@@ -174,31 +165,16 @@ def bench_update(
     config = {} if batch_size is None else {"batch_size": batch_size}
     agent = make_agent(algo, BENCH_SPECS[algo], **config)
     hparams_one = agent.default_hparams()
-    sample_batch = None
-    executors = {}
-    torch_bench = None
-    if "torch" in implementations:
-        try:
-            from fastpop.bench_torch import torch_update_benchmark as torch_bench
-        except ImportError:
-            log("torch: skipped (PyTorch is not installed; pip install 'fastpop[torch]')")
-    rows = []
-    flops = None
+    torch_bench = torch_benchmark(log) if "torch" in implementations else None
+    jax_implementations = [name for name in implementations if name != "torch"]
+    executors, flops, rows = None, None, []
     for size in populations:
         key = jax.random.key(seed + size)
         spec, buffers = random_replay(algo, size, key)
-        if sample_batch is None:
-            sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
-            unroll = population.scan_unroll(BENCH_SPECS[algo].obs_shape, updates_per_call)
-            executors = {
-                name: population.make_executor(
-                    name, agent, sample_batch, updates_per_call, unroll=unroll
-                )
-                for name in implementations
-                if name != "torch"
-            }
-            batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
-            flops = flops_per_update(agent, hparams_one, batch)
+        if executors is None:  # the replay's layout is the same at every population size
+            executors, flops = make_executors(
+                agent, spec, buffers, jax_implementations, updates_per_call
+            )
         hparams = population.broadcast_hparams(hparams_one, size)
         states = population.init_population(agent, key, hparams)
         timings = time_executors(executors, states, buffers, hparams, min_seconds)
@@ -219,23 +195,7 @@ def bench_update(
             )
         del buffers
         if torch_bench is not None:
-            result = torch_bench(algo, size, num_steps=max(3, 40 // size))
-            rate = result["agent_updates_per_s"]
-            rows.append(
-                {
-                    "impl": "torch",
-                    "population": size,
-                    "agent_updates_per_s": rate,
-                    "seconds_per_call": result["seconds_per_step"],
-                    "compile_seconds": 0.0,
-                    "gflops_per_s": rate * flops / 1e9,
-                    "torch_version": result["torch_version"],
-                }
-            )
-            log(
-                f"{algo} {'torch':10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
-                f"{rate * flops / 1e9:7.1f} GFLOP/s"
-            )
+            rows.append(torch_row(torch_bench, algo, size, flops, log))
     add_speedups(rows)
     return {
         "algo": algo,
@@ -250,6 +210,50 @@ def bench_update(
         "flops_per_update": flops,
         "matmul_gflops_per_s": matmul_gflops(),
         "rows": rows,
+    }
+
+
+def torch_benchmark(log):
+    """`torch_baseline.torch_update_benchmark`, or None (logged) without PyTorch."""
+    try:
+        from fastpop.bench.torch_baseline import torch_update_benchmark
+    except ImportError:
+        log("torch: skipped (PyTorch is not installed; pip install 'fastpop[torch]')")
+        return None
+    return torch_update_benchmark
+
+
+def make_executors(
+    agent: Agent, spec: replay.ReplaySpec, buffers, implementations, updates_per_call: int
+) -> tuple[dict[str, population.Executor], float]:
+    """The executors of `implementations` sampling from `spec`'s buffers, and the FLOPs of one
+    member's update."""
+    sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
+    unroll = population.scan_unroll(spec.obs_shape, updates_per_call)
+    executors = {
+        name: population.make_executor(name, agent, sample_batch, updates_per_call, unroll=unroll)
+        for name in implementations
+    }
+    batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
+    return executors, flops_per_update(agent, agent.default_hparams(), batch)
+
+
+def torch_row(torch_bench, algo: str, size: int, flops: float, log) -> dict:
+    """The PyTorch baseline's row at population `size`."""
+    result = torch_bench(algo, size, num_steps=max(3, 40 // size))
+    rate = result["agent_updates_per_s"]
+    log(
+        f"{algo} {'torch':10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
+        f"{rate * flops / 1e9:7.1f} GFLOP/s"
+    )
+    return {
+        "impl": "torch",
+        "population": size,
+        "agent_updates_per_s": rate,
+        "seconds_per_call": result["seconds_per_step"],
+        "compile_seconds": 0.0,
+        "gflops_per_s": rate * flops / 1e9,
+        "torch_version": result["torch_version"],
     }
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from fastpop import config as config_lib
-from fastpop.bench import device_label
+from fastpop.bench.common import build_learner, device_label
 
 
 def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
@@ -34,12 +34,11 @@ def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
 
 def collection_rate(config: config_lib.Config, seconds: float) -> float:
     """Env steps/s of the config's collectors acting with the policy (warm-up disabled)."""
+    from fastpop.build import build_env_spec
     from fastpop.collect.workers import Workers
-    from fastpop.learner import Learner, prepare
 
-    spec, agent = prepare(config)
-    learner = Learner(config, spec, agent)
-    with Workers(config, learner.policy_leaves(), spec) as workers:
+    learner = build_learner(config)
+    with Workers(config, learner.policy_leaves(), build_env_spec(config)) as workers:
         rows = 0
         deadline = None
         while deadline is None or time.perf_counter() < deadline:
@@ -59,7 +58,7 @@ def collection_rate(config: config_lib.Config, seconds: float) -> float:
 def bench_pipeline(
     env_id: str, population_size: int, collectors: list[int], seconds: float, train_seconds: float
 ) -> dict:
-    from fastpop.bench import bench_update
+    from fastpop.bench.update import bench_update
     from fastpop.train import Run
 
     base = {

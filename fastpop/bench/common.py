@@ -1,0 +1,94 @@
+"""What the benchmarks share: a label and a description of the machine they run on, its host
+memory, and a learner built from a config without any worker process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+from pathlib import Path
+
+
+def device_label() -> str:
+    """'cpu', or the accelerator's kind as a file-name-safe word (e.g. 'nvidia-h100-80gb-hbm3')."""
+    import jax
+
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
+
+
+def build_learner(config):
+    """The config's `Learner` (member states, replay; no collectors, no evaluator). A ConfigError
+    names what cannot be built, as `fastpop train` would, before the replay is allocated."""
+    from fastpop import config as config_lib
+    from fastpop.build import build_agent, build_env_spec
+    from fastpop.learner import Learner
+
+    spec = build_env_spec(config)
+    agent = build_agent(config, spec)
+    estimate = config_lib.memory_estimate(config, spec)
+    if not estimate.fits:  # a replay that cannot fit would fail later, and less clearly
+        raise config_lib.ConfigError(estimate.message)
+    return Learner(config, spec, agent)
+
+
+def machine_description() -> dict:
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(),
+        "platform": platform.platform(),
+        "memory_bytes": total_memory_bytes(),
+    }
+
+
+def cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def total_memory_bytes() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def available_host_bytes() -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def _memory_status() -> dict[str, int]:
+    """Resident memory now (VmRSS) and its peak (VmHWM) in bytes, from /proc (Linux)."""
+    sizes = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            sizes[name] = int(value.split()[0]) * 1024  # kB
+    return sizes
+
+
+class HostMemory:
+    """The process's resident memory from now on: its peak, and the peak above now (Linux: the
+    kernel's high-water mark, reset through /proc/self/clear_refs); None elsewhere."""
+
+    def __init__(self):
+        try:
+            Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak to the current
+            self.start = _memory_status()["VmRSS"]
+        except (OSError, KeyError):
+            self.start = None
+
+    def peak(self) -> int | None:
+        return None if self.start is None else _memory_status()["VmHWM"]
+
+    def peak_above_start(self) -> int | None:
+        return None if self.start is None else _memory_status()["VmHWM"] - self.start
