@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from fastpop.collect.shm import ChunkRing, Episode, ParamChannel
+from fastpop.collect.shm import ChunkRing, Episode, ParamChannel, StopFlag
 
 SPAWN = mp.get_context("spawn")
 JOIN_TIMEOUT = 10.0
@@ -98,9 +98,9 @@ def test_param_channel_versions_reach_a_spawned_reader():
 TORN_SHAPES = [(64, 1024), (1024,), (32, 512)]
 
 
-def _alternating_writer(spec, stop) -> None:
+def _alternating_writer(spec, stop_spec) -> None:
     leaves = {value: [np.full(s, value, np.float32) for s in TORN_SHAPES] for value in (0, 1)}
-    with ParamChannel.attach(spec) as channel:
+    with ParamChannel.attach(spec) as channel, StopFlag.attach(stop_spec) as stop:
         value, published = 0, 0
         while not stop.is_set():
             channel.publish(leaves[value])
@@ -113,9 +113,9 @@ def _alternating_writer(spec, stop) -> None:
 
 
 def test_param_channel_never_returns_a_torn_copy():
-    with ParamChannel.create([np.zeros(s, np.float32) for s in TORN_SHAPES]) as channel:
-        stop = SPAWN.Event()
-        writer = SPAWN.Process(target=_alternating_writer, args=(channel.spec, stop))
+    zeros = [np.zeros(s, np.float32) for s in TORN_SHAPES]
+    with ParamChannel.create(zeros) as channel, StopFlag.create() as stop:
+        writer = SPAWN.Process(target=_alternating_writer, args=(channel.spec, stop.spec))
         writer.start()
         try:
             deadline = time.monotonic() + 10.0
@@ -178,8 +178,8 @@ def _chunk(seq: int) -> tuple[dict[str, np.ndarray], list[tuple[int, float, int]
     return arrays, episodes
 
 
-def _producer(spec, num_chunks, stop) -> None:
-    with ChunkRing.attach(spec) as ring:
+def _producer(spec, num_chunks, stop_spec) -> None:
+    with ChunkRing.attach(spec) as ring, StopFlag.attach(stop_spec) as stop:
         for seq in range(num_chunks):
             assert ring.put(*_chunk(seq), stop_event=stop, timeout=JOIN_TIMEOUT)
 
@@ -196,9 +196,9 @@ def _check_chunk(chunk, seq: int) -> None:
 
 def test_chunk_ring_delivers_chunks_complete_and_in_order_across_processes():
     num_chunks = 40
-    with ChunkRing.create(ROW_FIELDS, num_slots=3, max_episodes_per_chunk=MAX_EPISODES) as ring:
-        stop = SPAWN.Event()
-        child = SPAWN.Process(target=_producer, args=(ring.spec, num_chunks, stop))
+    ring = ChunkRing.create(ROW_FIELDS, num_slots=3, max_episodes_per_chunk=MAX_EPISODES)
+    with ring, StopFlag.create() as stop:
+        child = SPAWN.Process(target=_producer, args=(ring.spec, num_chunks, stop.spec))
         child.start()
         received = []
         try:
@@ -216,6 +216,31 @@ def test_chunk_ring_delivers_chunks_complete_and_in_order_across_processes():
         for seq, chunk in enumerate(received):
             _check_chunk(chunk, seq)
         assert ring.try_get() is None
+
+
+def _blocked_producer(spec, stop_spec, conn) -> None:
+    with ChunkRing.attach(spec) as ring, StopFlag.attach(stop_spec) as stop:
+        while ring.try_put(*_chunk(0)):
+            pass
+        conn.send("full")
+        conn.send(ring.put(*_chunk(1), stop_event=stop, timeout=JOIN_TIMEOUT))
+
+
+def test_a_stop_flag_set_by_the_owner_releases_a_producer_waiting_on_a_full_ring():
+    ring = ChunkRing.create(ROW_FIELDS, num_slots=2, max_episodes_per_chunk=MAX_EPISODES)
+    with ring, StopFlag.create() as stop:
+        conn, child_conn = SPAWN.Pipe()
+        child = SPAWN.Process(target=_blocked_producer, args=(ring.spec, stop.spec, child_conn))
+        child.start()
+        try:
+            assert conn.poll(JOIN_TIMEOUT) and conn.recv() == "full"
+            assert not stop.is_set()
+            stop.set()
+            assert conn.poll(JOIN_TIMEOUT), "the producer did not notice the stop flag"
+            assert conn.recv() is False  # gave up without writing
+        finally:
+            _join(child)
+        assert len(ring) == 2
 
 
 def test_chunk_ring_reports_full_and_validates_chunks():

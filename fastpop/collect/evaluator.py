@@ -15,15 +15,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastpop.collect.collector import force_cpu_jax, policy_template
-from fastpop.collect.shm import ChunkRing, ChunkRingSpec
+from fastpop.collect import snapshot
+from fastpop.collect.collector import force_cpu_jax, policy_template, report
+from fastpop.collect.shm import ChunkRing, ChunkRingSpec, StopFlag
 
-META_FIELD = "snapshot_meta"  # float64[4]: eval index, env steps, updates, wall time
+# Re-exported until train.py and run_state.py import it from `collect.snapshot`, its home.
+META_FIELD = snapshot.META_FIELD
 
 
 class EvaluatorSpec(NamedTuple):
     config: dict
-    ring: ChunkRingSpec
+    ring: ChunkRingSpec  # of `snapshot.layout`s
+    stop: str  # the StopFlag's segment
     seed: int
     parent_pid: int
 
@@ -65,39 +68,40 @@ def evaluate_population(agent, policy, hparams, env_id, episodes, seed, atari=No
     return values.mean(axis=1), values.std(axis=1)
 
 
-def run_evaluator(spec: EvaluatorSpec, stop_event, results_queue) -> None:
-    """Process entry point: ("evaluation", dict) per snapshot, ("error", -1, traceback)."""
+def run_evaluator(spec: EvaluatorSpec, results) -> None:
+    """Process entry point: ("evaluation", dict) per snapshot, ("error", -1, traceback), on
+    the `results` pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     force_cpu_jax()
     try:
-        _evaluate_snapshots(spec, stop_event, results_queue)
+        with StopFlag.attach(spec.stop) as stop_flag:
+            _evaluate_snapshots(spec, stop_flag, results)
     except Exception:
-        results_queue.put(("error", -1, traceback.format_exc()))
+        report(results, ("error", -1, traceback.format_exc()))
         raise SystemExit(1) from None
+    finally:
+        results.close()
 
 
-def _evaluate_snapshots(spec: EvaluatorSpec, stop_event, results_queue) -> None:
+def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> None:
     import jax
 
     from fastpop import config as config_lib
-    from fastpop.agents import make_agent
-    from fastpop.envs import env_spec
+    from fastpop.build import build_agent
 
     config = config_lib.config_from_dict(spec.config)
     atari = config_lib.atari_options(config)
-    agent = make_agent(config.algo, env_spec(config.env.id, atari), **config.agent)
+    agent = build_agent(config)
     treedef = jax.tree.structure(policy_template(agent, config.population.size))
     ring = ChunkRing.attach(spec.ring)
     try:
-        while not stop_event.is_set() and os.getppid() == spec.parent_pid:
+        while not stop_flag.is_set() and os.getppid() == spec.parent_pid:
             chunk = ring.try_get()
             if chunk is None:
                 time.sleep(0.01)
                 continue
-            meta = chunk.arrays.pop(META_FIELD)
-            leaves = [chunk.arrays[f"leaf_{i}"] for i in range(len(chunk.arrays))]
+            leaves, meta = snapshot.decode(chunk.arrays)
             policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
-            eval_index = int(meta[0])
             start = time.perf_counter()
             mean, std = evaluate_population(
                 agent,
@@ -105,22 +109,15 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_event, results_queue) -> None:
                 hparams,
                 config.env.id,
                 config.eval.episodes,
-                seed=spec.seed + 7919 * eval_index,
+                seed=spec.seed + 7919 * meta.eval_index,
                 atari=atari,
             )
-            results_queue.put(
-                (
-                    "evaluation",
-                    {
-                        "eval_index": eval_index,
-                        "env_steps": int(meta[1]),
-                        "updates": int(meta[2]),
-                        "wall_time": float(meta[3]),
-                        "return_mean": mean.tolist(),
-                        "return_std": std.tolist(),
-                        "seconds": time.perf_counter() - start,
-                    },
-                )
-            )
+            result = {
+                **meta._asdict(),
+                "return_mean": mean.tolist(),
+                "return_std": std.tolist(),
+                "seconds": time.perf_counter() - start,
+            }
+            report(results, ("evaluation", result))
     finally:
         ring.close()

@@ -1,33 +1,32 @@
-"""Shared-memory channels between the learner and collector processes; data is never pickled.
+"""Shared-memory channels between the learner and its worker processes; data is never pickled.
 
 `ParamChannel` (learner -> collectors) holds one set of parameter leaves plus a version counter,
 guarded by a seqlock. `ChunkRing` (one collector -> the learner) is a single-producer
-single-consumer ring of fixed-size chunk slots. Both live in `multiprocessing.shared_memory`
-segments named `fastpop_<pid>_<random>`; the process that creates a segment owns it and unlinks
-it, other processes `attach(spec)` and only `close()`. Only the small layout spec (plain tuples,
-strings and ints) crosses a process boundary by pickling; data goes through numpy views.
+single-consumer ring of fixed-size chunk slots. `StopFlag` (learner -> every worker) asks them to
+stop. All live in `multiprocessing.shared_memory` segments (`segments`: names, ownership,
+orphan reclaim); the process that creates a segment owns it and unlinks it, other processes
+`attach(spec)` and only `close()`. Only the small layout spec (plain tuples, strings and ints)
+crosses a process boundary by pickling; data goes through numpy views.
 
 Memory ordering: the counters are aligned int64 stores and loads done by numpy, and CPython
 performs them in program order (each is its own C call, so the C compiler cannot reorder them
-across the data copies either). On x86-64 (TSO) stores become visible in program order and loads
-are not reordered with other loads, which is all the seqlock and the ring rely on. Weakly ordered
-CPUs (ARM) would need fences that Python does not expose; fastpop's collectors assume x86-64.
+across the data copies either). On x86 (total store order) stores become visible in program
+order and loads are not reordered with other loads, which is all the seqlock and the ring rely
+on. Weakly ordered CPUs (ARM) would need fences that Python does not expose, so creating or
+attaching a segment there raises `segments.WeakMemoryOrderError` instead of racing silently.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import sys
 import time
 from collections.abc import Mapping, Sequence
-from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 from typing import NamedTuple
 
 import numpy as np
 
-SEGMENT_PREFIX = "fastpop_"
+from fastpop.collect.segments import Segment
+
 _ALIGN = 64  # a cache line: counters written by different processes never share one
 _EPISODE_DTYPE = np.dtype([("member", "<i8"), ("episode_return", "<f8"), ("length", "<i8")])
 
@@ -96,70 +95,7 @@ def _check_source(layout: ArrayLayout, value, what: str) -> np.ndarray:
     return array
 
 
-def _attach_untracked(name: str) -> SharedMemory:
-    # Before Python 3.13, attaching registers the segment with this process's resource tracker,
-    # whose cleanup at exit unlinks (and warns about) segments it still holds, which destroys the
-    # learner's segment when an independently started process exits. Unregistering right after
-    # attaching is no fix under `spawn`: children share the parent's tracker, which keeps a set
-    # of names, so the child's unregister would drop the owner's registration and the owner's
-    # own unlink would then make the tracker print a KeyError. So attachers never register.
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name=name, track=False)
-    register = resource_tracker.register
-    resource_tracker.register = lambda *args: None
-    try:
-        return SharedMemory(name=name)
-    finally:
-        resource_tracker.register = register
-
-
-class _Segment:
-    """Owns or attaches one segment; creators unlink on exit from a `with` block."""
-
-    def __init__(self, shm: SharedMemory, owner: bool):
-        self._shm, self._owner, self._closed, self._unlinked = shm, owner, False, False
-
-    @staticmethod
-    def _create_segment(size: int) -> SharedMemory:
-        name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
-        return SharedMemory(name=name, create=True, size=size)  # fresh segments read as zeros
-
-    @property
-    def name(self) -> str:
-        return self._shm.name
-
-    def _drop_views(self) -> None:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Unmaps the segment in this process (idempotent); the channel is unusable after."""
-        if not self._closed:
-            self._drop_views()  # numpy views export the buffer; close() fails while they live
-            self._shm.close()
-            self._closed = True
-
-    def unlink(self) -> None:
-        """Removes the segment (creator only, idempotent); attached processes keep their map."""
-        if not self._owner:
-            raise RuntimeError(f"shared memory {self.name}: only the creating process unlinks it")
-        if self._unlinked:
-            return
-        self._unlinked = True
-        try:
-            self._shm.unlink()
-        except FileNotFoundError:  # already removed by hand: still stop tracking it
-            resource_tracker.unregister(self._shm._name, "shared_memory")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-        if self._owner:
-            self.unlink()
-
-
-class ParamChannel(_Segment):
+class ParamChannel(Segment):
     """One writer publishes a flat list of leaves; any number of readers copy the newest version.
 
     Leaves are a flat list, not a pytree, so this module needs no JAX: the learner publishes
@@ -185,7 +121,7 @@ class ParamChannel(_Segment):
 
     @classmethod
     def attach(cls, spec: ParamSpec) -> ParamChannel:
-        return cls(spec, _attach_untracked(spec.segment), owner=False)
+        return cls(spec, cls._attach_segment(spec.segment), owner=False)
 
     def _drop_views(self) -> None:
         self._counter, self._leaves = None, []
@@ -237,7 +173,7 @@ class ParamChannel(_Segment):
             time.sleep(0)  # yield so a writer sharing this core can finish
 
 
-class ChunkRing(_Segment):
+class ChunkRing(Segment):
     """Single-producer single-consumer ring of `num_slots` fixed-size chunks.
 
     Header: head (chunks published) and tail (chunks consumed) as int64 on separate cache
@@ -283,7 +219,7 @@ class ChunkRing(_Segment):
 
     @classmethod
     def attach(cls, spec: ChunkRingSpec) -> ChunkRing:
-        return cls(spec, _attach_untracked(spec.segment), owner=False)
+        return cls(spec, cls._attach_segment(spec.segment), owner=False)
 
     def _drop_views(self) -> None:
         self._header, self._slots = None, []
@@ -375,3 +311,35 @@ class ChunkRing(_Segment):
                 break
             chunks.append(chunk)
         return chunks
+
+
+class StopFlag(Segment):
+    """Set by the learner, read by every worker: a stop request in shared memory.
+
+    In place of a `multiprocessing.Event`, whose named semaphores outlive a run killed as a
+    whole (learner, workers and resource tracker at once) in /dev/shm, where nothing removes
+    them. A segment is reclaimed by the next run (`segments.reclaim_orphaned_segments`).
+    """
+
+    def __init__(self, spec: str, shm: SharedMemory, owner: bool):
+        super().__init__(shm, owner)
+        self.spec = spec  # the segment's name
+        self._flag = np.ndarray((1,), np.int64, shm.buf, 0)
+
+    @classmethod
+    def create(cls) -> StopFlag:
+        shm = cls._create_segment(_ALIGN)
+        return cls(shm.name, shm, owner=True)
+
+    @classmethod
+    def attach(cls, spec: str) -> StopFlag:
+        return cls(spec, cls._attach_segment(spec), owner=False)
+
+    def _drop_views(self) -> None:
+        self._flag = None
+
+    def set(self) -> None:
+        self._flag[0] = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag[0])

@@ -1,9 +1,13 @@
-"""The learner's side of the worker processes: start, feed, watch, restart and stop them."""
+"""The learner's side of the worker processes: start, feed, watch, restart and stop them.
+
+Everything between the learner and its workers is shared memory (`shm`) or a pipe per worker:
+no `multiprocessing` Event, Queue or Lock, whose named semaphores would outlive a run killed as
+a whole in /dev/shm. Shared-memory segments such a run leaves are reclaimed at the next start.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import queue
 import signal
 import time
 from collections import deque
@@ -12,9 +16,11 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop import replay
+from fastpop.collect import snapshot
 from fastpop.collect.collector import CollectorSpec, max_episodes_per_chunk, run_collector
 from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
-from fastpop.collect.shm import ChunkRing, ParamChannel
+from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
+from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
 
 EVAL_SLOTS = 4
 STOP_TIMEOUT_SECONDS = 3.0
@@ -35,6 +41,18 @@ def split_slots(num_envs: int, num_collectors: int) -> list[tuple[int, int]]:
     return blocks
 
 
+def received(connection) -> list:
+    """The messages waiting on a worker's pipe, without blocking; what a dead worker sent
+    before it died is still read, then nothing (no error)."""
+    messages = []
+    try:
+        while connection.poll():
+            messages.append(connection.recv())
+    except (EOFError, OSError):  # the worker is gone and its end of the pipe with it
+        pass
+    return messages
+
+
 def describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         return f"killed by {signal.Signals(-code).name}"
@@ -49,8 +67,12 @@ class Workers:
     """
 
     def __init__(
-        self, config, initial_leaves, env_spec, log=print, log_event=None, generation: int = 0
+        self, config, initial_leaves, replay_spec, log=print, log_event=None, generation: int = 0
     ):
+        """`replay_spec`: the learner's (`Learner.replay_spec`); collectors build their chunks
+        with it rather than deriving their own."""
+        if (problem := memory_order_problem()) is not None:
+            raise WorkerFailed(problem)
         self.config = config
         # Resumes of the run so far: a resumed run's collectors draw new environment seeds
         # instead of replaying the first episodes of the run.
@@ -58,25 +80,24 @@ class Workers:
         self.log = log
         self.log_event = log_event or (lambda kind, payload: None)
         self.context = mp.get_context("spawn")
-        self.stop_event = self.context.Event()
-        self.status = self.context.Queue()
-        self.results = self.context.Queue()
         self.initial_leaves = initial_leaves
         self.config_dict = config_lib.config_to_dict(config)
-        capacity, lanes = config_lib.replay_layout(config)
-        chunk_len = config.collect.chunk_len
-        rows_spec = replay.make_replay_spec(env_spec, capacity, lanes, chunk_len)
+        self.replay_spec = replay_spec
         num_envs = config.population.size * config.collect.envs_per_member
         self.blocks = split_slots(num_envs, config.collect.num_collectors)
         self.ring_fields = [
             {
                 name: (layout.shape, layout.dtype)
-                for name, layout in replay.row_layout(rows_spec, (count, chunk_len))
+                for name, layout in replay.row_layout(replay_spec, (count, replay_spec.chunk_len))
                 ._asdict()
                 .items()
             }
             for _, count in self.blocks
         ]
+        self.stop_flag = None
+        self.status = [None] * len(self.blocks)  # the receiving end of each collector's pipe
+        self.results = None  # the receiving end of the evaluator's pipe
+        self.result_backlog: list = []  # what a dead evaluator sent before its restart
         self.params = None
         self.eval_ring = None
         self.rings: list[ChunkRing] = []
@@ -92,9 +113,15 @@ class Workers:
         # Segments are created here, inside the cleanup scope: an interruption half-way through
         # set-up still unlinks whatever exists.
         try:
+            if reclaimed := reclaim_orphaned_segments():
+                self.log(
+                    f"removed {len(reclaimed)} shared-memory segment(s) of killed fastpop runs "
+                    "from /dev/shm"
+                )
+            self.stop_flag = StopFlag.create()
             self.params = ParamChannel.create(self.initial_leaves)
             self.params.publish(self.initial_leaves)
-            chunk_len = self.config.collect.chunk_len
+            chunk_len = self.replay_spec.chunk_len
             for fields, (_, count) in zip(self.ring_fields, self.blocks, strict=True):
                 self.rings.append(
                     ChunkRing.create(
@@ -103,9 +130,7 @@ class Workers:
                         max_episodes_per_chunk(count, chunk_len),
                     )
                 )
-            eval_fields = {f"leaf_{i}": leaf for i, leaf in enumerate(self.initial_leaves)}
-            eval_fields["snapshot_meta"] = np.zeros(4, np.float64)
-            self.eval_ring = ChunkRing.create(eval_fields, EVAL_SLOTS, 0)
+            self.eval_ring = ChunkRing.create(snapshot.layout(self.initial_leaves), EVAL_SLOTS, 0)
             for index in range(len(self.blocks)):
                 self._start_collector(index)
             self._start_evaluator()
@@ -116,7 +141,7 @@ class Workers:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-        for channel in (self.params, self.eval_ring, *self.rings):
+        for channel in (self.params, self.eval_ring, *self.rings, self.stop_flag):
             if channel is not None:
                 channel.close()
                 channel.unlink()
@@ -131,34 +156,48 @@ class Workers:
             self.config_dict,
             first,
             count,
+            self.replay_spec,
             self.params.spec,
             self.rings[index].spec,
+            self.stop_flag.spec,
             seed,
             mp.current_process().pid,
         )
+        receive, send = self.context.Pipe(duplex=False)
         process = self.context.Process(
             target=run_collector,
             name=f"fastpop-collector-{index}",
-            args=(spec, self.stop_event, self.status),
+            args=(spec, send),
             daemon=True,
         )
         process.start()
+        send.close()  # the worker's end: when it dies, reading here ends instead of blocking
+        if self.status[index] is not None:
+            self.status[index].close()  # drained by `check` before every restart
         self.collectors[index] = process
+        self.status[index] = receive
 
     def _start_evaluator(self) -> None:
         spec = EvaluatorSpec(
             self.config_dict,
             self.eval_ring.spec,
+            self.stop_flag.spec,
             self.config.seed + 10_000 * self.evaluator_restarts,
             mp.current_process().pid,
         )
+        receive, send = self.context.Pipe(duplex=False)
         self.evaluator = self.context.Process(
             target=run_evaluator,
             name="fastpop-evaluator",
-            args=(spec, self.stop_event, self.results),
+            args=(spec, send),
             daemon=True,
         )
         self.evaluator.start()
+        send.close()
+        if self.results is not None:
+            self.result_backlog += received(self.results)
+            self.results.close()
+        self.results = receive
 
     def publish(self, leaves) -> None:
         self.params.publish(leaves)
@@ -186,19 +225,16 @@ class Workers:
             self.check()  # a full ring means a slow evaluator: wait, but notice if it died
 
     def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        """Evaluation results that arrived, after waiting up to `timeout` s for the first."""
+        if timeout and not self.result_backlog:
+            self.results.poll(timeout)
+        messages, self.result_backlog = [*self.result_backlog, *received(self.results)], []
         results = []
-        try:
-            while True:
-                kind, *payload = (
-                    self.results.get(timeout=timeout) if timeout else self.results.get_nowait()
-                )
-                if kind == "error":
-                    self._failed("evaluator", payload[1])
-                else:
-                    results.append(payload[0])
-                timeout = 0.0
-        except queue.Empty:
-            return results
+        for kind, *payload in messages:
+            if kind == "error":
+                self._failed("evaluator", payload[1])
+            results.append(payload[0])
+        return results
 
     def check(self) -> None:
         """Notices dead workers: restarts them up to collect.max_restarts, else raises."""
@@ -222,16 +258,14 @@ class Workers:
 
     def _drain_status(self) -> dict[int, str]:
         reasons = {}
-        try:
-            while True:
-                kind, index, payload = self.status.get_nowait()
+        for connection in self.status:
+            for kind, index, payload in received(connection) if connection else ():
                 if kind == "error":
                     reasons[index] = payload.strip().splitlines()[-1]
                     self.log(f"worker {index} failed:\n{payload}")
                 else:
                     self.stats[f"collector {index}"] = payload
-        except queue.Empty:
-            return reasons
+        return reasons
 
     def _restart_or_fail(self, name: str, count: int, reason: str, start) -> None:
         if count > self.config.collect.max_restarts:
@@ -253,7 +287,8 @@ class Workers:
         if self.stopped:
             return self.stats
         self.stopped = True
-        self.stop_event.set()
+        if self.stop_flag is not None:
+            self.stop_flag.set()
         processes = [p for p in (*self.collectors, self.evaluator) if p is not None]
         deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
         for process in processes:
@@ -266,7 +301,7 @@ class Workers:
                 process.kill()
                 process.join(1.0)
         self._drain_status()
-        for channel in (self.status, self.results):
-            channel.close()
-            channel.cancel_join_thread()
+        for connection in (*self.status, self.results):
+            if connection is not None:
+                connection.close()
         return self.stats
