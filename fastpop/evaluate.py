@@ -217,8 +217,8 @@ def load_latest(run_dir: Path, warn) -> Loaded:
     def template(metadata: dict):
         config = _checkpoint_config(metadata)
         if built.get("config") != config:
-            tree, agent, learning = _template(config)
-            built.update(config=config, template=tree, agent=agent, learning=learning)
+            tree, agent, run_training = _template(config)
+            built.update(config=config, template=tree, agent=agent, training=run_training)
         return built["template"]
 
     try:
@@ -226,13 +226,8 @@ def load_latest(run_dir: Path, warn) -> Loaded:
     except checkpoint.CheckpointError as error:
         raise EvalError(str(error)) from None
     states, hparams = tree["learner"]["states"], tree["learner"]["hparams"]
-    agent, learning = built["agent"], built["learning"]
-    if learning is not None:  # shared critic: the actors are the policies
-        policy = learning.policies(states)
-    else:
-        from fastpop import population
-
-        policy = population.member_policies(agent, states)
+    agent, run_training = built["agent"], built["training"]
+    policy = run_training.policies(run_training.adopt(states))
     return Loaded(path, built["config"], metadata, agent, policy, hparams)
 
 
@@ -252,30 +247,26 @@ def _checkpoint_config(metadata: dict):
 
 
 def _template(config):
-    """(template of the saved member states and hparams, agent, shared-critic learning or
-    None). The template holds shapes only: a learner built under `jax.eval_shape` compiles and
-    allocates nothing (a real one compiles its init for seconds), and its replay is the
-    smallest anyway. Restoring reads only each leaf's shape and dtype from the template."""
+    """(template of the saved member states and hparams, agent, the run's Training). Shapes
+    only, from the training's own init under `jax.eval_shape`: nothing is compiled or
+    allocated, no replay either. Restoring reads only each leaf's shape and dtype from it."""
     import jax
 
-    from fastpop import run_state
-    from fastpop.learner import Learner, prepare
+    from fastpop import strategies, training
+    from fastpop.build import build_agent, build_env_spec
+    from fastpop.learner import initial_hparams, make_training
 
-    small = run_state.with_small_replay(config)
     try:
-        spec, agent = prepare(small)
+        spec = build_env_spec(config)
+        agent = build_agent(config, spec)
     except ValueError as error:  # ConfigError, MissingExtra: the environment cannot be built
         raise EvalError(str(error)) from None
-    learning = []
-
-    def saved_members():
-        learner = Learner(small, spec, agent)
-        learning.append(learner.learning)  # functions only, no traced values
-        saved = learner.saved_tree(False)
-        return {"learner": {"states": saved["states"], "hparams": saved["hparams"]}}
-
-    template = jax.eval_shape(saved_members)
-    return template, agent, learning[0]
+    strategy = strategies.make_strategy(config)
+    run_training = make_training(config, spec, agent, strategy, sample_batch=None)
+    hparams = initial_hparams(config, agent)
+    states = training.state_template(run_training, hparams)
+    template = {"learner": {"states": states, "hparams": jax.eval_shape(lambda: hparams)}}
+    return template, agent, run_training
 
 
 # --- evaluation ---

@@ -1,7 +1,13 @@
-"""A single-process population trainer: env stepping, replay and updates in one loop.
+"""A run without worker processes: the same `Learner` (replay, rate limiter, updates, strategy
+steps) driven synchronously by environments stepped in this process.
 
-No collector processes: the learner steps the environments itself. It is the reference loop for
-learning tests and small experiments; the multiprocess trainer moves the stepping out.
+Deterministic for a config and seed (no process timing decides what is inserted when), so it is
+what the learning tests use, and a way to try a config from Python:
+
+    result = train_in_process(load_config("configs/td3_pendulum_cpu.yaml"))
+
+`fastpop train` moves the stepping into collector processes and evaluates asynchronously; the
+learner it drives is this one.
 """
 
 from __future__ import annotations
@@ -9,14 +15,15 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population, replay
-from fastpop.agents import Agent
+from fastpop import config as config_lib
+from fastpop import population
 from fastpop.collect.evaluator import evaluate_population
-from fastpop.envs import env_spec_from_spaces, make_vector_env
+from fastpop.envs import make_vector_env
+from fastpop.learner import Learner, prepare
 from fastpop.rollout import RowStream
+from fastpop.strategies.base import Evaluation
 from fastpop.types import PyTree
 
 
@@ -24,94 +31,72 @@ class InProcessResult(NamedTuple):
     states: PyTree  # stacked member states
     episode_returns: list[list[float]]  # per member, training episodes in order
     updates: int  # updates per member
-    evaluations: list[tuple[int, np.ndarray]]  # (env steps per env, mean return per member)
+    evaluations: list[tuple[int, np.ndarray]]  # (env steps per member, mean return per member)
+    learner: Learner
 
 
-def train_in_process(
-    agent: Agent,
-    env_id: str,
-    hparams: PyTree,
-    *,
-    env_steps: int,
-    warmup_steps: int,
-    seed: int = 0,
-    envs_per_member: int = 1,
-    updates_per_step: float = 1.0,
-    chunk_len: int = 10,
-    replay_capacity: int = 100_000,
-    execution: str = "vectorized",
-    eval_interval: int | None = None,
-    eval_episodes: int = 5,
-) -> InProcessResult:
-    """Train a population for `env_steps` steps per env; member i owns envs i*E .. i*E+E-1.
-
-    With `eval_interval`, every member is evaluated (policy held constant) each time that many
-    steps have passed and at the end.
-    """
-    size = population.population_size(hparams)
-    num_envs = size * envs_per_member
-    envs = make_vector_env(env_id, num_envs, seed)
-    env_spec = env_spec_from_spaces(envs.single_observation_space, envs.single_action_space)
-    spec = replay.make_replay_spec(env_spec, replay_capacity, envs_per_member, chunk_len)
-    buffers = replay.init_population(spec, size)
-    add = jax.jit(jax.vmap(lambda b, c: replay.add(spec, b, c)), donate_argnums=0)
-    updates_per_chunk = max(1, round(chunk_len * envs_per_member * updates_per_step))
-    sample_batch = lambda buffer, key: replay.sample(spec, buffer, key, agent.batch_size)
-    unroll = population.scan_unroll(env_spec.obs_shape, updates_per_chunk)
-    executor = population.make_executor(
-        execution, agent, sample_batch, updates_per_chunk, unroll=unroll
-    )
-    act = jax.jit(population.population_act(agent))
-
-    key = jax.random.key(seed)
-    init_key, key = jax.random.split(key)
-    states = executor.adopt(population.init_population(agent, init_key, hparams))
-    member_hparams = executor.adopt(hparams)
-    stream = RowStream(spec, num_envs)
+def train_in_process(config: config_lib.Config) -> InProcessResult:
+    """Train for `train.total_env_steps` per member; member m owns envs m*E .. m*E+E-1. Every
+    `eval.interval` env steps per member (and at the end) each member is evaluated with the
+    policy held constant and the round goes to the strategy."""
+    learner = Learner(config, *prepare(config))
+    size, per_member = config.population.size, config.collect.envs_per_member
+    num_envs = size * per_member
+    atari = config_lib.atari_options(config)
+    envs = make_vector_env(config.env.id, num_envs, config.seed, atari=atari)
+    stream = RowStream(learner.replay_spec, num_envs)
+    act = jax.jit(population.population_act(learner.agent))
+    key = jax.random.key(config.seed + 1)
     returns: list[list[float]] = [[] for _ in range(size)]
-    obs, _ = envs.reset(seed=seed)
-    updates = 0
-    evaluations = []
-    policy = population.member_policies(agent, executor.release(states))
-    for step in range(env_steps):
+    evaluations: list[tuple[int, np.ndarray]] = []
+    interval = learner.strategy.evaluation_interval
+    steps_per_env = -(-config.train.total_env_steps // per_member)
+    warmup_steps = -(-config.collect.warmup_steps // per_member)
+    policy = learner.training.policies(learner.states)
+    obs, _ = envs.reset(seed=config.seed)
+    for step in range(steps_per_env):
         if step < warmup_steps:
             actions = envs.action_space.sample()
         else:
             key, act_key = jax.random.split(key)
-            member_obs = obs.reshape(size, envs_per_member, *obs.shape[1:])
-            member_actions = act(
-                policy, member_obs, jax.random.split(act_key, size), hparams, True, step
-            )
-            actions = np.asarray(member_actions).reshape(num_envs, *member_actions.shape[2:])
+            member_obs = obs.reshape(size, per_member, *obs.shape[1:])
+            keys = jax.random.split(act_key, size)
+            member_steps = step * per_member
+            chosen = act(policy, member_obs, keys, learner.hparams, True, member_steps)
+            actions = np.asarray(chosen).reshape(num_envs, *chosen.shape[2:])
         next_obs, reward, terminated, truncated, _ = envs.step(actions)
         for lane, episode_return, _ in stream.append(obs, actions, reward, terminated, truncated):
-            returns[lane // envs_per_member].append(episode_return)
+            returns[lane // per_member].append(episode_return)
         obs = next_obs
-        if stream.has_chunk():
-            chunk = stream.pop_chunk()
-            chunk = jax.tree.map(
-                lambda x: jnp.asarray(x).reshape(size, envs_per_member, *x.shape[1:]), chunk
-            )
-            buffers = add(buffers, chunk)
-            if step + 1 >= warmup_steps:
-                key, update_key = jax.random.split(key)
-                states, _ = executor.update(
-                    states, executor.adopt(buffers), member_hparams, update_key
-                )
-                updates += updates_per_chunk
-                policy = population.member_policies(agent, executor.release(states))
-        if eval_interval and ((step + 1) % eval_interval == 0 or step + 1 == env_steps):
-            member_returns = evaluate(
-                agent, executor.release(states), hparams, env_id, eval_episodes, seed + step + 1
-            )
-            evaluations.append((step + 1, member_returns))
+        if not stream.has_chunk():
+            continue
+        before = learner.limiter.inserted
+        learner.insert(stream.pop_chunk())
+        while learner.can_update():
+            learner.update()
+        done = step + 1 == steps_per_env
+        if done or learner.limiter.inserted // interval > before // interval:
+            mean = _evaluate(learner, config, atari, len(evaluations))
+            evaluations.append((learner.limiter.inserted, mean))
+            if not done:
+                evaluation = Evaluation(len(evaluations) - 1, learner.limiter.inserted, mean)
+                learner.strategy_step(evaluation)
+        policy = learner.training.policies(learner.states)
     envs.close()
-    return InProcessResult(executor.release(states), returns, updates, evaluations)
+    states = learner.training.release(learner.states)
+    return InProcessResult(states, returns, learner.updates, evaluations, learner)
 
 
-def evaluate(
-    agent: Agent, states: PyTree, hparams: PyTree, env_id: str, episodes: int, seed: int
-) -> np.ndarray:
+def _evaluate(learner: Learner, config: config_lib.Config, atari, index: int) -> np.ndarray:
+    policy = learner.training.policies(learner.states)
+    seed = config.seed + 7919 * (index + 1)
+    episodes = config.eval.episodes
+    return evaluate_population(
+        learner.agent, policy, learner.hparams, config.env.id, episodes, seed, atari=atari
+    )[0]
+
+
+def evaluate(agent, states: PyTree, hparams: PyTree, env_id: str, episodes: int, seed: int):
     """Mean return of each member over `episodes` episodes with the policy held constant."""
     policy = population.member_policies(agent, states)
     return evaluate_population(agent, policy, hparams, env_id, episodes, seed)[0]

@@ -17,21 +17,27 @@ from, which supplies the types (both in `fastpop.strategies.codec`, imported her
 
 from __future__ import annotations
 
-import dataclasses
-import time
-from collections import deque
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-import numpy as np
+from typing import Protocol
 
 from fastpop import config as config_lib
-from fastpop.collect.evaluator import META_FIELD
+from fastpop.collect import snapshot
+from fastpop.learner import Learner
+from fastpop.metrics import MetricsWriter
+from fastpop.progress import PendingEvaluations, RunProgress
 from fastpop.schema import ConfigError
-from fastpop.strategies.codec import join_strategy_state, split_strategy_state  # noqa: F401
 
-if TYPE_CHECKING:
-    from fastpop.train import Run
+
+class Run(Protocol):
+    """What a checkpoint reads from and restores into (`fastpop.train.Run`)."""
+
+    config: config_lib.Config
+    learner: Learner
+    progress: RunProgress
+    pending: PendingEvaluations
+    metrics: MetricsWriter
+    member_env_steps: int
+
 
 # Fields a resume may change with --set: they change how long and how observably the run goes
 # on, never the shape or meaning of the saved state.
@@ -51,26 +57,14 @@ SAFE_ON_RESUME = (
 
 def capture(run: Run, reason: str) -> tuple[dict, dict]:
     """(tree, metadata) of a checkpoint of `run` as it is now."""
-    pending = sorted(run.pending_evals)
     with_replay = run.config.checkpoint.replay
-    tree = {
-        "learner": run.learner.saved_tree(with_replay),
-        "pending": [run.pending_evals[index][0] for index in pending],
-    }
-    counters = {
+    pending_arrays, pending_data = run.pending.saved()
+    tree = {"learner": run.learner.saved_tree(with_replay), "pending": pending_arrays}
+    counters = run.progress.saved() | {
         "reason": reason,
         "member_env_steps": run.member_env_steps,
-        "elapsed": run.elapsed(),
-        "eval_index": run.eval_index,
-        "next_eval": run.next_eval,
-        "snapshot_env_steps": run.snapshot_env_steps,
-        "learning_started_at": run.learning_started_at,
-        "latest_returns": run.latest_returns.tolist(),
-        "training_returns": [list(returns) for returns in run.training_returns],
-        "timers": run.timers,
-        "resumes": run.resumes,
         "replay_saved": with_replay,
-        "pending": [{"eval_index": i, "hparams": run.pending_evals[i][1]} for i in pending],
+        "pending": pending_data,
     }
     metadata = {
         "config": config_lib.config_to_dict(run.config),
@@ -83,12 +77,11 @@ def capture(run: Run, reason: str) -> tuple[dict, dict]:
 
 def template(run: Run, metadata: dict) -> dict:
     """The tree a checkpoint of `run`'s config holds, given the checkpoint's metadata."""
-    snapshot = {f"leaf_{i}": leaf for i, leaf in enumerate(run.learner.policy_leaves())}
-    snapshot[META_FIELD] = np.zeros(4, np.float64)
     counters = metadata["run"]
+    pending = snapshot.layout(run.learner.policy_leaves())
     return {
         "learner": run.learner.saved_tree(counters["replay_saved"]),
-        "pending": [snapshot] * len(counters["pending"]),
+        "pending": [pending] * len(counters["pending"]),
     }
 
 
@@ -96,20 +89,9 @@ def apply(run: Run, tree: dict, metadata: dict) -> None:
     """Put `run` (not started yet) where the checkpoint left it."""
     run.learner.restore(tree["learner"], metadata["learner"])
     counters = metadata["run"]
-    run.start = time.monotonic() - counters["elapsed"]  # wall time continues from the total
-    run.last_progress = run.start
-    run.eval_index, run.next_eval = counters["eval_index"], counters["next_eval"]
-    run.snapshot_env_steps = counters["snapshot_env_steps"]
-    run.learning_started_at = counters["learning_started_at"]
-    run.latest_returns = np.array(counters["latest_returns"], np.float64)
-    run.training_returns = [deque(r, maxlen=10) for r in counters["training_returns"]]
-    run.timers |= counters["timers"]
-    run.resumes = counters["resumes"] + 1
-    run.pending_evals = {
-        entry["eval_index"]: (arrays, entry["hparams"])
-        for entry, arrays in zip(counters["pending"], tree["pending"], strict=True)
-    }
-    run.last_checkpoint = (counters["elapsed"], run.member_env_steps)
+    size = run.config.population.size
+    run.progress = RunProgress.restored(counters, size, run.member_env_steps)
+    run.pending = PendingEvaluations.restored(tree["pending"], counters["pending"])
 
 
 def resume_config(saved: dict, overrides: Sequence[str], source: str) -> config_lib.Config:
@@ -123,12 +105,3 @@ def resume_config(saved: dict, overrides: Sequence[str], source: str) -> config_
                 f"its value). A resume may change: {', '.join(SAFE_ON_RESUME)}"
             )
     return config_lib.config_from_dict(saved, source, overrides)
-
-
-def with_small_replay(config: config_lib.Config) -> config_lib.Config:
-    """The config with the smallest replay it accepts: for loading member states only (eval),
-    without allocating the run's buffers."""
-    lanes = config.collect.envs_per_member
-    capacity = max(config.collect.chunk_len, 2) * lanes
-    replay = dataclasses.replace(config.replay, capacity=capacity, min_size=1)
-    return dataclasses.replace(config, replay=replay)

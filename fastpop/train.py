@@ -13,40 +13,29 @@ from __future__ import annotations
 import errno
 import json
 import math
-import signal
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
 
 from fastpop import checkpoint, run_state
 from fastpop import config as config_lib
-from fastpop.collect.evaluator import META_FIELD
+from fastpop.collect import snapshot
 from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.learner import Learner, prepare
 from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
+from fastpop.progress import PendingEvaluations, RunProgress, evaluation_rows
+from fastpop.stop_signals import StopRequested, StopSignals
 from fastpop.strategies.base import Evaluation
 
 CHECKPOINTS_DIR = "checkpoints"
 CONFIG_FILE = "config.yaml"  # the resolved config the run (or its latest resume) started with
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+__all__ = ["Run", "StopRequested", "TrainError"]
 
 
 class TrainError(RuntimeError):
     """The run could not go on (a worker failed beyond its restarts); the message says why."""
-
-
-class StopRequested(Exception):
-    """SIGTERM: stop like Ctrl-C does."""
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-REPEAT_SECONDS = 1.0  # a second stop signal sooner than this is the first one delivered again
-
-
-def _stop_exception(signum: int) -> BaseException:
-    return StopRequested() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 class Run:
@@ -58,40 +47,27 @@ class Run:
         self.log = log
         self.spec, agent = prepare(config)
         self.learner = Learner(config, self.spec, agent)
-        self.start = time.monotonic()
-        self.timers = {"transport": 0.0, "update": 0.0, "evaluation_snapshots": 0.0}
-        self.timers |= {"checkpoints": 0.0, "idle": 0.0}
         self.strategy = self.learner.strategy
+        interval = self.strategy.evaluation_interval
+        self.progress = RunProgress(config.population.size, next_eval=interval)
+        self.pending = PendingEvaluations()
+        self.signals = StopSignals()
         self.training_done = False  # no strategy steps on the final evaluation
-        self.stop_signal: int | None = None  # SIGINT / SIGTERM received
-        # From the loop on, a signal stops at the next safe point (see _on_signal).
-        self.in_loop = False
-        self.stopped_at_once = False
-        self.stop_requested_at = 0.0
         self.checkpoint_dir = run_dir / CHECKPOINTS_DIR
-        self.last_checkpoint = (0.0, 0)  # (elapsed seconds, member env steps) at the last save
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
-        self.resumes = 0
-        self.next_eval = self.strategy.evaluation_interval
-        self.eval_index = 0
-        self.snapshot_env_steps = -1  # member env steps of the latest evaluation snapshot
-        # eval index -> (snapshot arrays, member hparams at the snapshot), until its result is in;
-        # kept so that a restarted evaluator can be given the snapshots its predecessor lost.
-        self.pending_evals: dict[int, tuple[dict, list[dict]]] = {}
         self.evaluator_restarts_seen = 0
-        self.latest_returns = np.full(config.population.size, np.nan)
-        self.training_returns: list[deque] = [
-            deque(maxlen=10) for _ in range(config.population.size)
-        ]
-        self.last_progress = self.start
-        self.learning_started_at: float | None = None  # wall time of the first update
+        self.last_progress = time.monotonic()
 
     @property
     def member_env_steps(self) -> int:
         return self.learner.limiter.inserted
 
+    @property
+    def timers(self) -> dict:
+        return self.progress.timers
+
     def elapsed(self) -> float:
-        return time.monotonic() - self.start
+        return self.progress.elapsed()
 
     def run(self) -> dict:
         config = self.config
@@ -105,73 +81,44 @@ class Run:
         else:  # rows logged after the checkpoint are written again by this run
             rewind_logs(self.run_dir, self.resumed_from["logs"])
             purge_step = self.member_env_steps * config.population.size
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         stopped_by = "completed"
-        try:
-            with (
-                MetricsWriter(
-                    self.run_dir, tensorboard=config.log.tensorboard, purge_step=purge_step
-                ) as metrics,
-                Workers(
-                    config,
-                    self.learner.policy_leaves(),
-                    self.spec,
-                    self.log,
-                    log_event=metrics.log_event,
-                    generation=self.resumes,
-                ) as workers,
-            ):
-                self.metrics, self.workers = metrics, workers
-                self._announce_resume()
-                try:
-                    self.in_loop = True
-                    self._loop()
-                    self._final_evaluation()
-                except (KeyboardInterrupt, StopRequested) as stop:
-                    stopped_by = "terminated" if isinstance(stop, StopRequested) else "interrupted"
-                    self.log(f"stopping: {stopped_by}")
-                except WorkerFailed:
-                    self._stop_checkpoint("worker failed")
-                    raise
-                except OSError as error:
-                    raise self._write_failed(error) from None
-                self._stop_checkpoint(stopped_by)
-                self.worker_stats = workers.stop()
-                summary = self._summary(stopped_by)
-        finally:
-            self.in_loop = False
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        return summary
-
-    def _on_signal(self, signum, frame) -> None:
-        """From the loop on, the first signal asks for a stop at the loop's next check (the
-        state is consistent there, so the stop checkpoint can be written). A signal within
-        REPEAT_SECONDS of it is the same request delivered twice (to the whole process group,
-        or forwarded by a wrapper such as timeout or a batch system) and is ignored; a later
-        one stops at once, without the checkpoint. Before the loop every signal stops at once.
-        Raising is remembered too: an exception raised while Python runs a finalizer or a gc
-        callback (e.g. XLA's) is printed and dropped, and the loop must still stop."""
-        now = time.monotonic()
-        if self.in_loop:
-            if self.stop_signal is None:
-                self.stop_signal, self.stop_requested_at = signum, now
-                return
-            if now - self.stop_requested_at < REPEAT_SECONDS:
-                return
-            self.stopped_at_once = True
-        self.stop_signal = signum
-        raise _stop_exception(signum)
-
-    def _check_stop(self) -> None:
-        if self.stop_signal is not None:
-            raise _stop_exception(self.stop_signal)
+        with (
+            self.signals,
+            MetricsWriter(
+                self.run_dir, tensorboard=config.log.tensorboard, purge_step=purge_step
+            ) as metrics,
+            Workers(
+                config,
+                self.learner.policy_leaves(),
+                self.learner.replay_spec,
+                self.log,
+                log_event=metrics.log_event,
+                generation=self.progress.resumes,
+            ) as workers,
+        ):
+            self.metrics, self.workers = metrics, workers
+            self._announce_resume()
+            try:
+                self.signals.in_loop = True
+                self._loop()
+                self._final_evaluation()
+            except (KeyboardInterrupt, StopRequested) as stop:
+                stopped_by = "terminated" if isinstance(stop, StopRequested) else "interrupted"
+                self.log(f"stopping: {stopped_by}")
+            except WorkerFailed:
+                self._stop_checkpoint("worker failed")
+                raise
+            except OSError as error:
+                raise self._write_failed(error) from None
+            self._stop_checkpoint(stopped_by)
+            self.worker_stats = workers.stop()
+            return self._summary(stopped_by)
 
     # --- checkpoints ---
 
     def _checkpoint_due(self) -> bool:
         every = self.config.checkpoint
-        seconds, steps = self.last_checkpoint
+        seconds, steps = self.progress.last_checkpoint
         return (
             every.interval_seconds is not None
             and self.elapsed() - seconds >= every.interval_seconds
@@ -190,7 +137,7 @@ class Run:
         )
         seconds = time.perf_counter() - start
         self.timers["checkpoints"] += seconds
-        self.last_checkpoint = (self.elapsed(), self.member_env_steps)
+        self.progress.last_checkpoint = (self.elapsed(), self.member_env_steps)
         size = sum(f.stat().st_size for f in path.iterdir())
         self.metrics.log_event(
             "checkpoint",
@@ -201,7 +148,7 @@ class Run:
         return path
 
     def _stop_checkpoint(self, reason: str) -> None:
-        if self.stopped_at_once:
+        if self.signals.stopped_at_once:
             self.log(f"stopped at once: no checkpoint written ({self._newest_checkpoint()})")
             return
         try:
@@ -252,21 +199,21 @@ class Run:
             {"path": resumed["path"], "member_env_steps": self.member_env_steps}
             | {"wall_time": resumed["elapsed"], "replay_restored": resumed["replay_saved"]},
         )
-        for index in sorted(self.pending_evals):  # results the previous process never received
-            self.workers.evaluate(self.pending_evals[index][0])
+        for arrays in self.pending.in_order():  # results the previous process never received
+            self.workers.evaluate(arrays)
 
     def _loop(self) -> None:
         learner, total = self.learner, self.config.train.total_env_steps
         max_seconds = self.config.train.max_wall_seconds or math.inf
         while self.member_env_steps < total and self.elapsed() < max_seconds:
-            self._check_stop()
+            self.signals.check()
             self.workers.check()
             busy = self._collect()
-            waiting = self.strategy.waits_for_evaluation and bool(self.pending_evals)
-            if learner.limiter.can_sample() and not waiting:
+            waiting = self.strategy.waits_for_evaluation and bool(self.pending)
+            if learner.can_update() and not waiting:
                 start = time.perf_counter()
-                if self.learning_started_at is None:
-                    self.learning_started_at = self.elapsed()
+                if self.progress.learning_started_at is None:
+                    self.progress.learning_started_at = self.elapsed()
                 learner.update()
                 self.workers.publish(learner.policy_leaves())
                 self.timers["update"] += time.perf_counter() - start
@@ -293,34 +240,28 @@ class Run:
                 break
             self.learner.insert(rows)
             for episode in episodes:
-                self.training_returns[episode.member].append(episode.episode_return)
+                self.progress.training_returns[episode.member].append(episode.episode_return)
             moved = True
-            if self.member_env_steps >= self.next_eval:
+            if self.member_env_steps >= self.progress.next_eval:
                 self._snapshot_for_evaluation()
-                self.next_eval += self.strategy.evaluation_interval
+                self.progress.next_eval += self.strategy.evaluation_interval
         self.timers["transport"] += time.perf_counter() - start
         return moved
 
     def _snapshot_for_evaluation(self) -> None:
         start = time.perf_counter()
-        meta = np.array(
-            [
-                self.eval_index,
-                self.member_env_steps * self.config.population.size,
-                self.learner.updates,
-                self.elapsed(),
-            ],
-            np.float64,
+        progress = self.progress
+        meta = snapshot.SnapshotMeta(
+            progress.eval_index,
+            self.member_env_steps * self.config.population.size,
+            self.learner.updates,
+            self.elapsed(),
         )
-        arrays = {f"leaf_{i}": leaf for i, leaf in enumerate(self.learner.policy_leaves())}
-        arrays[META_FIELD] = meta
+        arrays = snapshot.encode(self.learner.policy_leaves(), meta)
         self.workers.evaluate(arrays)
-        self.snapshot_env_steps = self.member_env_steps
-        hparams = [
-            self.learner.member_hparams_values(m) for m in range(self.config.population.size)
-        ]
-        self.pending_evals[self.eval_index] = (arrays, hparams)
-        self.eval_index += 1
+        self.pending.add(arrays, self.learner.all_member_hparams())
+        progress.snapshot_env_steps = self.member_env_steps
+        progress.eval_index += 1
         self.timers["evaluation_snapshots"] += time.perf_counter() - start
 
     def _resend_lost_snapshots(self) -> None:
@@ -329,32 +270,17 @@ class Run:
         if self.workers.evaluator_restarts == self.evaluator_restarts_seen:
             return
         self.evaluator_restarts_seen = self.workers.evaluator_restarts
-        for index in sorted(self.pending_evals):
-            self.workers.evaluate(self.pending_evals[index][0])
+        for arrays in self.pending.in_order():
+            self.workers.evaluate(arrays)
 
     def _receive_evaluations(self, timeout: float = 0.0) -> None:
         self._resend_lost_snapshots()
         for result in self.workers.evaluations(timeout):
-            if result["eval_index"] not in self.pending_evals:
+            hparams = self.pending.take(result["eval_index"])
+            if hparams is None:
                 continue  # a duplicate after an evaluator restart
-            _, hparams = self.pending_evals.pop(result["eval_index"])
-            size = self.config.population.size
-            self.latest_returns = np.array(result["return_mean"])
-            rows = [
-                {
-                    "eval_index": result["eval_index"],
-                    "wall_time": result["wall_time"],
-                    "env_steps": result["env_steps"],
-                    "member_env_steps": result["env_steps"] // size,
-                    "updates": result["updates"],
-                    "member": member,
-                    "return_mean": result["return_mean"][member],
-                    "return_std": result["return_std"][member],
-                    "episodes": self.config.eval.episodes,
-                    "hparams": hparams[member],
-                }
-                for member in range(size)
-            ]
+            self.progress.latest_returns = np.array(result["return_mean"])
+            rows = evaluation_rows(result, hparams, self.config.eval.episodes)
             self.metrics.log_evaluation(rows)
             if not self.training_done:
                 self._strategy_step(result)
@@ -380,11 +306,11 @@ class Run:
         """Evaluate the final policies (unless the last interval snapshot was taken at the final
         env step count) and wait for all."""
         self.training_done = True
-        if self.snapshot_env_steps < self.member_env_steps:
+        if self.progress.snapshot_env_steps < self.member_env_steps:
             self._snapshot_for_evaluation()
         deadline = time.monotonic() + 600
-        while self.pending_evals and time.monotonic() < deadline:
-            self._check_stop()
+        while self.pending and time.monotonic() < deadline:
+            self.signals.check()
             self.workers.check()
             self._receive_evaluations(timeout=0.1)
 
@@ -401,9 +327,10 @@ class Run:
         if self.config.train.max_wall_seconds is not None:
             seconds_left = min(seconds_left, self.config.train.max_wall_seconds - elapsed)
         left = f"~{seconds_left:.0f}s left" if math.isfinite(seconds_left) else "starting"
-        returns = self.latest_returns
+        returns = self.progress.latest_returns
         if np.all(np.isnan(returns)):
-            returns = np.array([np.mean(r) if r else np.nan for r in self.training_returns])
+            training = self.progress.training_returns
+            returns = np.array([np.mean(r) if r else np.nan for r in training])
         finite = returns[np.isfinite(returns)]
         best = f"{finite.max():.1f}" if finite.size else "-"
         middle = f"{median(finite.tolist()):.1f}" if finite.size else "-"
@@ -422,7 +349,7 @@ class Run:
             "wall_time": self.elapsed(),
             "member_env_steps": self.member_env_steps,
             "updates_per_member": self.learner.updates,
-            "learning_started_at": self.learning_started_at,
+            "learning_started_at": self.progress.learning_started_at,
             "samples_per_insert_target": limiter.samples_per_insert,
             "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
             "learner_seconds": self.timers,

@@ -119,7 +119,7 @@ def test_shared_critic_members_are_its_actors_and_cemrl_best_is_the_mean(tmp_pat
     out = capsys.readouterr().out
     assert "member 0 (best: cemrl's CEM mean)" in out
     first = lambda tree: jax.tree.map(lambda leaf: leaf[:1], tree)
-    policy = learner.learning.policies(learner.states)
+    policy = learner.training.policies(learner.states)
     mean, _ = evaluate_population(
         learner.agent, first(policy), first(learner.hparams), "Pendulum-v1", 1, 1
     )

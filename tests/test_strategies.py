@@ -207,7 +207,7 @@ def test_exploit_copies_the_whole_member_and_leaves_the_rest_bit_identical(execu
     new_hparams = [dict(h) for h in hparams]
     new_hparams[1] = {**hparams[3], "actor_lr": 1e-4, "policy_delay": 4}
     sources = np.array([0, 3, 2, 3])
-    compiled = learner.executor.update._cache_size() if execution == "vectorized" else None
+    compiled = learner.training.update._cache_size() if execution == "vectorized" else None
     learner.apply_selection(Selection(sources, new_hparams, [], copy_replay=replay == "copy"))
 
     state = learner.states if execution == "vectorized" else population.stack(learner.states)
@@ -226,7 +226,7 @@ def test_exploit_copies_the_whole_member_and_leaves_the_rest_bit_identical(execu
     assert learner.all_member_hparams()[1]["actor_lr"] == pytest.approx(1e-4)
     learner.update()  # new hparams, same program
     if compiled is not None:
-        assert learner.executor.update._cache_size() == compiled
+        assert learner.training.update._cache_size() == compiled
 
 
 def test_non_finite_members_are_found():
@@ -240,9 +240,9 @@ def test_non_finite_members_are_found():
 @pytest.mark.parametrize("execution", ["vectorized", "sequential"])
 def test_a_non_finite_member_is_reset_from_the_best_and_the_others_are_untouched(execution):
     learner = filled_learner(f"population.execution={execution}")
-    stacked = learner.executor.release(learner.states)
+    stacked = learner.training.release(learner.states)
     poisoned = stacked._replace(critic=jax.tree.map(lambda x: x.at[2].set(np.nan), stacked.critic))
-    learner.states = learner.executor.adopt(poisoned)
+    learner.states = learner.training.adopt(poisoned)
     before = [member_of(learner.states, m) for m in range(4)]
     hparams = learner.all_member_hparams()
 

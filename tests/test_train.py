@@ -281,7 +281,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
         calls.append(None)
         if len(calls) == 2:
             with contextlib.suppress(KeyboardInterrupt):  # what the callback machinery does
-                run._on_signal(signal.SIGINT, None)
+                run.signals._on_signal(signal.SIGINT, None)
         if len(calls) > 20:
             raise RuntimeError("the run went on after the interrupt")
 

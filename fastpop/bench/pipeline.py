@@ -34,11 +34,10 @@ def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
 
 def collection_rate(config: config_lib.Config, seconds: float) -> float:
     """Env steps/s of the config's collectors acting with the policy (warm-up disabled)."""
-    from fastpop.build import build_env_spec
     from fastpop.collect.workers import Workers
 
     learner = build_learner(config)
-    with Workers(config, learner.policy_leaves(), build_env_spec(config)) as workers:
+    with Workers(config, learner.policy_leaves(), learner.replay_spec) as workers:
         rows = 0
         deadline = None
         while deadline is None or time.perf_counter() < deadline:
@@ -112,6 +111,7 @@ def bench_pipeline(
         "utilisation": run_rate / update_rate,
         "train_seconds": summary["wall_time"],
         "learning_seconds": learning_seconds,
+        "samples_per_insert_target": summary["samples_per_insert_target"],
         "samples_per_insert_achieved": summary["samples_per_insert_achieved"],
         "time_breakdown": {
             "learner_seconds": summary["learner_seconds"],
@@ -120,7 +120,9 @@ def bench_pipeline(
     }
     print(
         f"learner: {run_rate:,.0f} agent-updates/s in the run vs {update_rate:,.0f} in the "
-        f"update benchmark ({run_rate / update_rate:.2f}x)"
+        f"update benchmark ({run_rate / update_rate:.2f}x); samples per insert "
+        f"{summary['samples_per_insert_achieved']:.1f} achieved, "
+        f"{summary['samples_per_insert_target']:.1f} target"
     )
     return result
 

@@ -1,0 +1,132 @@
+"""A run's clock and counters, and the evaluation rounds it still waits for: what a checkpoint
+saves and restores of the run itself (the learner saves its own state)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+
+import numpy as np
+
+from fastpop.collect import snapshot
+
+TRAINING_RETURNS_KEPT = 10  # recent training episodes per member, for the progress line
+TIMERS = ("transport", "update", "evaluation_snapshots", "checkpoints", "idle")
+
+
+@dataclasses.dataclass
+class RunProgress:
+    """Where a run is, besides the learner: wall time, evaluation schedule, returns so far."""
+
+    size: int  # population size
+    next_eval: int  # member env steps of the next evaluation snapshot
+    elapsed_before: float = 0.0  # wall seconds of earlier processes of this run (resumes)
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    eval_index: int = 0  # of the next snapshot
+    snapshot_env_steps: int = -1  # member env steps of the latest snapshot
+    learning_started_at: float | None = None  # wall time of the first update
+    resumes: int = 0
+    timers: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(TIMERS, 0.0))
+    latest_returns: np.ndarray = None  # (P,) latest evaluation's mean returns
+    training_returns: list = None  # per member, the recent training episodes' returns
+    last_checkpoint: tuple[float, int] = (0.0, 0)  # (elapsed, member env steps) at the last save
+
+    def __post_init__(self):
+        if self.latest_returns is None:
+            self.latest_returns = np.full(self.size, np.nan)
+        if self.training_returns is None:
+            self.training_returns = [deque(maxlen=TRAINING_RETURNS_KEPT) for _ in range(self.size)]
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def saved(self) -> dict:
+        """Plain JSON data (the `run` part of a checkpoint's metadata)."""
+        return {
+            "elapsed": self.elapsed(),
+            "eval_index": self.eval_index,
+            "next_eval": self.next_eval,
+            "snapshot_env_steps": self.snapshot_env_steps,
+            "learning_started_at": self.learning_started_at,
+            "latest_returns": self.latest_returns.tolist(),
+            "training_returns": [list(returns) for returns in self.training_returns],
+            "timers": self.timers,
+            "resumes": self.resumes,
+        }
+
+    @classmethod
+    def restored(cls, data: dict, size: int, member_env_steps: int) -> RunProgress:
+        """A new process continuing from `saved()` data: wall time continues from its total."""
+        return cls(
+            size=size,
+            next_eval=data["next_eval"],
+            elapsed_before=data["elapsed"],
+            eval_index=data["eval_index"],
+            snapshot_env_steps=data["snapshot_env_steps"],
+            learning_started_at=data["learning_started_at"],
+            resumes=data["resumes"] + 1,
+            timers=dict.fromkeys(TIMERS, 0.0) | data["timers"],
+            latest_returns=np.array(data["latest_returns"], np.float64),
+            training_returns=[
+                deque(r, maxlen=TRAINING_RETURNS_KEPT) for r in data["training_returns"]
+            ],
+            last_checkpoint=(data["elapsed"], member_env_steps),
+        )
+
+
+class PendingEvaluations:
+    """Snapshots handed to the evaluator whose results are not in yet, by eval index, with the
+    member hparams at the snapshot: kept so that a restarted evaluator (or a resumed run) can
+    be given again what its predecessor never answered."""
+
+    def __init__(self):
+        self.snapshots: dict[int, tuple[dict, list[dict]]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.snapshots)
+
+    def add(self, arrays: dict, hparams: list[dict]) -> None:
+        index = snapshot.decode(arrays)[1].eval_index
+        self.snapshots[index] = (arrays, hparams)
+
+    def take(self, eval_index: int) -> list[dict] | None:
+        """The hparams of the answered snapshot; None for a duplicate answer."""
+        entry = self.snapshots.pop(eval_index, None)
+        return None if entry is None else entry[1]
+
+    def in_order(self) -> list[dict]:
+        return [self.snapshots[index][0] for index in sorted(self.snapshots)]
+
+    def saved(self) -> tuple[list[dict], list[dict]]:
+        """(snapshot arrays, plain data) for a checkpoint, in eval-index order."""
+        order = sorted(self.snapshots)
+        data = [{"eval_index": i, "hparams": self.snapshots[i][1]} for i in order]
+        return [self.snapshots[i][0] for i in order], data
+
+    @classmethod
+    def restored(cls, arrays: list[dict], data: list[dict]) -> PendingEvaluations:
+        pending = cls()
+        for entry, snapshot_arrays in zip(data, arrays, strict=True):
+            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, entry["hparams"])
+        return pending
+
+
+def evaluation_rows(result: dict, hparams: list[dict], episodes: int) -> list[dict]:
+    """metrics.jsonl rows (one per member) of one evaluation result."""
+    size = len(result["return_mean"])
+    return [
+        {
+            "eval_index": result["eval_index"],
+            "wall_time": result["wall_time"],
+            "env_steps": result["env_steps"],
+            "member_env_steps": result["env_steps"] // size,
+            "updates": result["updates"],
+            "member": member,
+            "return_mean": result["return_mean"][member],
+            "return_std": result["return_std"][member],
+            "episodes": episodes,
+            "hparams": hparams[member],
+        }
+        for member in range(size)
+    ]

@@ -1,0 +1,123 @@
+"""ReplayStore: one interface over the shared, stacked and listed layouts; joins after a copy;
+the learner waits for a sampleable transition; a run's progress survives a checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from fastpop import config as config_lib
+from fastpop import population, replay
+from fastpop.learner import Learner, prepare
+from fastpop.progress import PendingEvaluations, RunProgress
+from fastpop.replay_store import ReplayStore
+from fastpop.types import EnvSpec
+
+# Frames of one pixel, stacked 4 deep: a frame's value names its stream and step.
+STACKED = EnvSpec(obs_shape=(1, 1, 4), obs_dtype=np.dtype(np.uint8), num_actions=2, frame_stack=4)
+CHUNK = 4
+
+
+def stream_rows(values: list[np.ndarray], start: bool) -> replay.Rows:
+    """One chunk, one lane per member: frame values as given, no episode ends."""
+    obs = np.stack(values).astype(np.uint8).reshape(len(values), CHUNK, 1, 1, 1)
+    flags = np.zeros((len(values), CHUNK), bool)
+    starts = flags.copy()
+    starts[:, 0] = start
+    return replay.Rows(
+        obs,
+        np.zeros((len(values), CHUNK), np.int32),
+        flags.astype(np.float32),
+        flags,
+        flags,
+        flags,
+        starts,
+    )
+
+
+def member_buffer(store: ReplayStore, member: int):
+    if store.layout == "listed":
+        return store.buffers[member]
+    return population.member(store.buffers, member)
+
+
+@pytest.mark.parametrize("layout", ["stacked", "listed"])
+def test_no_sampled_transition_or_frame_stack_crosses_a_copied_buffers_join(layout):
+    spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
+    store = ReplayStore(spec, layout, size=2, batch_size=8)
+    # Member 0's environment writes frames 10, 11, ...; member 1's 100, 101, ...
+    for chunk in range(6):
+        if chunk == 3:  # PBT exploit with replay: copy: member 1 takes member 0's buffer
+            store.copy_members(np.array([0, 0]))
+        t = np.arange(chunk * CHUNK, (chunk + 1) * CHUNK)
+        store.insert(stream_rows([10 + t, 100 + t], start=chunk == 0))
+    batch = replay.sample(spec, member_buffer(store, 1), jax.random.key(0), 4096)
+    obs, next_obs = np.asarray(batch.obs)[:, 0, 0], np.asarray(batch.next_obs)[:, 0, 0]
+    frames = np.concatenate([obs, next_obs], axis=1)  # (4096, 8): both stacks of each sample
+    from_source = frames < 100
+    mixed = from_source.any(axis=1) & ~from_source.all(axis=1)
+    assert not mixed.any(), frames[mixed][:5]
+    # Both sides of the join are sampled: the copy and the member's own later rows.
+    assert from_source.all(axis=1).any() and (~from_source).all(axis=1).any()
+    assert not store.joins.any()  # the mark went into the first row after the copy
+
+
+def test_join_marks_survive_a_checkpoint():
+    spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
+    store = ReplayStore(spec, "stacked", size=3, batch_size=8)
+    store.copy_members(np.array([0, 0, 2]))
+    restored = ReplayStore(spec, "stacked", size=3, batch_size=8)
+    restored.restore(jax.tree.map(np.asarray, store.save()), store.counters())
+    assert restored.joins.tolist() == [False, True, False]
+
+
+def test_the_learner_waits_until_every_buffer_holds_a_transition():
+    # One row per lane per insert and min_size below the lanes: the limiter would allow the
+    # first update after one insert, when each buffer's only row has no successor to pair with.
+    config = config_lib.load_config(
+        None,
+        [
+            "algo=td3",
+            "env.id=Pendulum-v1",
+            "population.size=2",
+            "collect.envs_per_member=2",
+            "collect.chunk_len=1",
+            "replay.min_size=2",
+            "replay.capacity=64",
+            "agent.batch_size=4",
+            "agent.hidden_sizes=[8,8]",
+        ],
+    )
+    learner = Learner(config, *prepare(config))
+    layout = replay.row_layout(learner.replay_spec, (4, 1))
+    rows = replay.Rows(*(np.zeros(x.shape, x.dtype) for x in layout))
+    learner.insert(rows._replace(episode_start=np.ones((4, 1), bool)))
+    assert learner.limiter.can_sample() and not learner.can_update()
+    learner.insert(rows)
+    assert learner.can_update()
+
+
+def test_run_progress_and_pending_evaluations_round_trip_through_plain_data():
+    from fastpop.collect import snapshot
+
+    progress = RunProgress(3, next_eval=200, eval_index=2, snapshot_env_steps=100, resumes=1)
+    progress.training_returns[1].extend([1.0, 2.0])
+    progress.latest_returns[:] = [1.0, np.nan, 3.0]
+    progress.timers["update"] = 4.5
+    saved = progress.saved()
+    restored = RunProgress.restored(saved, 3, member_env_steps=150)
+    assert restored.elapsed() >= saved["elapsed"]  # wall time continues from the total
+    as_text = lambda data: json.dumps(data | {"elapsed": 0}, sort_keys=True)  # NaN == NaN
+    assert as_text(restored.saved()) == as_text(saved | {"resumes": 2})
+    assert restored.last_checkpoint == (saved["elapsed"], 150)
+
+    pending = PendingEvaluations()
+    for index in (4, 3):
+        meta = snapshot.SnapshotMeta(index, 10 * index, index, 1.5)
+        pending.add(snapshot.encode([np.arange(3.0)], meta), [{"lr": index}])
+    again = PendingEvaluations.restored(*pending.saved())
+    assert [snapshot.decode(a)[1].eval_index for a in again.in_order()] == [3, 4]
+    assert again.take(4) == [{"lr": 4}] and again.take(4) is None
