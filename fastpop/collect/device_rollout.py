@@ -1,0 +1,134 @@
+"""Brax environments stepped on the device, writing replay rows as the collectors do.
+
+Every lane follows gymnasium's next-step autoreset, exactly as `rollout.RowStream` records a
+vector env: the step after an episode ends is the reset step. Its row holds the episode's
+real final observation (the action is ignored, reward 0, no flags) and the reset observation
+starts the next row. So a truncated episode keeps its true last state for bootstrapping, and
+the replay's lane layout and sampling rules are the same in both collection modes.
+
+brax's own AutoResetWrapper is not used: it swaps in a cached first state and overwrites the
+final observation in the same step (brax issues #167, #275), which would pair the last action
+with a reset state. Here a fresh reset (its own key) is computed every step and selected
+only on lanes whose previous step ended an episode; under vmap both branches run anyway.
+
+All functions are pure over `LaneState` and jit / scan friendly; `episode_length` is the time
+limit (brax's EpisodeWrapper default is 1000).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fastpop import replay
+from fastpop.types import PRNGKey
+
+# act(obs (lanes, obs_dim), key) -> actions (lanes, action_dim)
+ActFn = Callable[[jax.Array, PRNGKey], jax.Array]
+
+
+class LaneState(NamedTuple):
+    env: Any  # brax State with a leading lane axis
+    steps: jax.Array  # int32 (lanes,): steps taken in the current episode
+    done: jax.Array  # bool (lanes,): the previous step ended an episode, this one resets
+    starts: jax.Array  # bool (lanes,): the current observation is a reset observation
+    episode_return: jax.Array  # float32 (lanes,): return of the current episode so far
+    key: PRNGKey  # for the resets
+
+
+class Finished(NamedTuple):
+    """Per lane and step: an episode ended here, with this return (0 elsewhere)."""
+
+    ended: jax.Array  # bool
+    episode_return: jax.Array  # float32
+
+
+def init(env, key: PRNGKey, lanes: int) -> LaneState:
+    reset_key, key = jax.random.split(key)
+    states = jax.vmap(env.reset)(jax.random.split(reset_key, lanes))
+    return LaneState(
+        env=states,
+        steps=jnp.zeros(lanes, jnp.int32),
+        done=jnp.zeros(lanes, bool),
+        starts=jnp.ones(lanes, bool),
+        episode_return=jnp.zeros(lanes, jnp.float32),
+        key=key,
+    )
+
+
+def _select(mask: jax.Array, a, b):
+    """Per lane: a where mask, else b (mask broadcast over each leaf's trailing axes)."""
+
+    def pick(x, y):
+        return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 1)), x, y)
+
+    return jax.tree.map(pick, a, b)
+
+
+def step(env, episode_length: int, state: LaneState, action: jax.Array):
+    """One env step of every lane -> (state, the row it writes (lanes,...), Finished)."""
+    lanes = state.steps.shape[0]
+    key, reset_key = jax.random.split(state.key)
+    stepped = jax.vmap(env.step)(state.env, action)
+    fresh = jax.vmap(env.reset)(jax.random.split(reset_key, lanes))
+    autoreset = state.done
+    steps = state.steps + 1
+    terminated = ~autoreset & (stepped.done > 0)
+    truncated = ~autoreset & (steps >= episode_length)
+    reward = jnp.where(autoreset, 0.0, stepped.reward).astype(jnp.float32)
+    row = replay.Rows(
+        obs=state.env.obs,
+        action=action,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        autoreset=autoreset,
+        episode_start=state.starts,
+    )
+    ended = terminated | truncated
+    episode_return = state.episode_return + reward
+    finished = Finished(ended, jnp.where(ended, episode_return, 0.0))
+    state = LaneState(
+        env=_select(autoreset, fresh, stepped),
+        steps=jnp.where(autoreset, 0, steps),
+        done=ended,
+        starts=autoreset,
+        episode_return=jnp.where(ended, 0.0, episode_return),
+        key=key,
+    )
+    return state, row, finished
+
+
+def rollout(env, episode_length: int, state: LaneState, act: ActFn, key: PRNGKey, length: int):
+    """`length` steps of every lane -> (state, rows (lanes, length, ...), Finished (lanes,
+    length))."""
+
+    def one(state, step_key):
+        action = act(state.env.obs, step_key)
+        state, row, finished = step(env, episode_length, state, action)
+        return state, (row, finished)
+
+    state, (rows, finished) = jax.lax.scan(one, state, jax.random.split(key, length))
+    time_second = lambda x: jnp.swapaxes(x, 0, 1)
+    return state, jax.tree.map(time_second, rows), jax.tree.map(time_second, finished)
+
+
+def evaluate(env, episode_length: int, act: ActFn, key: PRNGKey, lanes: int) -> jax.Array:
+    """Return of one full episode on each of `lanes` fresh envs, acting with `act` (held
+    constant); lanes that end early wait (uncounted) until the time limit."""
+    init_key, act_key = jax.random.split(key)
+    states = jax.vmap(env.reset)(jax.random.split(init_key, lanes))
+
+    def one(carry, step_key):
+        states, total, running = carry
+        stepped = jax.vmap(env.step)(states, act(states.obs, step_key))
+        total = total + jnp.where(running, stepped.reward, 0.0)
+        running = running & ~(stepped.done > 0)
+        return (stepped, total, running), None
+
+    carry = (states, jnp.zeros(lanes, jnp.float32), jnp.ones(lanes, bool))
+    (_, total, _), _ = jax.lax.scan(one, carry, jax.random.split(act_key, episode_length))
+    return total

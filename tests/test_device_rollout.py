@@ -1,0 +1,83 @@
+"""Brax lanes on the device keep gymnasium's next-step autoreset: every transition's next
+observation is the real next state (a terminal or time-limit final state included), never a
+reset state, checked against stepping the same env from the recorded states."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+brax_envs = pytest.importorskip("brax.envs")
+
+from fastpop.collect import device_rollout  # noqa: E402
+
+LANES, STEPS, TIME_LIMIT = 6, 60, 12
+
+
+@pytest.fixture(scope="module")
+def pendulum():
+    # Random actions topple it within a few steps (termination); the short time limit
+    # truncates the episodes that last.
+    return brax_envs.get_environment("inverted_pendulum", backend="generalized")
+
+
+def random_act(action_size):
+    return lambda obs, key: jax.random.uniform(key, (obs.shape[0], action_size), minval=-1.0)
+
+
+def test_next_observations_are_real_next_states_and_resets_start_rows(pendulum):
+    act = random_act(pendulum.action_size)
+
+    def one(state, key):
+        action = act(state.env.obs, key)
+        new_state, row, _ = device_rollout.step(pendulum, TIME_LIMIT, state, action)
+        return new_state, (row, state.env)
+
+    state = device_rollout.init(pendulum, jax.random.key(0), LANES)
+    run = jax.jit(lambda s, k: jax.lax.scan(one, s, jax.random.split(k, STEPS)))
+    _, (rows, env_states) = run(state, jax.random.key(1))
+    rows = jax.tree.map(np.asarray, rows)  # (STEPS, LANES, ...)
+    # The state every transition row started from, stepped again with its action.
+    again = jax.jit(jax.vmap(jax.vmap(pendulum.step)))(env_states, jnp.asarray(rows.action))
+    starts = ~rows.autoreset[:-1]
+    real_next = np.asarray(again.obs)[:-1][starts]
+    np.testing.assert_allclose(rows.obs[1:][starts], real_next, rtol=1e-5, atol=1e-6)
+    assert rows.terminated.any() and rows.truncated.any()  # both kinds of episode end occur
+    ended = rows.terminated | rows.truncated
+    # The row after an episode end is its reset step: action ignored, no reward or flags; the
+    # row after that holds a reset observation.
+    np.testing.assert_array_equal(rows.autoreset[1:], ended[:-1])
+    np.testing.assert_array_equal(rows.episode_start[1:], rows.autoreset[:-1])
+    assert not (rows.reward[rows.autoreset]).any()
+    assert not (rows.terminated | rows.truncated)[rows.autoreset].any()
+    assert rows.episode_start[0].all()
+    # Time limits truncate after exactly TIME_LIMIT steps of one episode.
+    length = np.zeros(LANES, int)
+    for t in range(STEPS):
+        length = np.where(rows.autoreset[t], 0, length + 1)
+        assert (rows.truncated[t] == (~rows.autoreset[t] & (length >= TIME_LIMIT))).all()
+
+
+def test_rollout_returns_rows_lane_major_and_episode_returns(pendulum):
+    act = random_act(pendulum.action_size)
+    state = device_rollout.init(pendulum, jax.random.key(0), LANES)
+    rollout = jax.jit(lambda s, k: device_rollout.rollout(pendulum, TIME_LIMIT, s, act, k, STEPS))
+    _, rows, finished = rollout(state, jax.random.key(1))
+    assert rows.obs.shape == (LANES, STEPS, pendulum.observation_size)
+    rewards, ended = np.asarray(rows.reward), np.asarray(finished.ended)
+    returns = np.asarray(finished.episode_return)
+    for lane in range(LANES):  # each finished return is the sum of its episode's rewards
+        ends = np.flatnonzero(ended[lane])
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        expected = [rewards[lane, s : e + 1].sum() for s, e in zip(starts, ends, strict=True)]
+        np.testing.assert_allclose(returns[lane, ends], expected, rtol=1e-5)
+
+
+def test_evaluation_counts_one_episode_per_lane(pendulum):
+    zero = lambda obs, key: jnp.zeros((obs.shape[0], pendulum.action_size))
+    evaluate = jax.jit(lambda k: device_rollout.evaluate(pendulum, TIME_LIMIT, zero, k, 3))
+    returns = np.asarray(evaluate(jax.random.key(2)))
+    # inverted_pendulum pays 1 per step alive: an episode returns at most the time limit.
+    assert returns.shape == (3,) and np.all((returns >= 1) & (returns <= TIME_LIMIT))
