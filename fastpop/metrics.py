@@ -7,6 +7,9 @@ A run directory receives
   lineage.jsonl  strategy events: who copied whom, when, old -> new hparams, the deciding returns
   events.out.tfevents.*  the same evaluation and learner scalars for TensorBoard
 
+Trackers (`Tracker`: TensorBoard's HParams view, Weights & Biases; fastpop.trackers) receive the
+same calls; one that fails is dropped with a warning and an event, and the run goes on.
+
 Everything written is plain JSON. NaN and infinities have no JSON spelling, so they are written
 as null and read back as NaN (an infinite return is not a result anyone needs to keep).
 """
@@ -19,9 +22,9 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 METRICS_FILE = "metrics.jsonl"
 SCALARS_FILE = "scalars.jsonl"
@@ -105,6 +108,15 @@ def _open_tensorboard(run_dir: Path, purge_step: int | None = None):
     return SummaryWriter(logdir=str(run_dir), purge_step=purge_step)
 
 
+class Tracker(Protocol):
+    """Another destination for what a `MetricsWriter` logs (rows as written to the files)."""
+
+    def log_evaluation(self, rows: list[dict]) -> None: ...
+    def log_scalars(self, step: int, values: dict) -> None: ...
+    def log_lineage(self, events: list[dict]) -> None: ...
+    def close(self, failed: bool) -> None: ...
+
+
 class MetricsWriter:
     """Appends evaluation rows, learner scalars and events to a run directory.
 
@@ -119,6 +131,7 @@ class MetricsWriter:
         tensorboard: bool = True,
         fsync: bool = False,
         purge_step: int | None = None,
+        trackers: Sequence[Tracker] = (),
     ):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -134,12 +147,28 @@ class MetricsWriter:
         # purge_step: TensorBoard hides what an earlier writer logged from this step on (a
         # resume repeats those steps).
         self._tensorboard = _open_tensorboard(self.run_dir, purge_step) if tensorboard else None
+        self._trackers = list(trackers)
 
     def __enter__(self) -> MetricsWriter:
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc_info) -> None:
+        self.close(failed=exc_type is not None)
+
+    def _track(self, method: str, *args) -> None:
+        """`method(*args)` on every tracker; a failing one is dropped (the files stay whole)."""
+        for tracker in list(self._trackers):
+            try:
+                getattr(tracker, method)(*args)
+            except Exception as error:
+                self._trackers.remove(tracker)
+                name = type(tracker).__name__
+                warnings.warn(f"{name} failed and is dropped: {error!r}", stacklevel=3)
+                if method != "close":
+                    with contextlib.suppress(Exception):
+                        tracker.close(True)
+                with contextlib.suppress(OSError):  # a full disk is reported by the files
+                    self.log_event("tracker_failed", {"tracker": name, "error": repr(error)})
 
     def _append(self, file, rows: Iterable[dict]) -> None:
         lines = [json.dumps(_plain(row, "row"), allow_nan=False) + "\n" for row in rows]
@@ -169,26 +198,11 @@ class MetricsWriter:
         self._append(self._metrics, rows)
         self.next_eval_index = 1 + max(int(row["eval_index"]) for row in rows)
         if self._tensorboard is not None:
-            self._tensorboard_evaluation(rows)
-
-    def _tensorboard_evaluation(self, rows: list[dict]) -> None:
-        add = self._tensorboard.add_scalar
-        step = max(int(row["env_steps"]) for row in rows)
-        for row in rows:
-            prefix = f"member_{int(row['member'])}"
-            for name, value in row.items():
-                if name in ("member", "env_steps", "eval_index", "hparams"):
-                    continue
-                if _is_number(value):
-                    add(f"{prefix}/{name}", float(value), step)
-            for name, value in row["hparams"].items():
-                if _is_number(value):
-                    add(f"{prefix}/hparams/{name}", float(value), step)
-        returns = finite_returns(rows)
-        if returns:
-            add("population/best_return", max(returns), step)
-            add("population/median_return", median(returns), step)
-        self._tensorboard.flush()
+            step, scalars = evaluation_scalars(rows)
+            for tag, value in scalars.items():
+                self._tensorboard.add_scalar(tag, value, step)
+            self._tensorboard.flush()
+        self._track("log_evaluation", _plain(rows, "rows"))
 
     def log_scalars(self, step: int, values: dict[str, float]) -> None:
         """Learner scalars (`learner/critic_loss`, ...) to scalars.jsonl and TensorBoard."""
@@ -197,6 +211,7 @@ class MetricsWriter:
             for name, value in values.items():
                 if _is_number(value):
                     self._tensorboard.add_scalar(name, float(value), int(step))
+        self._track("log_scalars", int(step), _plain(values, "scalars"))
 
     scalars = log_scalars
 
@@ -214,15 +229,16 @@ class MetricsWriter:
         self._append(self._lineage, events)
         if self._tensorboard is not None:
             for event in events:
-                step, prefix = int(event["env_steps"]), f"member_{int(event['target'])}"
-                self._tensorboard.add_scalar(f"{prefix}/lineage/source", event["source"], step)
-                for name, value in event.get("new_hparams", {}).items():
-                    if _is_number(value):
-                        add = self._tensorboard.add_scalar
-                        add(f"{prefix}/lineage/hparams/{name}", float(value), step)
+                step, scalars = lineage_scalars(event)
+                for tag, value in scalars.items():
+                    self._tensorboard.add_scalar(tag, value, step)
             self._tensorboard.flush()
+        self._track("log_lineage", _plain(events, "lineage"))
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Close the trackers (`failed`: the run stopped on an error), then the files."""
+        self._track("close", failed)
+        self._trackers = []
         for file in self._files:
             # Every row is flushed when logged, so a close can only fail by retrying a write
             # that already failed (a full disk), and that error has been raised once already.
@@ -231,6 +247,35 @@ class MetricsWriter:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
+
+
+def evaluation_scalars(rows: list[dict]) -> tuple[int, dict[str, float]]:
+    """One evaluation round as tagged scalars (`member_3/return_mean`, `member_3/hparams/actor_lr`,
+    `population/best_return`) at its step: the population's env steps."""
+    step, scalars = max(int(row["env_steps"]) for row in rows), {}
+    for row in rows:
+        prefix = f"member_{int(row['member'])}"
+        for name, value in row.items():
+            if name not in ("member", "env_steps", "eval_index", "hparams") and _is_number(value):
+                scalars[f"{prefix}/{name}"] = float(value)
+        for name, value in row["hparams"].items():
+            if _is_number(value):
+                scalars[f"{prefix}/hparams/{name}"] = float(value)
+    returns = finite_returns(rows)
+    if returns:
+        scalars["population/best_return"] = max(returns)
+        scalars["population/median_return"] = median(returns)
+    return step, scalars
+
+
+def lineage_scalars(event: dict) -> tuple[int, dict[str, float]]:
+    """One strategy event as its target's scalars (source member, new hparams) at its step."""
+    prefix = f"member_{int(event['target'])}"
+    scalars = {f"{prefix}/lineage/source": float(event["source"])}
+    for name, value in event.get("new_hparams", {}).items():
+        if _is_number(value):
+            scalars[f"{prefix}/lineage/hparams/{name}"] = float(value)
+    return int(event["env_steps"]), scalars
 
 
 def _is_number(value: Any) -> bool:
