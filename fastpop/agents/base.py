@@ -72,13 +72,13 @@ def adam_step(
 
 
 def polyak(target: PyTree, online: PyTree, tau: jax.Array) -> PyTree:
-    """target <- (1 - tau) * target + tau * online."""
-    return jax.tree.map(lambda t, o: t + tau * (o - t), target, online)
+    """target <- tau * online + (1 - tau) * target, leafwise (optax's Polyak average)."""
+    return optax.incremental_update(online, target, tau)
 
 
 def select_tree(pred: jax.Array, on_true: PyTree, on_false: PyTree) -> PyTree:
-    """Leafwise `where` with a scalar predicate."""
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+    """Leafwise `where` with a scalar predicate (a branch-free choice between two states)."""
+    return optax.tree.where(pred, on_true, on_false)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import NamedTuple
 
 import chex
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fastpop.agents import losses
 from fastpop.agents.base import Agent, adam_step, hparams_from_values, select_tree
 from fastpop.networks import QNetwork
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
@@ -84,19 +86,28 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         take_random = jax.random.uniform(explore_key, greedy.shape) < rate
         return jnp.where(take_random, random_action, greedy)
 
+    example_loss = jax.vmap(
+        partial(losses.dqn_loss, huber_delta=config.huber_delta), in_axes=(0, 0, 0, None, 0, 0, 0)
+    )
+
     def loss_fn(params, target_params, batch: Transition, hparams: DQNHParams):
         next_target_q = network.apply(target_params, batch.next_obs)
-        if config.double_dqn:
-            next_action = jnp.argmax(network.apply(params, batch.next_obs), axis=-1)
-        else:
-            next_action = jnp.argmax(next_target_q, axis=-1)
-        next_q = jnp.take_along_axis(next_target_q, next_action[:, None], axis=-1)[:, 0]
-        bootstrap = hparams.discount * (1.0 - batch.terminated.astype(jnp.float32))
-        target = jax.lax.stop_gradient(batch.reward + bootstrap * next_q)
-        q_all = network.apply(params, batch.obs)
-        q = jnp.take_along_axis(q_all, batch.action[:, None].astype(jnp.int32), axis=-1)[:, 0]
-        chex.assert_equal_shape([q, target])
-        return jnp.mean(optax.huber_loss(q, target, delta=config.huber_delta)), jnp.mean(q)
+        # Double DQN picks the bootstrap action with the online network, plain DQN with the target.
+        next_selector_q = (
+            network.apply(params, batch.next_obs) if config.double_dqn else next_target_q
+        )
+        q = network.apply(params, batch.obs)
+        action = batch.action.astype(jnp.int32)
+        loss = example_loss(
+            q,
+            action,
+            batch.reward,
+            hparams.discount,
+            batch.terminated,
+            next_target_q,
+            next_selector_q,
+        )
+        return jnp.mean(loss), jnp.mean(jnp.take_along_axis(q, action[:, None], axis=-1))
 
     def update(state: DQNState, batch: Transition, hparams: DQNHParams, key: PRNGKey):
         del key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import chex
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fastpop.agents import losses
 from fastpop.agents.base import (
     ActorCriticConfig,
     Agent,
@@ -61,12 +63,117 @@ def squashed_gaussian_sample(mean, log_std, key, half_range, center):
     return jnp.tanh(pre_tanh) * half_range + center, log_prob
 
 
+def temperature_loss(log_alpha, log_prob, target_entropy):
+    """Mean over a batch of sampled actions' log-densities of the per-transition alpha loss."""
+    per_example = jax.vmap(losses.sac_temperature_loss, in_axes=(None, 0, None))
+    return jnp.mean(per_example(log_alpha, log_prob, target_entropy))
+
+
+class SACParts(NamedTuple):
+    """The pieces of a SAC update, for code that recombines or costs them.
+
+    sample_action(actor, obs, key) -> (actions, log-densities) of the squashed Gaussian.
+    critic_loss(critic, state, batch, hparams, key) -> (loss, mean q): targets from
+    state.target_critic and next actions sampled from state.actor at temperature state.log_alpha.
+    actor_loss(actor, critic, log_alpha, obs, key) -> (loss, log-densities of the sampled actions).
+    critic_step(state, batch, hparams, key) -> (state, metrics).
+    actor_and_temperature_step(state, obs, hparams, key) -> (state, metrics).
+    optimizer: the moment-only optimizer of `adam_step`.
+    """
+
+    sample_action: Callable
+    critic_loss: Callable
+    actor_loss: Callable
+    critic_step: Callable
+    actor_and_temperature_step: Callable
+    optimizer: optax.GradientTransformation
+
+
+def make_sac_parts(
+    spec: EnvSpec,
+    actor_net: GaussianActor,
+    critic_net: TwinCritic,
+    optimizer: optax.GradientTransformation,
+) -> SACParts:
+    """Critic, actor and temperature steps of SAC: network applies here, arithmetic in losses."""
+    half_range = (spec.action_high - spec.action_low) / 2.0
+    center = (spec.action_high + spec.action_low) / 2.0
+    critic_example_loss = jax.vmap(
+        losses.sac_critic_loss, in_axes=(0, 0, None, 0, 0, 0, None, None)
+    )
+    actor_example_loss = jax.vmap(losses.sac_actor_loss, in_axes=(0, 0, None))
+
+    def sample_action(actor, obs, key):
+        mean, log_std = actor_net.apply(actor, obs)
+        return squashed_gaussian_sample(mean, log_std, key, half_range, center)
+
+    def critic_loss(critic, state: SACState, batch: Transition, hparams: SACHParams, key):
+        next_action, next_log_prob = sample_action(state.actor, batch.next_obs, key)
+        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
+        q = critic_net.apply(critic, batch.obs, batch.action)
+        loss = critic_example_loss(
+            q,
+            batch.reward,
+            hparams.discount,
+            batch.terminated,
+            next_q,
+            next_log_prob,
+            jnp.exp(state.log_alpha),
+            hparams.reward_scale,
+        )
+        return jnp.mean(loss), jnp.mean(q)
+
+    def actor_loss(actor, critic, log_alpha, obs, key):
+        action, log_prob = sample_action(actor, obs, key)
+        q = critic_net.apply(critic, obs, action)
+        return jnp.mean(actor_example_loss(q, log_prob, jnp.exp(log_alpha))), log_prob
+
+    def critic_step(state: SACState, batch: Transition, hparams: SACHParams, key: PRNGKey):
+        (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic, state, batch, hparams, key
+        )
+        critic, critic_opt = adam_step(
+            state.critic, grads, state.critic_opt, optimizer, hparams.critic_lr
+        )
+        state = state._replace(critic=critic, critic_opt=critic_opt)
+        return state, {"critic_loss": loss, "q_mean": q_mean}
+
+    def actor_and_temperature_step(state: SACState, obs, hparams: SACHParams, key: PRNGKey):
+        (pi_loss, log_prob), grads = jax.value_and_grad(actor_loss, has_aux=True)(
+            state.actor, state.critic, state.log_alpha, obs, key
+        )
+        actor, actor_opt = adam_step(
+            state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
+        )
+        alpha_loss, grad = jax.value_and_grad(temperature_loss)(
+            state.log_alpha, log_prob, hparams.target_entropy
+        )
+        log_alpha, alpha_opt = adam_step(
+            state.log_alpha, grad, state.alpha_opt, optimizer, hparams.alpha_lr
+        )
+        state = state._replace(
+            actor=actor, actor_opt=actor_opt, log_alpha=log_alpha, alpha_opt=alpha_opt
+        )
+        metrics = {
+            "actor_loss": pi_loss,
+            "alpha_loss": alpha_loss,
+            "alpha": jnp.exp(log_alpha),
+            "entropy": -jnp.mean(log_prob),
+        }
+        return state, metrics
+
+    return SACParts(
+        sample_action, critic_loss, actor_loss, critic_step, actor_and_temperature_step, optimizer
+    )
+
+
 def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     if spec.discrete:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
     actor_net = GaussianActor(spec.action_dim, config.hidden_sizes)
     critic_net = TwinCritic(config.hidden_sizes)
     optimizer = optax.scale_by_adam()
+    parts = make_sac_parts(spec, actor_net, critic_net, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
 
@@ -98,76 +205,25 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
             step=jnp.zeros((), jnp.int32),
         )
 
-    def sample_action(actor, obs, key):
-        mean, log_std = actor_net.apply(actor, obs)
-        return squashed_gaussian_sample(mean, log_std, key, half_range, center)
-
     def act(actor, obs, key, hparams: SACHParams, explore, env_steps=0):
         del hparams, env_steps
-        sampled, _ = sample_action(actor, obs, key)
+        sampled, _ = parts.sample_action(actor, obs, key)
         mean, _ = actor_net.apply(actor, obs)
         return jnp.where(explore, sampled, jnp.tanh(mean) * half_range + center)
-
-    def critic_loss(critic, state: SACState, batch: Transition, hparams: SACHParams, key):
-        next_action, next_log_prob = sample_action(state.actor, batch.next_obs, key)
-        next_q = jnp.min(critic_net.apply(state.target_critic, batch.next_obs, next_action), -1)
-        next_value = next_q - jnp.exp(state.log_alpha) * next_log_prob
-        # Only termination stops the bootstrap; a time-limit truncation still bootstraps.
-        bootstrap = hparams.discount * (1.0 - batch.terminated.astype(jnp.float32))
-        target = batch.reward * hparams.reward_scale + bootstrap * next_value
-        target = jax.lax.stop_gradient(target)
-        q = critic_net.apply(critic, batch.obs, batch.action)
-        chex.assert_equal_shape([q[:, 0], target])
-        return jnp.mean(jnp.sum(jnp.square(q - target[:, None]), -1)), jnp.mean(q)
-
-    def actor_loss(actor, critic, log_alpha, obs, key):
-        action, log_prob = sample_action(actor, obs, key)
-        q = jnp.min(critic_net.apply(critic, obs, action), -1)
-        return jnp.mean(jnp.exp(log_alpha) * log_prob - q), log_prob
-
-    def alpha_loss(log_alpha, log_prob, target_entropy):
-        return -jnp.mean(log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
 
     def update(state: SACState, batch: Transition, hparams: SACHParams, key: PRNGKey):
         chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
         critic_key, actor_key = jax.random.split(key)
-        (q_loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic, state, batch, hparams, critic_key
+        state, critic_metrics = parts.critic_step(state, batch, hparams, critic_key)
+        # The actor is trained against the critic just updated, then the targets follow it.
+        state, actor_metrics = parts.actor_and_temperature_step(
+            state, batch.obs, hparams, actor_key
         )
-        critic, critic_opt = adam_step(
-            state.critic, grads, state.critic_opt, optimizer, hparams.critic_lr
-        )
-        (pi_loss, log_prob), grads = jax.value_and_grad(actor_loss, has_aux=True)(
-            state.actor, critic, state.log_alpha, batch.obs, actor_key
-        )
-        actor, actor_opt = adam_step(
-            state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
-        )
-        temperature_loss, grad = jax.value_and_grad(alpha_loss)(
-            state.log_alpha, log_prob, hparams.target_entropy
-        )
-        log_alpha, alpha_opt = adam_step(
-            state.log_alpha, grad, state.alpha_opt, optimizer, hparams.alpha_lr
-        )
-        state = SACState(
-            actor=actor,
-            critic=critic,
-            target_critic=polyak(state.target_critic, critic, hparams.tau),
-            log_alpha=log_alpha,
-            actor_opt=actor_opt,
-            critic_opt=critic_opt,
-            alpha_opt=alpha_opt,
+        state = state._replace(
+            target_critic=polyak(state.target_critic, state.critic, hparams.tau),
             step=state.step + 1,
         )
-        metrics = {
-            "critic_loss": q_loss,
-            "actor_loss": pi_loss,
-            "alpha_loss": temperature_loss,
-            "alpha": jnp.exp(log_alpha),
-            "entropy": -jnp.mean(log_prob),
-            "q_mean": q_mean,
-        }
-        return state, metrics
+        return state, {**critic_metrics, **actor_metrics}
 
     return Agent(
         name="sac",
@@ -177,4 +233,5 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,
+        parts=parts,
     )

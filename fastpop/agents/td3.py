@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import chex
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from fastpop.agents import losses
 from fastpop.agents.base import (
     ActorCriticConfig,
     Agent,
@@ -85,54 +87,35 @@ class TD3Parts(NamedTuple):
     optimizer: optax.GradientTransformation
 
 
-def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
-    if spec.discrete:
-        raise ValueError("TD3 needs a continuous action space; use DQN for discrete actions")
-    actor_net = DeterministicActor(
-        spec.action_dim, config.hidden_sizes, spec.action_low, spec.action_high
+def make_td3_parts(
+    spec: EnvSpec,
+    actor_net: DeterministicActor,
+    critic_net: TwinCritic,
+    optimizer: optax.GradientTransformation,
+) -> TD3Parts:
+    """The critic and actor halves of a TD3 update: network applies here, arithmetic in losses."""
+    # The action bounds are static floats, closed over rather than traced.
+    bounded = partial(
+        losses.td3_target_action, action_low=spec.action_low, action_high=spec.action_high
     )
-    critic_net = TwinCritic(config.hidden_sizes)
-    optimizer = optax.scale_by_adam()
-    half_range = (spec.action_high - spec.action_low) / 2.0
-
-    def default_hparams() -> TD3HParams:
-        return hparams_from_values(TD3HParams, frozenset({"policy_delay"}), **TD3_DEFAULTS)
-
-    def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
-        del hparams
-        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
-        return TD3State(
-            actor=actor,
-            critic=critic,
-            target_actor=actor,
-            target_critic=critic,
-            actor_opt=optimizer.init(actor),
-            critic_opt=optimizer.init(critic),
-            step=jnp.zeros((), jnp.int32),
-        )
-
-    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0):
-        del env_steps
-        action = actor_net.apply(actor, obs)
-        noise_std = jnp.where(explore, hparams.exploration_noise, 0.0) * half_range
-        noise = noise_std * jax.random.normal(key, action.shape)
-        return jnp.clip(action + noise, spec.action_low, spec.action_high)
+    smoothed_action = jax.vmap(bounded, in_axes=(0, 0, None, None))
+    critic_example_loss = jax.vmap(losses.td3_critic_loss, in_axes=(0, 0, None, 0, 0))
 
     def critic_loss(critic, state: TD3State, batch: Transition, hparams: TD3HParams, key):
-        noise = jax.random.normal(key, batch.action.shape) * hparams.policy_noise
-        noise = jnp.clip(noise, -hparams.noise_clip, hparams.noise_clip) * half_range
-        next_action = actor_net.apply(state.target_actor, batch.next_obs) + noise
-        next_action = jnp.clip(next_action, spec.action_low, spec.action_high)
-        next_q = jnp.min(critic_net.apply(state.target_critic, batch.next_obs, next_action), -1)
-        bootstrap = hparams.discount * (1.0 - batch.terminated.astype(jnp.float32))
-        target = jax.lax.stop_gradient(batch.reward + bootstrap * next_q)
+        next_action = smoothed_action(
+            actor_net.apply(state.target_actor, batch.next_obs),
+            jax.random.normal(key, batch.action.shape),
+            hparams.policy_noise,
+            hparams.noise_clip,
+        )
+        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
         q = critic_net.apply(critic, batch.obs, batch.action)
-        chex.assert_equal_shape([q[:, 0], target])
-        return jnp.mean(jnp.sum(jnp.square(q - target[:, None]), -1)), jnp.mean(q)
+        loss = critic_example_loss(q, batch.reward, hparams.discount, batch.terminated, next_q)
+        return jnp.mean(loss), jnp.mean(q)
 
     def actor_loss(actor, critic, obs):
-        action = actor_net.apply(actor, obs)
-        return -jnp.mean(critic_net.apply(critic, obs, action)[:, 0])
+        q = critic_net.apply(critic, obs, actor_net.apply(actor, obs))
+        return jnp.mean(jax.vmap(losses.td3_actor_loss)(q))
 
     def actor_and_targets_step(state: TD3State, obs, hparams: TD3HParams, due):
         loss, grads = jax.value_and_grad(actor_loss)(state.actor, state.critic, obs)
@@ -159,14 +142,53 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         state = state._replace(critic=critic, critic_opt=critic_opt, step=state.step + 1)
         return state, {"critic_loss": loss, "q_mean": q_mean}
 
+    return TD3Parts(
+        critic_step, actor_and_targets_step, critic_loss, actor_loss, actor_net.apply, optimizer
+    )
+
+
+def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
+    if spec.discrete:
+        raise ValueError("TD3 needs a continuous action space; use DQN for discrete actions")
+    actor_net = DeterministicActor(
+        spec.action_dim, config.hidden_sizes, spec.action_low, spec.action_high
+    )
+    critic_net = TwinCritic(config.hidden_sizes)
+    optimizer = optax.scale_by_adam()
+    parts = make_td3_parts(spec, actor_net, critic_net, optimizer)
+    half_range = (spec.action_high - spec.action_low) / 2.0
+
+    def default_hparams() -> TD3HParams:
+        return hparams_from_values(TD3HParams, frozenset({"policy_delay"}), **TD3_DEFAULTS)
+
+    def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
+        del hparams
+        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
+        return TD3State(
+            actor=actor,
+            critic=critic,
+            target_actor=actor,
+            target_critic=critic,
+            actor_opt=optimizer.init(actor),
+            critic_opt=optimizer.init(critic),
+            step=jnp.zeros((), jnp.int32),
+        )
+
+    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0):
+        del env_steps
+        action = actor_net.apply(actor, obs)
+        noise_std = jnp.where(explore, hparams.exploration_noise, 0.0) * half_range
+        noise = noise_std * jax.random.normal(key, action.shape)
+        return jnp.clip(action + noise, spec.action_low, spec.action_high)
+
     def update(state: TD3State, batch: Transition, hparams: TD3HParams, key: PRNGKey):
-        state, metrics = critic_step(state, batch, hparams, key)
+        state, metrics = parts.critic_step(state, batch, hparams, key)
         due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0
         # One branch for the whole population: skip the actor pass when no member is due,
         # rather than vmap turning the cond into a select that always runs both branches.
         state, policy_loss = jax.lax.cond(
             population_any(due),
-            lambda s: actor_and_targets_step(s, batch.obs, hparams, due),
+            lambda s: parts.actor_step(s, batch.obs, hparams, due),
             lambda s: (s, jnp.full((), jnp.nan)),
             state,
         )
@@ -180,12 +202,5 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,
-        parts=TD3Parts(
-            critic_step,
-            actor_and_targets_step,
-            critic_loss,
-            actor_loss,
-            actor_net.apply,
-            optimizer,
-        ),
+        parts=parts,
     )

@@ -1,0 +1,145 @@
+"""Per-transition losses of TD3, SAC and DQN, in the style of rlax's `value_learning`.
+
+Every function here takes the arrays of ONE transition, after the agent has applied its
+networks (Q-values, log-probabilities, the target actor's action), and returns a scalar. An
+agent averages a batch with `jnp.mean(jax.vmap(loss)(...))`; a population adds one more vmap.
+Per transition rather than per batch, so that the rank asserts say exactly what one example is
+(a twin critic is shape (2,), a DQN head (num_actions,), a reward rank 0) and both the batch and
+the population axis are added the same way; and so that each loss can be checked by hand on a
+two-number example without building a network.
+
+Targets are wrapped in `stop_gradient`: a critic is regressed onto a fixed target.
+
+Time limits are not terminals: `terminated` is the only flag that stops the bootstrap. There is
+deliberately no `truncated` argument: a transition cut by a time limit bootstraps like any other.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+
+Scalar = chex.Numeric
+
+
+def bootstrap_target(
+    reward: chex.Array, discount: Scalar, terminated: chex.Array, next_value: chex.Array
+) -> chex.Array:
+    """reward + discount * next_value, dropping the bootstrap only where the episode terminated."""
+    chex.assert_rank([reward, discount, terminated, next_value], 0)
+    bootstrap = discount * (1.0 - jnp.asarray(terminated).astype(jnp.float32))
+    return jax.lax.stop_gradient(reward + bootstrap * next_value)
+
+
+def td3_target_action(
+    target_action: chex.Array,
+    standard_normal: chex.Array,
+    policy_noise: Scalar,
+    noise_clip: Scalar,
+    action_low: float,
+    action_high: float,
+) -> chex.Array:
+    """Target policy smoothing (Fujimoto et al., 2018): the target actor's action plus clipped
+    Gaussian noise, kept within the action bounds.
+
+    `standard_normal` is an N(0, 1) draw of the action's shape; `policy_noise` (its std) and
+    `noise_clip` are in units of the action half-range, as in TD3HParams.
+    """
+    chex.assert_rank([target_action, standard_normal, policy_noise, noise_clip], [1, 1, 0, 0])
+    chex.assert_equal_shape([target_action, standard_normal])
+    half_range = (action_high - action_low) / 2.0
+    noise = jnp.clip(standard_normal * policy_noise, -noise_clip, noise_clip) * half_range
+    return jnp.clip(target_action + noise, action_low, action_high)
+
+
+def td3_critic_loss(
+    q_values: chex.Array,
+    reward: chex.Array,
+    discount: Scalar,
+    terminated: chex.Array,
+    next_target_q_values: chex.Array,
+) -> chex.Array:
+    """Sum over the twin critics of the squared error to the clipped double-Q target.
+
+    q_values: (2,) both critics at the stored (obs, action).
+    next_target_q_values: (2,) both target critics at (next_obs, smoothed target action); the
+    target bootstraps from their minimum.
+    """
+    chex.assert_shape([q_values, next_target_q_values], (2,))
+    target = bootstrap_target(reward, discount, terminated, jnp.min(next_target_q_values))
+    return jnp.sum(jnp.square(q_values - target))
+
+
+def td3_actor_loss(q_values: chex.Array) -> chex.Array:
+    """-Q1(obs, actor(obs)): the deterministic policy gradient follows the first critic only."""
+    chex.assert_shape(q_values, (2,))
+    return -q_values[0]
+
+
+def sac_critic_loss(
+    q_values: chex.Array,
+    reward: chex.Array,
+    discount: Scalar,
+    terminated: chex.Array,
+    next_target_q_values: chex.Array,
+    next_log_prob: chex.Array,
+    alpha: Scalar,
+    reward_scale: Scalar,
+) -> chex.Array:
+    """Sum over the twin critics of the squared error to the soft clipped double-Q target.
+
+    The next state's soft value is min(target Q1, Q2)(s', a') - alpha * log pi(a'|s') for an
+    action a' sampled from the current policy; the reward is scaled by `reward_scale`.
+    """
+    chex.assert_shape([q_values, next_target_q_values], (2,))
+    chex.assert_rank([next_log_prob, alpha, reward_scale], 0)
+    next_value = jnp.min(next_target_q_values) - alpha * next_log_prob
+    target = bootstrap_target(reward * reward_scale, discount, terminated, next_value)
+    return jnp.sum(jnp.square(q_values - target))
+
+
+def sac_actor_loss(q_values: chex.Array, log_prob: chex.Array, alpha: Scalar) -> chex.Array:
+    """alpha * log pi(a|s) - min(Q1, Q2)(s, a) for a reparameterised action a ~ pi(s).
+
+    `alpha` enters as a constant: the temperature has its own loss.
+    """
+    chex.assert_shape(q_values, (2,))
+    chex.assert_rank([log_prob, alpha], 0)
+    return alpha * log_prob - jnp.min(q_values)
+
+
+def sac_temperature_loss(
+    log_alpha: chex.Array, log_prob: chex.Array, target_entropy: Scalar
+) -> chex.Array:
+    """-log_alpha * (log pi(a|s) + target_entropy), the policy term held constant.
+
+    Its gradient raises alpha while the policy's entropy (-log pi) is below the target, and
+    lowers it above. Learned in log space so alpha stays positive.
+    """
+    chex.assert_rank([log_alpha, log_prob, target_entropy], 0)
+    return -(log_alpha * jax.lax.stop_gradient(log_prob + target_entropy))
+
+
+def dqn_loss(
+    q_values: chex.Array,
+    action: chex.Array,
+    reward: chex.Array,
+    discount: Scalar,
+    terminated: chex.Array,
+    next_target_q_values: chex.Array,
+    next_selector_q_values: chex.Array,
+    huber_delta: float = 1.0,
+) -> chex.Array:
+    """Huber loss of Q(s, a) against r + discount * Q_target(s', argmax Q_selector(s', .)).
+
+    Double DQN (van Hasselt et al., 2016) passes the online network's next-state values as the
+    selector; plain DQN passes the target network's values for both (the max of the target).
+    """
+    chex.assert_rank([q_values, action, next_target_q_values, next_selector_q_values], [1, 0, 1, 1])
+    chex.assert_type(action, int)
+    chex.assert_equal_shape([q_values, next_target_q_values, next_selector_q_values])
+    next_q = next_target_q_values[jnp.argmax(next_selector_q_values)]
+    target = bootstrap_target(reward, discount, terminated, next_q)
+    return optax.losses.huber_loss(q_values[action], target, delta=huber_delta)
