@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -10,7 +11,7 @@ from pathlib import Path
 
 from fastpop import evaluate
 from fastpop.bench import commands as bench_commands
-from fastpop.cli_args import comma_list, fail
+from fastpop.cli_args import comma_list, fail, one_of
 from fastpop.run_state import SAFE_ON_RESUME
 
 
@@ -85,6 +86,29 @@ def add_plot_parser(commands) -> None:
         action="store_true",
         help="instead draw each run's hyperparameters per member and the best member's family "
         "tree (hparams.png)",
+    )
+    plot.add_argument(
+        "--aggregate",
+        action="store_true",
+        help="instead draw the IQM and mean return of each group of members (see --by) with 95%% "
+        "stratified bootstrap confidence bands against wall time and env steps, and their "
+        "performance profiles; --table then gives IQM, mean, median and optimality gap with "
+        "their intervals",
+    )
+    plot.add_argument(
+        "--by",
+        type=one_of("grouping", ("configuration", "run")),
+        default=None,
+        help="--aggregate groups: configuration (members.json's config_index, pooled over the "
+        "runs given, one stratum per run) or run (one group per run, one stratum per "
+        "configuration); default configuration",
+    )
+    plot.add_argument(
+        "--gamma",
+        type=float,
+        default=None,
+        help="--aggregate --table: the return the optimality gap is measured from (default: "
+        "the best return any member reached)",
     )
     plot.add_argument(
         "--table",
@@ -210,15 +234,27 @@ def format_ranking(ranking: list[dict], members_file: Path, shown: int = 10) -> 
 def run_plot(args: argparse.Namespace) -> int:
     from fastpop.lineage import plot_hparams
     from fastpop.plot import plot_runs, returns_table
+    from fastpop.plot_aggregate import aggregate_table, plot_aggregate
 
+    if args.aggregate and args.hparams:
+        return fail("--aggregate and --hparams draw different plots; choose one")
+    if not args.aggregate and (args.by is not None or args.gamma is not None):
+        return fail("--by and --gamma choose how --aggregate groups and scores; add --aggregate")
+    by = args.by or "configuration"
+    if args.gamma is not None and not math.isfinite(args.gamma):
+        return fail(f"--gamma must be a finite return, got {args.gamma}")
     try:
         if args.hparams:
             if args.out is not None and len(args.runs) > 1:
                 return fail("--hparams with several runs writes into each run; drop --out")
             paths = [plot_hparams(run, args.out) for run in args.runs]
+        elif args.aggregate:
+            paths = plot_aggregate(args.runs, args.out, by, args.gamma)
         else:
             paths = plot_runs(args.runs, args.out)
-        if args.table:
+        if args.table and args.aggregate:
+            print(aggregate_table(args.runs, tuple(args.minutes), by, args.gamma))
+        elif args.table:
             print(returns_table(args.runs, tuple(args.minutes)))
     except ValueError as error:
         return fail(str(error))

@@ -66,6 +66,14 @@ class PopulationConfig:
     priors: dict = dataclasses.field(default_factory=dict)
     """hparam -> prior ({log_uniform: [lo, hi]}, {uniform: ...}, {int_uniform: ...}, {choice:
     [...]}): each member samples its initial value; PBT's explore stays inside the prior."""
+    seeds: int = field(1, min=1)
+    """Independent seeds of every configuration (a grid combination, one set of prior draws, or
+    the config itself): member c * seeds + s is seed s of configuration c, with the same hparams
+    and its own network init, environment and noise seeds; members.json records both indices.
+    Given: population.size = configurations * seeds (size follows when not given; with priors
+    every size / seeds members share one draw). Not given: 1 with priors (each member draws its
+    own), else population.size / grid combinations (members with equal hparams are seeds of one
+    configuration). pbt, branch_merge, cemrl, dvd: 1 (their members interact)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,9 +248,10 @@ def _build(raw: dict, r: Reader) -> Config:
         elif name not in _SCALARS:
             values[name] = factory(**read_fields(r, name, raw.get(name), field_specs(factory)))
     values["env"] = dataclasses.replace(values["env"], id=_check_env(r, values["env"].id))
-    size_given = isinstance(raw.get("population"), dict) and "size" in raw["population"]
+    given = raw["population"] if isinstance(raw.get("population"), dict) else {}
     specs = _table_specs("hparams", algo)
-    values["population"] = check_member_hparams(r, values["population"], specs, size_given)
+    population, strategy = values["population"], values["strategy"]
+    values["population"] = check_member_hparams(r, population, specs, set(given), strategy)
     config = Config(**values)
     check_strategy(r, config)
     _check_consistency(r, config)

@@ -7,6 +7,7 @@ collection, so the walltime plot is the honest speed comparison the paper makes.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import warnings
@@ -34,9 +35,11 @@ class Curve:
     median_return: list[float]
     # CEM-RL: the return of member 0, which acts with the CEM mean, per round (else empty).
     cem_mean_return: tuple[float, ...] = ()
+    # How long the run ran (or has run so far): past it, a table has no value to show.
+    ran_minutes: float = math.inf
 
 
-def _read_config(run_dir: Path) -> dict:
+def read_run_config(run_dir: Path) -> dict:
     path = run_dir / "config.yaml"
     if not path.exists():
         return {}
@@ -50,7 +53,7 @@ def _read_config(run_dir: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def _config_value(config: dict, *paths: str):
+def config_value(config: dict, *paths: str):
     for dotted in paths:
         value = config
         for part in dotted.split("."):
@@ -60,19 +63,31 @@ def _config_value(config: dict, *paths: str):
     return None
 
 
-def _label(run_dir: Path, config: dict) -> str:
+def run_label(run_dir: Path, config: dict) -> str:
     """The directory name, plus algorithm / env / population size when the config has them."""
-    strategy = _config_value(config, "strategy")
+    strategy = config_value(config, "strategy")
     details = [
-        _config_value(config, "algo", "algorithm", "agent.algorithm", "agent.name", "agent"),
-        _config_value(config, "env.id", "env.name", "env"),
+        config_value(config, "algo", "algorithm", "agent.algorithm", "agent.name", "agent"),
+        config_value(config, "env.id", "env.name", "env"),
         None if strategy == "independent" else strategy,
     ]
-    size = _config_value(config, "population.size", "population_size")
+    size = config_value(config, "population.size", "population_size")
     if size is not None:
         details.append(f"P={size}")
     details = [str(d) for d in details if d is not None]
     return f"{run_dir.name} ({', '.join(details)})" if details else run_dir.name
+
+
+def ran_minutes(run_dir: Path, rows: list[dict]) -> float:
+    """Wall-clock minutes the run ran: summary.json's wall time (written when a run stops, a
+    little past its last evaluation) or, while it runs or after a crash, its last evaluation's."""
+    last = max((float(row["wall_time"]) for row in rows), default=0.0)
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+        last = max(last, float(summary["wall_time"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no summary (yet): the metrics say how far the run got
+    return last / 60
 
 
 def load_curve(run_dir: Path) -> Curve:
@@ -90,7 +105,7 @@ def load_curve(run_dir: Path) -> Curve:
         returns = finite_returns(group)
         best.append(max(returns) if returns else math.nan)
         medians.append(median(returns))
-    config = _read_config(run_dir)
+    config = read_run_config(run_dir)
     cem_mean = ()
     if config.get("strategy") == "cemrl":
         cem_mean = tuple(
@@ -99,15 +114,16 @@ def load_curve(run_dir: Path) -> Curve:
         )
     return Curve(
         cem_mean_return=cem_mean,
-        label=_label(run_dir, config),
+        label=run_label(run_dir, config),
         wall_minutes=[max(r["wall_time"] for r in group) / 60 for group in rounds],
         env_steps=[max(r["env_steps"] for r in group) for group in rounds],
         best_return=best,
         median_return=medians,
+        ran_minutes=ran_minutes(run_dir, rows),
     )
 
 
-def _default_out_dir(run_dirs: list[Path]) -> Path:
+def default_out_dir(run_dirs: list[Path]) -> Path:
     if len(run_dirs) == 1:
         return run_dirs[0]
     names = [re.sub(r"[^A-Za-z0-9._-]+", "-", d.resolve().name) for d in run_dirs]
@@ -154,7 +170,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
     if not run_dirs:
         raise ValueError("plot_runs: no run directories given")
     curves = [load_curve(d) for d in run_dirs]
-    out_dir = Path(out_dir) if out_dir is not None else _default_out_dir(run_dirs)
+    out_dir = Path(out_dir) if out_dir is not None else default_out_dir(run_dirs)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / WALLTIME_PLOT, out_dir / STEPS_PLOT]
     _plot(
@@ -186,7 +202,9 @@ def returns_by_minute(curve: Curve, minutes: float) -> tuple[float, float]:
 
 def returns_table(run_dirs: list[Path], minutes: tuple[float, ...] = (5, 10, 20)) -> str:
     """A markdown table: per run, the best member's return at the last evaluation snapshot taken
-    by each wall-clock minute (in brackets: the best of any snapshot by then)."""
+    by each wall-clock minute (in brackets: the best of any snapshot by then). A minute past the
+    run's end shows how long it ran instead ("ran 15.0 min"), not its final values as if it had
+    run that long."""
     header = "| run | " + " | ".join(f"{m:g} min" for m in minutes) + " |"
     lines = [header, "|---|" + "---:|" * len(minutes)]
     for run_dir in run_dirs:
@@ -194,6 +212,9 @@ def returns_table(run_dirs: list[Path], minutes: tuple[float, ...] = (5, 10, 20)
         cells = []
         for m in minutes:
             latest, best = returns_by_minute(curve, m)
-            cells.append("-" if math.isnan(latest) else f"{latest:.0f} ({best:.0f})")
+            if m > curve.ran_minutes:
+                cells.append(f"ran {curve.ran_minutes:.1f} min")
+            else:
+                cells.append("-" if math.isnan(latest) else f"{latest:.0f} ({best:.0f})")
         lines.append(f"| {curve.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

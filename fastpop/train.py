@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastpop import checkpoint, run_state
+from fastpop import checkpoint, run_state, strategies
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.workers import WorkerFailed, Workers
@@ -75,7 +75,8 @@ class Run:
         purge_step = None
         if self.resumed_from is None:
             hparams = self.learner.all_member_hparams()
-            members = [{"member": m, "hparams": h} for m, h in enumerate(hparams)]
+            indices = strategies.member_configurations(config)  # config_index, seed_index
+            members = [{"member": m, **indices[m], "hparams": h} for m, h in enumerate(hparams)]
             members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
             (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
         else:  # rows logged after the checkpoint are written again by this run

@@ -40,6 +40,13 @@ def round_rows(evaluation: int, members: int = MEMBERS, best: int = 1) -> list[d
     ]
 
 
+def write_rows(run_dir, rows: list[dict]) -> None:
+    """metrics.jsonl as a run writes it (one round per eval_index), without MetricsWriter."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"eval_index": int(row["wall_time"] // 30) - 1, **row}) for row in rows]
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
 def write_run(run_dir, evaluations=EVALUATIONS, best=1, tensorboard=False) -> list[dict]:
     written = []
     with MetricsWriter(run_dir, tensorboard=tensorboard) as writer:
@@ -133,9 +140,10 @@ def test_returns_by_minute_reads_the_latest_round_taken_by_then(tmp_path):
     assert returns_by_minute(curve, 0.25) == (pytest.approx(math.nan, nan_ok=True),) * 2
     assert returns_by_minute(curve, 1.2) == (1000.0, 1000.0)
     assert returns_by_minute(curve, 5) == (350.0, 1000.0)
-    table = returns_table([tmp_path], minutes=(1.2, 5)).splitlines()
-    assert table[0] == "| run | 1.2 min | 5 min |"
-    assert table[2].endswith("| 1000 (1000) | 350 (1000) |")
+    table = returns_table([tmp_path], minutes=(1.2, 2, 5)).splitlines()
+    assert table[0] == "| run | 1.2 min | 2 min | 5 min |"
+    # 5 minutes is past the run's end (its last evaluation, at 2 minutes, without a summary)
+    assert table[2].endswith("| 1000 (1000) | 350 (1000) | ran 2.0 min |")
 
 
 def test_cemrl_runs_get_a_cem_mean_curve(tmp_path):
@@ -211,3 +219,22 @@ def test_plot_missing_or_empty_metrics_names_path(tmp_path):
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="no evaluation rows"):
         plot_runs([tmp_path / "empty"])
+
+
+def test_table_marks_minutes_past_a_runs_end(tmp_path):
+    """Two 15-minute runs: their 20-minute cells say how long they ran instead of passing
+    their final values off as 20-minute results; a run still going shows what it has."""
+    runs = [tmp_path / "a", tmp_path / "b", tmp_path / "live"]
+    for run, best in zip(runs, (1, 0, 2), strict=True):
+        rows = [row for e in range(30) for row in round_rows(e, best=best)]  # every 30 s
+        write_rows(run, [r for r in rows if r["wall_time"] <= 15 * 60])
+    for run in runs[:2]:  # finished: summary.json holds the whole run's wall time
+        (run / "summary.json").write_text(json.dumps({"wall_time": 15 * 60 + 2.5}))
+    table = returns_table(runs, minutes=(10, 15, 20)).splitlines()
+    assert table[2] == "| a | 1950 (1950) | 2950 (2950) | ran 15.0 min |"
+    assert table[3] == "| b | 1950 (1950) | 2950 (2950) | ran 15.0 min |"
+    assert table[4].endswith("| ran 15.0 min |")
+    assert load_curve(runs[0]).ran_minutes == pytest.approx(15 + 2.5 / 60)
+    assert load_curve(runs[2]).ran_minutes == pytest.approx(15.0)  # its last evaluation
+    longer = returns_table(runs[:1], minutes=(15.02,)).splitlines()
+    assert longer[2].endswith("| 2950 (2950) |")  # inside the run's end, past its evaluation

@@ -7,7 +7,8 @@
     dvd           TD3 actors coupled by a diversity (log det) term, shared critic, adaptive lambda
 
 `make_strategy(config)` builds the one a config names; `member_overrides(config)` gives each
-member's initial hparams that differ from `config.hparams`. See `strategies.base` for the interface.
+member's initial hparams that differ from `config.hparams`, `member_configurations(config)` which
+configuration and which seed of it each member is. See `strategies.base` for the interface.
 """
 
 from __future__ import annotations
@@ -26,8 +27,20 @@ def member_overrides(config) -> list[dict]:
         multipliers = multipliers or branch_merge.default_step_size_multipliers(population.size)
         return branch_merge.member_overrides(config.hparams, multipliers)
     return independent.member_overrides(
-        population.size, population.grid, config_priors(config), config.seed
+        population.size, population.grid, config_priors(config), config.seed, population.seeds
     )
+
+
+def member_configurations(config) -> list[dict]:
+    """Per member, `{"config_index": c, "seed_index": s}`: member m is seed m % seeds of
+    configuration m // seeds (`population.seeds`; 1 for strategies whose members interact, so
+    there every member is its own configuration). Seeds of one configuration start with equal
+    hparams; members differ in network init, environment and noise seeds whatever their index."""
+    seeds = config.population.seeds
+    return [
+        dict(zip(("config_index", "seed_index"), divmod(member, seeds), strict=True))
+        for member in range(config.population.size)
+    ]
 
 
 def config_priors(config) -> dict:

@@ -8,10 +8,15 @@ by `fastpop.config` like every other section.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any, Protocol
 
 from fastpop.schema import Reader, coerce, field, show
 from fastpop.strategies import SHARED_CRITIC
+
+# Strategies whose members never exchange anything: members with equal initial hparams are
+# seeds of one configuration (`population.seeds`).
+INDEPENDENT_MEMBERS = ("independent", "schedule")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,10 +103,12 @@ class CheckedConfig(Protocol):
     def dvd(self) -> DvDConfig: ...
 
 
-def check_member_hparams(r: Reader, population, specs: dict, size_given: bool):
+def check_member_hparams(
+    r: Reader, population, specs: dict, given: Collection[str] = (), strategy: str = "independent"
+):
     """Grid values typed and in range, priors parseable and inside the hparam's range; the size
-    follows the grid unless given (then it must be a multiple of the grid's size)."""
-    from fastpop.strategies.independent import grid_size
+    and the seeds per configuration resolved (`population_sizes`). `given`: the population keys
+    the config sets."""
     from fastpop.strategies.priors import parse_prior
 
     grid = {}
@@ -128,16 +135,57 @@ def check_member_hparams(r: Reader, population, specs: dict, size_given: bool):
             coerce(r, f"{dotted} (a bound)", bound, float, allowed)
         if tp is int and not prior.integer:
             r.fail(dotted, "is an integer hparam: use int_uniform or a choice of integers")
-    size = population.size
-    if grid and not size_given:
-        size = grid_size(grid)
-    elif size % grid_size(grid):
+    population = dataclasses.replace(population, grid=grid)
+    size, seeds = population_sizes(r, population, set(given), strategy)
+    return dataclasses.replace(population, size=size, seeds=seeds)
+
+
+def population_sizes(r: Reader, population, given: set[str], strategy: str) -> tuple[int, int]:
+    """(population.size, population.seeds) resolved: members = configurations * seeds, where the
+    configurations are the grid's combinations (or the one config), or with priors every draw."""
+    from fastpop.strategies.independent import grid_size
+
+    size, seeds, grid = population.size, population.seeds, population.grid
+    combinations = grid_size(grid)
+    interacting = strategy not in INDEPENDENT_MEMBERS
+    if interacting and "seeds" in given and seeds != 1:
+        r.fail(
+            "population.seeds",
+            f"repeats configurations whose members never interact ("
+            f"{', '.join(INDEPENDENT_MEMBERS)}); the members of strategy {strategy} interact, "
+            f"so they are not seeds of one configuration: leave it at 1 (run the population "
+            f"again with another seed= instead), got {seeds}",
+        )
+    if interacting or "seeds" not in given:
+        if grid and "size" not in given:
+            size = combinations
+        elif size % combinations:
+            r.fail(
+                "population.size",
+                f"must be a multiple of the grid's {combinations} combinations (each repeated "
+                f"with other seeds), got {size}; e.g. population.size={combinations}",
+            )
+        if interacting or population.priors:
+            return size, 1  # every member its own configuration (its own draw)
+        return size, size // combinations
+    what = f"the grid's {combinations} combinations" if grid else "1 configuration"
+    unit = combinations * seeds
+    if "size" not in given and (grid or not population.priors):
+        return unit, seeds
+    if population.priors and size % unit:
         r.fail(
             "population.size",
-            f"must be a multiple of the grid's {grid_size(grid)} combinations (each repeated "
-            f"with other seeds), got {size}; e.g. population.size={grid_size(grid)}",
+            f"must be a multiple of {what} x population.seeds ({seeds}) = {unit} (with priors "
+            f"every configuration is one draw, trained with {seeds} seeds), got {size}; "
+            f"e.g. population.size={unit * max(size // unit, 1)}",
         )
-    return dataclasses.replace(population, grid=grid, size=size)
+    if not population.priors and size != unit:
+        r.fail(
+            "population.size",
+            f"must be {what} x population.seeds ({seeds}) = {unit}, got {size}; set "
+            f"population.size={unit} or leave it out (it follows)",
+        )
+    return size, seeds
 
 
 def check_shared_critic(r: Reader, c: CheckedConfig) -> None:

@@ -24,18 +24,22 @@ def grid_combinations(grid: dict[str, list]) -> list[dict]:
 
 
 def member_overrides(
-    size: int, grid: dict[str, list], priors: dict[str, Prior], seed: int
+    size: int, grid: dict[str, list], priors: dict[str, Prior], seed: int, seeds: int = 1
 ) -> list[dict]:
-    """Each member's hparams that differ from the config's: its grid combination (member i takes
-    combination i // repeats, so repeats of one combination are neighbours) and one draw per prior.
+    """Each member's hparams that differ from the config's. There are size // seeds
+    configurations, each trained by `seeds` neighbouring members (member m is seed m % seeds of
+    configuration m // seeds); configuration c takes grid combination c // (configurations //
+    combinations), so repeats of one combination are neighbours, and one draw per prior.
     """
     combinations = grid_combinations(grid)
-    repeats = size // len(combinations)
+    configurations = size // seeds
+    repeats = configurations // len(combinations)
     rng = stream_rng(seed, PRIOR_STREAM)
-    return [
-        {**combinations[member // repeats], **{n: p.sample(rng) for n, p in priors.items()}}
-        for member in range(size)
+    drawn = [
+        {**combinations[index // repeats], **{n: p.sample(rng) for n, p in priors.items()}}
+        for index in range(configurations)
     ]
+    return [dict(drawn[member // seeds]) for member in range(size)]
 
 
 def make_independent(evaluation_interval: int) -> Strategy:
