@@ -112,12 +112,13 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     from fastpop.build import build_agent, build_env_spec
     from fastpop.collect.acting import make_acting
     from fastpop.envs import make_vector_env
-    from fastpop.rollout import RowStream
+    from fastpop.rollout import LockstepEnvs, RowStream
 
     config = config_lib.config_from_dict(spec.config)
     envs_per_member = config.collect.envs_per_member
     atari = config_lib.atari_options(config)
-    envs = make_vector_env(config.env.id, spec.num_slots, spec.env_seed, atari=atari)
+    vector_env = make_vector_env(config.env.id, spec.num_slots, spec.env_seed, atari=atari)
+    envs = LockstepEnvs(vector_env)
     env_spec = build_env_spec(config)
     agent = build_agent(config, env_spec)
     treedef = jax.tree.structure(policy_template(agent, config.population.size))
@@ -138,7 +139,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     episodes: list[tuple[int, float, int]] = []
     timers = {"env_seconds": 0.0, "policy_seconds": 0.0, "blocked_seconds": 0.0}
     steps = 0  # env steps per env, counted from the start of the run
-    obs, _ = envs.reset(seed=spec.env_seed)
+    obs = envs.reset(seed=spec.env_seed)
     try:
         while not stop_event.is_set():
             newer = params.read_if_newer(version)
@@ -154,7 +155,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
             else:
                 actions = acting(obs, steps)
             stepped = time.perf_counter()
-            next_obs, reward, terminated, truncated, _ = envs.step(actions)
+            next_obs, reward, terminated, truncated = envs.step(actions)
             timers["policy_seconds"] += stepped - start
             timers["env_seconds"] += time.perf_counter() - stepped
             for lane, episode_return, length in stream.append(
