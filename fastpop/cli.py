@@ -1,4 +1,5 @@
-"""The `fastpop` command line: fastpop train | resume | eval | plot | bench."""
+"""The `fastpop` command line: fastpop train | resume | eval | export | pbt-replay | plot |
+bench."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastpop import evaluate
+from fastpop import evaluate, export, pbt_replay
 from fastpop.bench import commands as bench_commands
 from fastpop.cli_args import comma_list, fail, one_of
 from fastpop.run_state import SAFE_ON_RESUME
@@ -24,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_resume_parser(commands)
     evaluate.add_parser(commands)
+    export.add_parser(commands)
+    pbt_replay.add_parser(commands)
     add_plot_parser(commands)
     return parser
 
@@ -125,21 +128,31 @@ def add_plot_parser(commands) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from fastpop.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except (ConfigError, ValueError) as error:
+        return fail(str(error))
+    return train_config(config, args.out or Path("results/runs") / config.name, args.overwrite)
+
+
+def train_config(config, run_dir: Path, overwrite: bool) -> int:
+    """Train `config` into `run_dir` (`fastpop train`, `fastpop pbt-replay`); an existing run
+    there is refused (exit 2) unless `overwrite`."""
+    from fastpop.config import ConfigError
     from fastpop.resume import lock_run_directory
     from fastpop.train import Run
 
     try:
-        config = load_config(args.config, args.overrides)
-        run_dir = args.out or Path("results/runs") / config.name
-        if run_dir.exists() and any(run_dir.iterdir()) and not args.overwrite:
+        if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
             raise ConfigError(
                 f"run directory {run_dir} already exists; choose another --set name=... or "
                 f"--out, pass --overwrite, or continue it with `fastpop resume {run_dir}`"
             )
-        if args.overwrite and run_dir.exists():
+        if overwrite and run_dir.exists():
             os.close(lock_run_directory(run_dir))  # never delete a live run
         run = Run(config, run_dir)  # refuses what cannot run before anything is written
-        if args.overwrite and run_dir.exists():
+        if overwrite and run_dir.exists():
             import shutil
 
             shutil.rmtree(run_dir)
@@ -151,6 +164,21 @@ def run_train(args: argparse.Namespace) -> int:
         return execute(run, run_dir)
     finally:
         os.close(descriptor)
+
+
+def run_pbt_replay(args: argparse.Namespace) -> int:
+    from fastpop.config import ConfigError
+    from fastpop.pbt_replay import ReplayError, describe, plot_comparison, replay_config
+
+    try:
+        replay = replay_config(args.run_dir, args.member, args.overrides, args.out)
+    except (ReplayError, ConfigError, evaluate.EvalError) as error:
+        return fail(str(error))
+    print(describe(replay))
+    code = train_config(replay.config, replay.out, args.overwrite)
+    if code in (0, 130, 143) and (replay.out / "metrics.jsonl").is_file():
+        print(f"wrote {plot_comparison(args.run_dir, replay.out, replay.member, replay.line)}")
+    return code
 
 
 def run_resume(args: argparse.Namespace) -> int:
@@ -269,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train": run_train,
         "resume": run_resume,
         "eval": evaluate.run,
+        "export": export.run,
+        "pbt-replay": run_pbt_replay,
         "plot": run_plot,
     }
     return handlers[args.command](args)

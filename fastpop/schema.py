@@ -63,7 +63,7 @@ class Reader:
 
     def origin(self, dotted: str) -> str | None:
         for key, origin in reversed(self.origins.items()):  # the last --set touching it
-            if dotted in (key, key.split(".")[0]) or key in (dotted, dotted.split(".")[0]):
+            if _within(dotted, key) or _within(key, dotted):
                 return origin
         return self.source
 
@@ -81,6 +81,11 @@ class Reader:
             hint = f"did you mean {(f'{section}.' if section else '') + close[0]!r}?"
         origin = self.origin(dotted)
         raise ConfigError(f"unknown key {dotted!r}{f' in {origin}' if origin else ''}; {hint}")
+
+
+def _within(dotted: str, outer: str) -> bool:
+    """`dotted` is the field `outer` or a part of it (population.priors.actor_lr, changes[0])."""
+    return dotted == outer or dotted.startswith((f"{outer}.", f"{outer}["))
 
 
 def show(value: Any) -> str:
@@ -157,9 +162,16 @@ def read_yaml(path: Path) -> dict:
             f"config file {path} does not exist{f'; did you mean {close[0]}?' if close else ''}"
         )
     try:
-        raw = yaml.load(path.read_text(), Loader=Loader)
+        raw = yaml.load(path.read_text(encoding="utf-8"), Loader=Loader)
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path}: not a UTF-8 text file (byte {error.object[error.start]:#04x} at offset "
+            f"{error.start}); a config is YAML text saved as UTF-8"
+        ) from None
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    except OSError as error:  # a directory, unreadable
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror}") from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(
             f"{path}: expected a mapping of sections (algo, env, ...), got {show(raw)}"

@@ -5,6 +5,7 @@
     branch_merge  every round all members restart from the promoted (best) member
     cemrl         CEM over actor parameters, half the samples trained against a shared critic
     dvd           TD3 actors coupled by a diversity (log det) term, shared critic, adaptive lambda
+    schedule      every member follows one fixed hparam schedule (fastpop pbt-replay)
 
 `make_strategy(config)` builds the one a config names; `member_overrides(config)` gives each
 member's initial hparams that differ from `config.hparams`, `member_configurations(config)` which
@@ -13,7 +14,7 @@ configuration and which seed of it each member is. See `strategies.base` for the
 
 from __future__ import annotations
 
-STRATEGIES = ("independent", "pbt", "branch_merge", "cemrl", "dvd")
+STRATEGIES = ("independent", "pbt", "branch_merge", "cemrl", "dvd", "schedule")
 SHARED_CRITIC = ("cemrl", "dvd")  # TD3 members with one shared critic and replay
 
 
@@ -80,4 +81,9 @@ def make_strategy(config):
         from fastpop.strategies.dvd import make_dvd
 
         return make_dvd(size, config.dvd, config.seed, config.eval.interval)
+    if config.strategy == "schedule":
+        from fastpop.strategies.schedule import make_schedule
+
+        schedule = config.schedule
+        return make_schedule(size, schedule.changes, config.eval.interval, schedule.wait)
     return make_independent(config.eval.interval)

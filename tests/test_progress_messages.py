@@ -1,0 +1,69 @@
+"""While a call of the training loop outlasts `log.progress_interval_seconds` (the first update
+compiling, a checkpoint, the final evaluation), the run says what it is doing and for how long."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from fastpop import config as config_lib
+from fastpop import learner as learner_lib
+from fastpop import train
+from fastpop.phases import PhaseWatch
+from tests.runs import FAST, TD3_PENDULUM
+
+
+def test_a_long_phase_is_reported_every_interval_and_when_done():
+    lines: list[str] = []
+    with PhaseWatch(lines.append, 0.1) as watch:
+        with watch.phase("compiling the population update"):
+            time.sleep(0.45)
+        with watch.phase("quick"):  # shorter than an interval: nothing said
+            time.sleep(0.02)
+    reports = [line for line in lines if " ... " in line]
+    assert len(reports) >= 3, lines
+    seconds = [float(re.fullmatch(r"compiling the population update \.\.\. (\S+)s", r)[1])
+               for r in reports]  # fmt: skip
+    assert seconds == sorted(seconds) and seconds[0] >= 0.1
+    assert re.fullmatch(r"compiling the population update: done in 0\.\ds", lines[-1]), lines
+    assert not any("quick" in line for line in lines)
+
+
+def test_nested_phases_report_the_inner_one_and_the_thread_stops():
+    lines: list[str] = []
+    with PhaseWatch(lines.append, 0.05) as watch, watch.phase("outer"):
+        with watch.phase("inner"):
+            time.sleep(0.2)
+        thread = watch._thread
+    assert lines[0].startswith("inner ... ") and any(x.startswith("inner: done") for x in lines)
+    assert thread is not None and not thread.is_alive()
+
+
+def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
+    """A run whose first update takes 1.5 s (as compiling does on a CPU) with progress lines
+    every 0.2 s: the log says the update is compiling, and for how long, while it runs."""
+    overrides = [*FAST, "train.total_env_steps=384", "eval.interval=10000"]
+    config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
+    real_update = learner_lib.Learner.update
+    calls = []
+
+    def slow_first_update(self):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            time.sleep(1.5)
+        real_update(self)
+
+    monkeypatch.setattr(learner_lib.Learner, "update", slow_first_update)
+    lines: list[str] = []
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = train.Run(config, run_dir, log=lines.append).run()
+    assert summary["stopped_by"] == "completed" and len(calls) > 1
+    phase = "compiling the population update (its first call)"
+    reports = [line for line in lines if line.startswith(f"{phase} ... ")]
+    assert len(reports) >= 4, lines  # 1.5 s at least, reported every 0.2 s
+    done = lines.index(next(line for line in lines if line.startswith(f"{phase}: done in")))
+    assert lines.index(reports[-1]) < done
+    assert float(re.search(r"done in (\S+)s", lines[done])[1]) >= 1.5
+    # The later updates are quick: nothing more is said about them.
+    assert not any(line.startswith("population update") for line in lines)
