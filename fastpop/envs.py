@@ -4,6 +4,7 @@ One factory for every task fastpop trains on: gymnasium ids (MuJoCo v5, classic 
 are made as registered; Atari games (ALE v5 ids, legacy ids like `PongNoFrameskip-v4`, or short
 names like `Pong`) get the DQN preprocessing of Mnih et al. (2015) / Machado et al. (2018) and
 frames stacked channel-last, (84, 84, 4) uint8, which the replay stores one frame per row.
+Brax ids (`brax/halfcheetah`) are checked and specified here too, and built by brax_envs.py.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import re
 import gymnasium as gym
 import numpy as np
 
+from fastpop import brax_envs
+from fastpop.env_errors import MissingExtra, UnknownEnvironment
 from fastpop.types import EnvSpec
 
 # ALE v5 games (ale-py 0.12), so that Atari ids are recognised (and suggested) even where
@@ -47,14 +50,6 @@ _EXTRAS = (
     ("gymnasium.envs.box2d", "Box2D", "gymnasium[box2d]"),
 )
 _ATARI_MODULES = ("ale_py", "cv2")
-
-
-class UnknownEnvironment(ValueError):
-    """An environment id that is neither registered with gymnasium nor an Atari game."""
-
-
-class MissingExtra(ValueError):
-    """A valid environment id whose simulator (an optional dependency) is not installed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +160,10 @@ def check_env_id(env_id: str) -> str:
     their ALE v5 id (`Pong`, `PongNoFrameskip-v4` -> `ALE/Pong-v5`), made with fastpop's own
     frame skip and sticky-action settings (`AtariOptions`), not the variant's. Raises
     `UnknownEnvironment` with close registered ids, or `MissingExtra` naming what to install.
+    Brax ids (`brax/<name>`) are checked by `brax_envs.check_brax_id`.
     """
+    if brax_envs.is_brax_id(env_id):
+        return brax_envs.check_brax_id(env_id)
     spec = gym.registry.get(env_id)
     if spec is not None and not _is_atari_entry_point(spec):
         for prefix, module, extra in _EXTRAS:
@@ -316,6 +314,8 @@ def make_env(
     `render_mode` is gymnasium's (`"rgb_array"` for `fastpop eval --video`).
     """
     env_id = check_env_id(env_id)
+    if brax_envs.is_brax_id(env_id):
+        raise ValueError(f"{env_id} is stepped on the device: build it with make_brax_env")
     if env_id.startswith("ALE/"):
         env = _make_atari(env_id, training, atari or AtariOptions(), render_mode)
     else:
@@ -355,8 +355,11 @@ def env_spec_from_spaces(observation_space: gym.Space, action_space: gym.Space) 
     raise ValueError(f"unsupported action space {action_space}; use Box or Discrete")
 
 
-def env_spec(env_id: str, atari: AtariOptions | None = None) -> EnvSpec:
-    """The EnvSpec of `make_env(env_id, ...)`, built from one throwaway environment."""
+def env_spec(env_id: str, atari: AtariOptions | None = None, backend: str | None = None) -> EnvSpec:
+    """The EnvSpec of `make_env(env_id, ...)`, built from one throwaway environment; for a brax
+    id `brax_envs.brax_env_spec` (its environment on `backend` built once and kept)."""
+    if brax_envs.is_brax_id(env_id):
+        return brax_envs.brax_env_spec(check_env_id(env_id), backend)
     env = make_env(env_id, seed=0, atari=atari)
     try:
         spec = env_spec_from_spaces(env.observation_space, env.action_space)
