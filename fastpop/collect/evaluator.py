@@ -19,9 +19,6 @@ from fastpop.collect import snapshot
 from fastpop.collect.collector import force_cpu_jax, policy_template, report
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, StopFlag
 
-# Re-exported until train.py and run_state.py import it from `collect.snapshot`, its home.
-META_FIELD = snapshot.META_FIELD
-
 
 class EvaluatorSpec(NamedTuple):
     config: dict
