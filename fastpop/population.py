@@ -4,7 +4,8 @@ A population is one pytree whose leaves carry a leading member axis (P, ...). Th
 executor updates it with ONE compiled program, jit(vmap(scan over K updates)); the sequential
 executor jits the single-member program once and calls it per member from Python (the
 paper's baseline). Both draw the same per-member keys, so for the same data they produce the
-same states.
+same states. On a CPU the vectorized program takes the population in chunks of members, sized
+for that CPU (fastpop.chunking): on accelerators it takes the whole population at once.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from fastpop import chunking
 from fastpop.agents.base import Agent
-from fastpop.types import POP_AXIS, PRNGKey, PyTree, Transition
+from fastpop.chunking import chunk_size  # noqa: F401 (part of this module's interface)
+from fastpop.types import PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
 SampleFn = Callable[[PyTree, PRNGKey], Transition]
@@ -155,20 +158,16 @@ class Executor(NamedTuple):
     release: Callable[[Any], PyTree]
 
 
-def chunk_size(size: int, members_per_chunk: int | None) -> int:
-    """The largest divisor of `size` that is at most `members_per_chunk` (None: all)."""
-    if members_per_chunk is None or members_per_chunk >= size:
-        return size
-    return max(d for d in range(1, members_per_chunk + 1) if size % d == 0)
-
-
 def default_members_per_chunk() -> int | None:
-    """Members vmapped together on this backend (None: the whole population).
+    """Members vmapped together on this backend when nothing is measured (None: the whole
+    population): accelerators take the whole population at once; on a CPU `make_executor`
+    measures the chunk size (fastpop.chunking) and falls back to this rule of thumb only when
+    told to (FASTPOP_MEMBERS_PER_CHUNK=rule).
 
     On a CPU a population's activations quickly outgrow the caches (TD3 at P=32: 8 MiB per
     256-wide layer), and the memory-bound parts of the update then cost more than the batched
-    matmuls save, so members are vmapped in cache-sized chunks and the chunks run one after
-    another inside the same program. Accelerators take the whole population at once.
+    matmuls save, so members are vmapped in cache-sized chunks, run one after another. Which
+    size is best differs between CPUs (results/bench/README.md), hence the measurement.
     """
     return 8 if jax.default_backend() == "cpu" else None
 
@@ -183,45 +182,19 @@ def vectorized(
 ) -> Executor:
     """jit(vmap(scan)): one compiled program updates every member; states are donated.
 
-    With `members_per_chunk` below the population size, the program maps over chunks of
-    members and vmaps within a chunk (same numbers, see `default_members_per_chunk`).
+    With `members_per_chunk` below the population size, one compiled program vmaps a chunk of
+    members and is called once per chunk, updating the stacked population in place (same
+    numbers; see `default_members_per_chunk`). A chunk of one member runs the member's own
+    (unbatched) program: P = 1 compiles to the sequential one.
     """
     member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
     replay_axis = None if shared_replay else 0
-    chunk_loop = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
-
-    def update(states, replay, hparams, key):
-        size = population_size(hparams)
-        keys = jax.random.split(key, size)
-        chunk = chunk_size(size, members_per_chunk)
-        num_chunks = size // chunk
-        # A chunk of one member runs the unbatched program: P=1 compiles to the sequential one.
-        run = chunk_loop if chunk > 1 else member_loop
-        chunk_shape = (num_chunks, chunk) if chunk > 1 else (num_chunks,)
-
-        def split(tree):
-            return jax.tree.map(lambda x: x.reshape(*chunk_shape, *x.shape[1:]), tree)
-
-        def run_chunk(args):
-            chunk_states, chunk_replay, chunk_hparams, chunk_keys = args
-            chunk_replay = replay if shared_replay else chunk_replay
-            return run(chunk_states, chunk_replay, chunk_hparams, chunk_keys)
-
-        args = (
-            split(states),
-            None if shared_replay else split(replay),
-            split(hparams),
-            split(keys),
-        )
-        if num_chunks == 1:
-            # No loop around a single chunk: XLA:CPU runs convolutions slowly inside loops.
-            out = jax.tree.map(lambda x: x[None], run_chunk(jax.tree.map(lambda x: x[0], args)))
-        else:
-            out = jax.lax.map(run_chunk, args)
-        return jax.tree.map(lambda x: x.reshape(size, *x.shape[len(chunk_shape) :]), out)
-
     identity = lambda tree: tree
-    return Executor("vectorized", jax.jit(update, donate_argnums=0), identity, identity)
+    if members_per_chunk is None:
+        update = chunking.whole_population(member_loop, replay_axis)
+    else:
+        update = chunking.ChunkedUpdate(member_loop, replay_axis, members_per_chunk)
+    return Executor("vectorized", update, identity, identity)
 
 
 def sequential(
@@ -249,6 +222,32 @@ def sequential(
     return Executor("sequential", update, unstack, stack)
 
 
+def tuned(
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
+) -> Executor:
+    """The vectorized executor with its members per chunk chosen for this CPU, per population
+    size on first use (measured, cached; see fastpop.chunking). Same numbers as `vectorized`."""
+    member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
+    replay_axis = None if shared_replay else 0
+
+    def describe(states, replay, hparams, key):
+        member_replay = replay if shared_replay else chunking.abstract_member(replay)
+        keys = jax.eval_shape(lambda k: jax.random.split(k, 1)[0], key)
+        batch = jax.eval_shape(sample_batch, member_replay, keys)
+        args = (chunking.abstract_member(states), batch, chunking.abstract_member(hparams), keys)
+        text = f"{agent.name} K={num_updates} unroll={unroll} shared={shared_replay}"
+        shapes = " ".join(map(chunking.shapes_text, args))
+        return text, shapes, chunking.has_convolutions(agent.update, *args)
+
+    update = chunking.TunedUpdate(member_loop, replay_axis, describe, default_members_per_chunk())
+    identity = lambda tree: tree
+    return Executor("vectorized", update, identity, identity)
+
+
 def make_executor(
     execution: str,
     agent: Agent,
@@ -257,16 +256,12 @@ def make_executor(
     shared_replay: bool = False,
     unroll: int = 1,
 ) -> Executor:
-    """The executor by name; vectorized uses `default_members_per_chunk()` for this backend."""
+    """The executor by name. Vectorized on an accelerator: the whole population in one program;
+    on a CPU: `tuned` (members per chunk measured for this CPU)."""
     if execution == "vectorized":
-        return vectorized(
-            agent,
-            sample_batch,
-            num_updates,
-            shared_replay,
-            unroll,
-            members_per_chunk=default_members_per_chunk(),
-        )
+        if jax.default_backend() != "cpu":
+            return vectorized(agent, sample_batch, num_updates, shared_replay, unroll)
+        return tuned(agent, sample_batch, num_updates, shared_replay, unroll)
     if execution == "sequential":
         return sequential(agent, sample_batch, num_updates, shared_replay, unroll)
     raise ValueError(f"unknown execution {execution!r}; choose one of {', '.join(EXECUTIONS)}")

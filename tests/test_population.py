@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import population
+from fastpop import chunking, population, tuning_cache
 from tests.helpers import (
     leaves_allclose,
     random_buffers,
@@ -24,7 +24,7 @@ PER_MEMBER = {
 }
 
 
-def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, updates=4):
+def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, updates=4, name=None):
     executor = population.make_executor(execution, agent, sampler(spec, agent.batch_size), updates)
     states = executor.adopt(population.copy_tree(states))
     member_buffers, member_hparams = executor.adopt(buffers), executor.adopt(hparams)
@@ -33,6 +33,10 @@ def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, upda
         states, metrics = executor.update(
             states, member_buffers, member_hparams, jax.random.key(100 + call)
         )
+    if execution == "vectorized" and name == "dqn_atari":
+        # Vmapped per-member conv weights become grouped convolutions, slow on XLA:CPU: the
+        # members of an image agent run one after another (same numbers, tested here).
+        assert executor.update.chosen == {3: 1} and "convolutions" in executor.update.how[3]
     return executor.release(states), metrics
 
 
@@ -43,7 +47,9 @@ def test_vectorized_equals_sequential(name):
     spec, buffers = random_buffers(name, size)
     hparams = stacked_hparams(agent, size, **PER_MEMBER[name])
     states = population.init_population(agent, jax.random.key(0), hparams)
-    vec_states, vec_metrics = run_executor("vectorized", agent, spec, buffers, hparams, states)
+    vec_states, vec_metrics = run_executor(
+        "vectorized", agent, spec, buffers, hparams, states, name=name
+    )
     seq_states, seq_metrics = run_executor("sequential", agent, spec, buffers, hparams, states)
     assert leaves_allclose(vec_states, seq_states)
     for key in vec_metrics:
@@ -165,6 +171,65 @@ def test_chunked_vectorized_equals_sequential(shared_replay, members_per_chunk):
     assert leaves_allclose(results[0], results[1])
     assert leaves_allclose(results[0], results[2])
     assert not leaves_allclose(results[0], states)
+
+
+def tuned_vs_sequential():
+    """A `make_executor` vectorized executor (CPU: members per chunk chosen) against the
+    sequential one, same numbers; returns the vectorized executor's update for inspection.
+    (The shapes of test_chunked_vectorized_equals_sequential: compiled programs are reused.)"""
+    agent = tiny_agent("td3")
+    spec, buffers = random_buffers("td3", 4)
+    hparams = stacked_hparams(agent, 4, policy_delay=[1, 2, 1, 3])
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    sample = sampler(spec, agent.batch_size)
+    tuned = population.make_executor("vectorized", agent, sample, 3)
+    results = []
+    for executor in (tuned, population.sequential(agent, sample, 3)):
+        new_states, _ = executor.update(
+            executor.adopt(population.copy_tree(states)),
+            executor.adopt(buffers),
+            executor.adopt(hparams),
+            jax.random.key(5),
+        )
+        results.append(executor.release(new_states))
+    assert leaves_allclose(results[0], results[1])
+    assert not leaves_allclose(results[0], states)
+    return tuned.update
+
+
+def test_members_per_chunk_is_measured_once_and_cached(monkeypatch, tmp_path):
+    """Past the small-population shortcut the chunk size is measured (timings are not
+    asserted), stored on disk, reused by the next executor, and numbers stay sequential's."""
+    monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
+    monkeypatch.setattr(chunking, "CALIBRATION_ROUNDS", 1)
+    monkeypatch.setattr(tuning_cache, "_memory", {})
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
+    update = tuned_vs_sequential()
+    assert (tmp_path / "tuning.json").exists()
+    monkeypatch.setattr(tuning_cache, "_memory", {})  # a new process: from the file
+    update = tuned_vs_sequential()
+    assert update.chosen[4] in chunking.candidates(4) and "before" in update.how[4]
+
+
+def test_members_per_chunk_can_be_set(monkeypatch):
+    monkeypatch.setenv(chunking.CHUNK_ENV, "2")
+    update = tuned_vs_sequential()
+    assert update.chosen == {4: 2}
+
+
+def test_small_populations_are_not_measured(monkeypatch):
+    monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
+    update = tuned_vs_sequential()
+    assert update.chosen == {4: 4} and "one vmap" in update.how[4]
+
+
+def test_chunk_candidates():
+    assert chunking.candidates(1) == [1]
+    assert chunking.candidates(6) == [1, 2, 6]
+    assert chunking.candidates(16) == [1, 2, 4, 8, 16]
+    assert chunking.candidates(64) == [1, 2, 4, 8, 16]
+    assert chunking.candidates(12) == [1, 2, 4, 12]
 
 
 def test_chunk_size_divides_the_population():

@@ -180,6 +180,7 @@ def bench_update(
         timings = time_executors(executors, states, buffers, hparams, min_seconds)
         for name, timing in timings.items():
             rate = size * updates_per_call / timing["seconds_per_call"]
+            chunks = members_per_chunk(executors[name], size)
             rows.append(
                 {
                     "impl": name,
@@ -187,11 +188,17 @@ def bench_update(
                     "agent_updates_per_s": rate,
                     **timing,
                     "gflops_per_s": rate * flops / 1e9,
+                    **chunks,
                 }
             )
             log(
                 f"{algo} {name:10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
                 f"{rate * flops / 1e9:7.1f} GFLOP/s  compile {timing['compile_seconds']:.1f} s"
+                + (
+                    f"  chunks of {chunks['members_per_chunk']} ({chunks['how_chunked']})"
+                    if chunks
+                    else ""
+                )
             )
         del buffers
         if torch_bench is not None:
@@ -211,6 +218,15 @@ def bench_update(
         "matmul_gflops_per_s": matmul_gflops(),
         "rows": rows,
     }
+
+
+def members_per_chunk(executor: population.Executor, size: int) -> dict:
+    """How a CPU-tuned vectorized executor split population `size` (compile time then includes
+    its measurement), else nothing."""
+    chosen, how = getattr(executor.update, "chosen", {}), getattr(executor.update, "how", {})
+    if size not in chosen:
+        return {}
+    return {"members_per_chunk": chosen[size], "how_chunked": how[size]}
 
 
 def torch_benchmark(log):
