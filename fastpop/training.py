@@ -7,13 +7,15 @@ and changed between evaluation rounds, whatever the strategy.
     policies(states) -> stacked policy params               what collectors act with
     members(states) -> the stacked per-member part          finiteness checks
     between_rounds(Round) -> RoundResult                    the strategy's decision, applied
+    move(states, sources) -> states      member i continues from sources[i] (None: a gather)
 
 `executor_training` is the default: members trained independently by a population executor
 (vectorized or sequential) and a strategy that decides between rounds with a host-side
 `Selection` (independent, PBT, branch-merge), applied here as index gathers on device, followed
 by the reset of non-finite members. Strategies whose members share parameters (CEM-RL, DvD)
 bring a `Learning` (strategies.base) that `learning_training` adapts. A new way to train (on
-device environments, sharded members) is a new `Training`, never a branch in the learner.
+device environments) is a new `Training`, never a branch in the learner; members split over
+several devices are `make_training(..., mesh=...)` (fastpop.sharding).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population
+from fastpop import population, sharding
 from fastpop.agents.base import Agent
 from fastpop.replay_store import ReplayStore
 from fastpop.strategies.base import (
@@ -68,6 +70,14 @@ class Training(NamedTuple):
     policies: Callable[[Any], PyTree]
     members: Callable[[Any], PyTree]
     between_rounds: Callable[[Round], RoundResult]
+    move: Callable[[Any, np.ndarray], Any] | None = None  # layout-aware member copies
+
+
+def continue_from(training: Training, states, sources) -> Any:
+    """Member i of the result continues from the state of member sources[i]."""
+    if training.move is not None:
+        return training.move(states, np.asarray(sources))
+    return training.adopt(population.gather(training.release(states), jnp.asarray(sources)))
 
 
 def member_hparams_list(hparams: PyTree) -> list[dict]:
@@ -91,15 +101,17 @@ def apply_selection(training: Training, states, hparams, selection: Selection, r
     index gather over the whole member state), with hparams[i], and with a copy of the source's
     replay if the selection says so; nothing recompiles. Returns (states, hparams)."""
     if selection.moves_state:
-        stacked = population.gather(training.release(states), jnp.asarray(selection.sources))
-        states = training.adopt(stacked)
+        states = continue_from(training, states, selection.sources)
     if selection.copy_replay:
         replay.copy_members(selection.sources)
     return states, selected_hparams(hparams, selection.hparams)
 
 
-def executor_training(agent: Agent, strategy: Strategy, executor: population.Executor) -> Training:
-    """Independent members under an executor; the strategy decides with `Selection`s."""
+def executor_training(
+    agent: Agent, strategy: Strategy, executor: population.Executor, move=None
+) -> Training:
+    """Independent members under an executor; the strategy decides with `Selection`s.
+    `move`: `Training.move` (None: a gather of the whole stacked state)."""
     if executor.name == "sequential":  # stack the policies only, not every member's state
         policies = lambda states: population.stack([agent.policy_params(s) for s in states])
     else:
@@ -123,7 +135,7 @@ def executor_training(agent: Agent, strategy: Strategy, executor: population.Exe
         indices = reset_indices(evaluation.finite[sources], returns)
         resets = reset_events(strategy.name, evaluation, indices, returns)
         if resets:
-            states = training.adopt(population.gather(training.release(states), indices))
+            states = continue_from(training, states, indices)
         in_force = member_hparams_list(hparams)
         events = [{**e, "new_hparams": in_force[e["target"]]} for e in events + resets]
         return RoundResult(strategy_state, states, hparams, events, {})
@@ -137,6 +149,7 @@ def executor_training(agent: Agent, strategy: Strategy, executor: population.Exe
         policies,
         executor.release,
         between_rounds,
+        move,
     )
     return training
 
@@ -174,10 +187,18 @@ def make_training(
     num_updates: int,
     shared_replay: bool,
     unroll: int = 1,
+    mesh=None,
 ) -> Training:
-    """The strategy's own training when it brings one, else `executor_training`."""
+    """The strategy's own training when it brings one, else `executor_training`; with a
+    `mesh`, members split over its devices (fastpop.sharding)."""
     if strategy.learning is not None:
-        return learning_training(agent, strategy, sample_batch, num_updates, unroll)
+        learning = learning_training(agent, strategy, sample_batch, num_updates, unroll)
+        return learning if mesh is None else sharding.sharded_learning(learning, mesh)
+    if mesh is not None:
+        executor = sharding.sharded_executor(
+            agent, sample_batch, num_updates, shared_replay, unroll, mesh
+        )
+        return executor_training(agent, strategy, executor, sharding.member_mover(mesh))
     executor = population.make_executor(
         execution, agent, sample_batch, num_updates, shared_replay, unroll
     )
