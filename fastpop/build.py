@@ -14,8 +14,9 @@ from fastpop.types import EnvSpec
 
 
 def build_env_spec(config: config_lib.Config) -> EnvSpec:
-    """Observation and action shapes of the config's training environment."""
-    return env_spec(config.env.id, config_lib.atari_options(config))
+    """Observation and action shapes of the config's training environment (for a brax id, its
+    environment is built on `env.backend` once and kept for `brax_envs.make_brax_env`)."""
+    return env_spec(config.env.id, config_lib.atari_options(config), config.env.backend)
 
 
 def build_agent(config: config_lib.Config, spec: EnvSpec | None = None) -> Agent:

@@ -23,6 +23,13 @@ import numpy as np
 import yaml
 
 from fastpop.agents import ALGORITHMS, DQNConfig, SACConfig, TD3Config
+from fastpop.env_config import (
+    COLLECTION_MODES,
+    EnvConfig,
+    check_collection,
+    check_env,
+    collection_mode,
+)
 from fastpop.schema import (
     ConfigError,
     Loader,
@@ -42,16 +49,9 @@ from fastpop.strategies.config import (
     check_member_hparams,
     check_strategy,
 )
+from fastpop.strategies.schedule import ScheduleConfig, check_schedule
 
 __all__ = ["Config", "ConfigError", "config_from_dict", "load_config", "save_config"]
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvConfig:
-    id: str = "Pendulum-v1"
-    """gymnasium id (MuJoCo v5, classic control) or Atari game (`ALE/Pong-v5`, `Pong`)."""
-    atari_terminal_on_life_loss: bool = False
-    """Atari training only: a lost life is a terminal step (Mnih et al.; not Machado et al.)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +74,11 @@ class PopulationConfig:
     every size / seeds members share one draw). Not given: 1 with priors (each member draws its
     own), else population.size / grid combinations (members with equal hparams are seeds of one
     configuration). pbt, branch_merge, cemrl, dvd: 1 (their members interact)."""
+    devices: Any = 1
+    """Devices the members are split over, population.size / devices on each (the shared
+    replay and CEM-RL's and DvD's critic are replicated on every one): 1, an integer dividing
+    population.size, or all (every device JAX sees); with vectorized execution and collector
+    processes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +109,10 @@ class CollectConfig:
     """Chunks the shared-memory ring between collectors and the learner holds."""
     max_restarts: int = field(3, min=0)
     """Times a crashed collector is restarted before the run fails."""
+    mode: str | None = field(None, choices=COLLECTION_MODES)
+    """processes: collector processes step gymnasium envs; device: brax envs stepped inside the
+    compiled loop on the device (num_collectors, ring_slots, max_restarts unused). null: device
+    for brax ids, processes for the rest (each env runs in one mode only): `collection_mode`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +138,16 @@ class LogConfig:
     progress_interval_seconds: float = field(2.0, gt=0)
     """Seconds between progress lines on the terminal."""
     tensorboard: bool = True
-    """Also write TensorBoard event files (metrics.jsonl is always written)."""
+    """Also write TensorBoard event files (metrics.jsonl is always written), and at the end one
+    HParams session per member (initial hparams against final and best return) in <run>/hparams."""
+    wandb: str | None = field(None, choices=("online", "offline"))
+    """Mirror metrics, learner scalars, lineage and member hparams into one Weights & Biases run
+    (pip install -e '.[wandb]'): online, or offline (files in <run>/wandb, `wandb sync` them
+    later); null: no W&B. A resume continues the same W&B run (its id is in <run>/wandb.json)."""
+    wandb_project: str = "fastpop"
+    """W&B project of the run (log.wandb)."""
+    wandb_entity: str | None = None
+    """W&B team or user the run belongs to; null: the logged-in user's default entity."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +191,8 @@ class Config:
     """CEM over actors with a shared critic (strategy: cemrl)."""
     dvd: DvDConfig = dataclasses.field(default_factory=DvDConfig)
     """Diversity via determinants with a shared critic (strategy: dvd)."""
+    schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+    """A fixed hparam schedule every member follows (strategy: schedule; fastpop pbt-replay)."""
     replay: ReplayConfig = dataclasses.field(default_factory=ReplayConfig)
     """Replay buffers and the samples-per-insert rate limiter."""
     collect: CollectConfig = dataclasses.field(default_factory=CollectConfig)
@@ -182,7 +202,7 @@ class Config:
     eval: EvalConfig = dataclasses.field(default_factory=EvalConfig)
     """Periodic evaluation."""
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
-    """Terminal and TensorBoard output."""
+    """Terminal, TensorBoard and Weights & Biases output."""
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     """When the whole run is saved for `fastpop resume` and `fastpop eval`."""
 
@@ -247,31 +267,25 @@ def _build(raw: dict, r: Reader) -> Config:
             values[name] = read_fields(r, name, raw.get(name), specs, f" for algo {algo}")
         elif name not in _SCALARS:
             values[name] = factory(**read_fields(r, name, raw.get(name), field_specs(factory)))
-    values["env"] = dataclasses.replace(values["env"], id=_check_env(r, values["env"].id))
+    values["env"] = check_env(r, values["env"])
     given = raw["population"] if isinstance(raw.get("population"), dict) else {}
     specs = _table_specs("hparams", algo)
     population, strategy = values["population"], values["strategy"]
     values["population"] = check_member_hparams(r, population, specs, set(given), strategy)
+    values["schedule"] = check_schedule(r, values["schedule"], specs, Config(**values))
     config = Config(**values)
+    check_collection(r, config)
     check_strategy(r, config)
     _check_consistency(r, config)
     return config
-
-
-def _check_env(r: Reader, env_id: str) -> str:
-    from fastpop import envs
-
-    try:
-        return envs.check_env_id(env_id)
-    except ValueError as error:  # UnknownEnvironment, MissingExtra: their messages say it all
-        r.fail("env.id", str(error))
 
 
 def _check_consistency(r: Reader, c: Config) -> None:
     lanes, capacity, chunk_len = c.collect.envs_per_member, c.replay.capacity, c.collect.chunk_len
     num_envs, min_capacity = c.population.size * lanes, max(chunk_len, 2) * lanes
     checks = (
-        ("collect.num_collectors", c.collect.num_collectors > num_envs,
+        ("collect.num_collectors",
+         collection_mode(c) == "processes" and c.collect.num_collectors > num_envs,
          f"must be <= population.size * collect.envs_per_member = {num_envs} (each collector "
          f"steps at least one environment), got {c.collect.num_collectors}"),
         ("replay.capacity", capacity % lanes,

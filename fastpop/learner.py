@@ -14,8 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population, strategies, training
+from fastpop import population, sharding, strategies, training
 from fastpop.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.collect.sources import env_state_bytes
 from fastpop.rate_limiter import RateLimiter
 from fastpop.replay_store import ReplayStore, layout_for
 from fastpop.strategies.base import Evaluation
@@ -30,6 +31,14 @@ def prepare(config: config_lib.Config):
     estimate = config_lib.memory_estimate(config, spec)
     if not estimate.fits:
         raise config_lib.ConfigError(estimate.message)
+    env_bytes = env_state_bytes(config)  # device mode: env states live beside the replay
+    if estimate.bytes_needed + env_bytes > estimate.bytes_available:
+        raise config_lib.ConfigError(
+            f"{estimate.message}, and the device environments' states need "
+            f"{env_bytes / 2**20:,.1f} MiB more: lower population.size or "
+            "collect.envs_per_member"
+        )
+    sharding.device_count(config)  # population.devices: enough devices, an even split
     return spec, agent
 
 
@@ -43,8 +52,9 @@ def initial_hparams(config: config_lib.Config, agent):
     )
 
 
-def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch):
-    """The strategy's `Training` under the config's execution and replay layout."""
+def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch, mesh=None):
+    """The strategy's `Training` under the config's execution and replay layout, with its
+    members split over `mesh` (population.devices > 1)."""
     updates = config.train.updates_per_call
     unroll = population.scan_unroll(spec.obs_shape, updates)
     return training.make_training(
@@ -55,6 +65,7 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
         updates,
         config.replay.shared,
         unroll,
+        mesh,
     )
 
 
@@ -63,14 +74,17 @@ class Learner:
 
     def __init__(self, config: config_lib.Config, spec, agent):
         self.config = config
-        self.agent = agent
+        self.agent, self.agent_spec = agent, spec
         size = config.population.size
         self.hparams = initial_hparams(config, agent)
         self.replay_spec = build_replay_spec(config, spec)
         layout = layout_for(config.replay.shared, config.population.execution)
-        self.replay = ReplayStore(self.replay_spec, layout, size, agent.batch_size)
+        self.mesh = sharding.mesh_for(config)  # None: one device
+        self.replay = ReplayStore(self.replay_spec, layout, size, agent.batch_size, self.mesh)
         self.strategy = strategies.make_strategy(config)
-        self.training = make_training(config, spec, agent, self.strategy, self.replay.sample_batch)
+        self.training = make_training(
+            config, spec, agent, self.strategy, self.replay.sample_batch, self.mesh
+        )
         self.key, init_key = jax.random.split(jax.random.key(config.seed))
         self.states, self.strategy_state = self.training.init(init_key, self.hparams)
         self.member_hparams = self.training.adopt(self.hparams)
@@ -83,7 +97,7 @@ class Learner:
             insert_size=config.collect.chunk_len * config.collect.envs_per_member,
         )
         self.updates = 0
-        self.last_metrics: dict[str, float] = {}
+        self._metrics: dict | None = None
 
     @property
     def buffers(self):
@@ -139,12 +153,15 @@ class Learner:
 
     # --- the loop's calls ---
 
-    def policy_leaves(self) -> list[np.ndarray]:
+    def policy_tree(self) -> tuple:
         """What collectors and the evaluator act with: stacked policy params and hparams, and
         the env steps per member so far (see `collect.collector.policy_template`)."""
         policy = self.training.policies(self.states)
-        member_steps = np.asarray(self.limiter.inserted, np.int32)
-        return [np.asarray(leaf) for leaf in jax.tree.leaves((policy, self.hparams, member_steps))]
+        return policy, self.hparams, np.asarray(self.limiter.inserted, np.int32)
+
+    def policy_leaves(self) -> list[np.ndarray]:
+        """`policy_tree` as host arrays, in leaf order (shared memory, snapshots)."""
+        return [np.asarray(leaf) for leaf in jax.tree.leaves(self.policy_tree())]
 
     def insert(self, rows) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
@@ -162,7 +179,13 @@ class Learner:
         )
         self.limiter.record_sample()
         self.updates += self.config.train.updates_per_call
-        self.last_metrics = {f"learner/{k}": float(jnp.nanmean(v)) for k, v in metrics.items()}
+        self._metrics = metrics  # read (a device-to-host copy) only when logged
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The latest update call's metrics, averaged over members and updates."""
+        metrics = self._metrics or {}
+        return {f"learner/{k}": float(jnp.nanmean(v)) for k, v in metrics.items()}
 
     def member_hparams_values(self, member: int) -> dict:
         return self.all_member_hparams()[member]

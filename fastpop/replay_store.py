@@ -13,6 +13,10 @@ m*E .. m*E+E-1 are member m's E environments.
 A copied buffer goes on receiving rows from its own member's environments, whose stream does
 not continue the source's: the first row written after a copy is marked as an episode start, so
 no sampled transition and no frame stack crosses the join (see `replay.sample`).
+
+With a `mesh` (population.devices > 1, fastpop.sharding) stacked buffers are split over its
+devices by member, and each member's rows are put on the device that holds the member before
+they are added; a shared buffer is replicated on every device.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population, replay
+from fastpop import population, replay, sharding
 from fastpop.types import PRNGKey, Transition
 
 LAYOUTS = ("shared", "stacked", "listed")
@@ -38,13 +42,21 @@ def layout_for(shared: bool, execution: str) -> str:
 class ReplayStore:
     """Device replay buffers of one run, in one of `LAYOUTS`."""
 
-    def __init__(self, spec: replay.ReplaySpec, layout: str, size: int, batch_size: int):
+    def __init__(self, spec: replay.ReplaySpec, layout: str, size: int, batch_size: int, mesh=None):
         if layout not in LAYOUTS:
             raise ValueError(f"unknown replay layout {layout!r}; choose one of {LAYOUTS}")
+        if mesh is not None and layout == "listed":
+            raise ValueError("listed buffers (sequential execution) live on one device")
         self.spec, self.layout, self.size = spec, layout, size
         self.batch_size = batch_size
+        self.sharding = None  # one device
+        if mesh is not None:
+            split = layout == "stacked"
+            self.sharding = sharding.members(mesh) if split else sharding.replicated(mesh)
+        placed = {} if self.sharding is None else {"out_shardings": self.sharding}
         add = functools.partial(replay.add, spec)
-        self._add = jax.jit(jax.vmap(add) if layout == "stacked" else add, donate_argnums=0)
+        add = jax.vmap(add) if layout == "stacked" else add
+        self._add = jax.jit(add, donate_argnums=0, **placed)
         self._sample = jax.jit(self.sample_batch)
         self.buffers = self._empty()
         # Members whose next inserted row starts a new stream (their buffer was just copied).
@@ -52,11 +64,23 @@ class ReplayStore:
         self._ready = False  # every buffer holds a transition (two rows per lane)
 
     def _empty(self):
-        if self.layout == "shared":
+        if self.layout == "shared" and self.sharding is None:
             return replay.init(self.spec)
-        if self.layout == "stacked":
+        if self.layout == "stacked" and self.sharding is None:
             return replay.init_population(self.spec, self.size)
-        return [replay.init(self.spec) for _ in range(self.size)]
+        if self.layout == "listed":
+            return [replay.init(self.spec) for _ in range(self.size)]
+        # Made in place: each device allocates only its own part.
+        make = functools.partial(replay.init_population, self.spec, self.size)
+        if self.layout == "shared":
+            make = functools.partial(replay.init, self.spec)
+        return jax.jit(make, out_shardings=self.sharding)()
+
+    def _to_device(self, tree):
+        """Host or device arrays onto the buffers' device(s), split like the buffers."""
+        if self.sharding is None:
+            return jax.tree.map(jnp.asarray, tree)
+        return jax.device_put(tree, self.sharding)
 
     def sample_batch(self, buffer: replay.ReplayState, key: PRNGKey) -> Transition:
         """One training batch from one buffer, inside jit (what the executors call)."""
@@ -75,11 +99,11 @@ class ReplayStore:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
         rows = self._mark_joins(rows)
         if self.layout == "shared":
-            self.buffers = self._add(self.buffers, jax.tree.map(jnp.asarray, rows))
+            self.buffers = self._add(self.buffers, self._to_device(rows))
         elif self.layout == "stacked":
             lanes = self.spec.lanes
-            reshape = lambda x: jnp.asarray(x).reshape(self.size, lanes, *x.shape[1:])
-            self.buffers = self._add(self.buffers, jax.tree.map(reshape, rows))
+            reshape = lambda x: x.reshape(self.size, lanes, *x.shape[1:])
+            self.buffers = self._add(self.buffers, self._to_device(jax.tree.map(reshape, rows)))
         else:
             lanes = self.spec.lanes
             for member in range(self.size):
@@ -89,13 +113,15 @@ class ReplayStore:
                 self.buffers[member] = self._add(self.buffers[member], part)
 
     def _mark_joins(self, rows: replay.Rows) -> replay.Rows:
+        """Rows may be host (collectors) or device arrays (device mode): marked where they are."""
         if not self.joins.any():
             return rows
-        lanes_per_member = rows.reward.shape[0] // self.size
-        starts = np.array(rows.episode_start, copy=True)
-        starts[np.repeat(self.joins, lanes_per_member), 0] = True
+        lanes = np.repeat(self.joins, rows.reward.shape[0] // self.size)
+        first = np.zeros(rows.episode_start.shape, bool)
+        first[lanes, 0] = True
         self.joins[:] = False
-        return rows._replace(episode_start=starts)
+        xp = np if isinstance(rows.episode_start, np.ndarray) else jnp
+        return rows._replace(episode_start=xp.logical_or(rows.episode_start, first))
 
     def ready(self) -> bool:
         """Every buffer holds at least one transition (two rows per lane). Reads the device only
@@ -116,6 +142,8 @@ class ReplayStore:
             originals = list(self.buffers)
             for target in targets:
                 self.buffers[target] = population.copy_tree(originals[int(sources[target])])
+        elif self.sharding is not None:  # only the copied members cross devices
+            self.buffers = sharding.move_members(self.buffers, sources, self.sharding, True)
         elif set(targets) & set(sources.tolist()):
             # A source is overwritten too: copy out of an untouched original.
             self.buffers = population.gather(self.buffers, jnp.asarray(sources))
@@ -141,13 +169,12 @@ class ReplayStore:
     def restore(self, buffers, counters: dict | None) -> None:
         """The saved buffers (None: start empty, to refill) and join marks."""
         self.buffers = None  # free the empty buffers first: never two replays' worth of memory
-        to_device = lambda tree: jax.tree.map(jnp.asarray, tree)
         if buffers is None:
             self.buffers = self._empty()
         elif self.layout == "listed":
-            self.buffers = [to_device(b) for b in buffers]
+            self.buffers = [self._to_device(b) for b in buffers]
         else:
-            self.buffers = to_device(buffers)
+            self.buffers = self._to_device(buffers)
         self._ready = False
         self.joins[:] = False
         self.joins[(counters or {}).get("joins", [])] = True

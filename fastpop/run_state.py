@@ -18,7 +18,7 @@ from, which supplies the types (both in `fastpop.strategies.codec`, imported her
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
@@ -33,6 +33,7 @@ class Run(Protocol):
 
     config: config_lib.Config
     learner: Learner
+    collection: Any  # collect.sources: ProcessCollection or DeviceCollection
     progress: RunProgress
     pending: PendingEvaluations
     metrics: MetricsWriter
@@ -52,6 +53,10 @@ SAFE_ON_RESUME = (
     "collect.max_restarts",
     "log.progress_interval_seconds",
     "log.tensorboard",
+    "log.wandb",
+    "log.wandb_project",
+    "log.wandb_entity",
+    "population.devices",  # checkpoints hold plain stacked arrays: any device count resumes
 )
 
 
@@ -59,7 +64,11 @@ def capture(run: Run, reason: str) -> tuple[dict, dict]:
     """(tree, metadata) of a checkpoint of `run` as it is now."""
     with_replay = run.config.checkpoint.replay
     pending_arrays, pending_data = run.pending.saved()
-    tree = {"learner": run.learner.saved_tree(with_replay), "pending": pending_arrays}
+    tree = {
+        "learner": run.learner.saved_tree(with_replay),
+        "collection": run.collection.saved(),  # device mode: env states and their key
+        "pending": pending_arrays,
+    }
     counters = run.progress.saved() | {
         "reason": reason,
         "member_env_steps": run.member_env_steps,
@@ -81,6 +90,7 @@ def template(run: Run, metadata: dict) -> dict:
     pending = snapshot.layout(run.learner.policy_leaves())
     return {
         "learner": run.learner.saved_tree(counters["replay_saved"]),
+        "collection": run.collection.saved(),
         "pending": [pending] * len(counters["pending"]),
     }
 
@@ -88,6 +98,7 @@ def template(run: Run, metadata: dict) -> dict:
 def apply(run: Run, tree: dict, metadata: dict) -> None:
     """Put `run` (not started yet) where the checkpoint left it."""
     run.learner.restore(tree["learner"], metadata["learner"])
+    run.collection.restore(tree.get("collection", {}))
     counters = metadata["run"]
     size = run.config.population.size
     run.progress = RunProgress.restored(counters, size, run.member_env_steps)

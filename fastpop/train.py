@@ -21,12 +21,15 @@ import numpy as np
 from fastpop import checkpoint, run_state, strategies
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
-from fastpop.collect.workers import WorkerFailed, Workers
+from fastpop.collect.sources import make_collection
+from fastpop.collect.workers import WorkerFailed
 from fastpop.learner import Learner, prepare
 from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
+from fastpop.phases import PhaseWatch
 from fastpop.progress import PendingEvaluations, RunProgress, evaluation_rows
 from fastpop.stop_signals import StopRequested, StopSignals
 from fastpop.strategies.base import Evaluation
+from fastpop.trackers import check_trackers, open_trackers
 
 CHECKPOINTS_DIR = "checkpoints"
 CONFIG_FILE = "config.yaml"  # the resolved config the run (or its latest resume) started with
@@ -42,11 +45,13 @@ class Run:
     """One training run: the loop, its clock, its outputs."""
 
     def __init__(self, config: config_lib.Config, run_dir: Path, log=print):
+        check_trackers(config.log)  # a missing wandb: refused before anything starts
         self.config = config
         self.run_dir = run_dir
         self.log = log
         self.spec, agent = prepare(config)
         self.learner = Learner(config, self.spec, agent)
+        self.collection = make_collection(config, self.learner)  # processes or device
         self.strategy = self.learner.strategy
         interval = self.strategy.evaluation_interval
         self.progress = RunProgress(config.population.size, next_eval=interval)
@@ -57,6 +62,8 @@ class Run:
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
         self.evaluator_restarts_seen = 0
         self.last_progress = time.monotonic()
+        # Says what a call longer than a progress interval is doing (the first update compiles).
+        self.watch, self.updated = PhaseWatch(log, config.log.progress_interval_seconds), False
 
     @property
     def member_env_steps(self) -> int:
@@ -85,16 +92,15 @@ class Run:
         stopped_by = "completed"
         with (
             self.signals,
+            self.watch,
             MetricsWriter(
-                self.run_dir, tensorboard=config.log.tensorboard, purge_step=purge_step
+                self.run_dir,
+                tensorboard=config.log.tensorboard,
+                purge_step=purge_step,
+                trackers=open_trackers(config, self.run_dir),
             ) as metrics,
-            Workers(
-                config,
-                self.learner.policy_leaves(),
-                self.learner.replay_spec,
-                self.log,
-                log_event=metrics.log_event,
-                generation=self.progress.resumes,
+            self.collection.open(
+                self.log, log_event=metrics.log_event, generation=self.progress.resumes
             ) as workers,
         ):
             self.metrics, self.workers = metrics, workers
@@ -132,10 +138,10 @@ class Run:
         """The whole run as it is now: see fastpop.run_state for what goes where."""
         start = time.perf_counter()
         with_replay = self.config.checkpoint.replay
-        tree, metadata = run_state.capture(self, reason)
-        path = checkpoint.save(
-            self.checkpoint_dir, self.member_env_steps, tree, metadata, self.config.checkpoint.keep
-        )
+        with self.watch.phase(f"writing a checkpoint ({reason})"):
+            tree, metadata = run_state.capture(self, reason)
+            steps, keep = self.member_env_steps, self.config.checkpoint.keep
+            path = checkpoint.save(self.checkpoint_dir, steps, tree, metadata, keep)
         seconds = time.perf_counter() - start
         self.timers["checkpoints"] += seconds
         self.progress.last_checkpoint = (self.elapsed(), self.member_env_steps)
@@ -215,8 +221,11 @@ class Run:
                 start = time.perf_counter()
                 if self.progress.learning_started_at is None:
                     self.progress.learning_started_at = self.elapsed()
-                learner.update()
-                self.workers.publish(learner.policy_leaves())
+                first = "compiling the population update (its first call)"
+                with self.watch.phase("population update" if self.updated else first):
+                    learner.update()
+                    self.workers.publish_from(learner)
+                self.updated = True
                 self.timers["update"] += time.perf_counter() - start
                 busy = True
             self._receive_evaluations(timeout=0.01 if waiting else 0.0)
@@ -258,8 +267,9 @@ class Run:
             self.learner.updates,
             self.elapsed(),
         )
-        arrays = snapshot.encode(self.learner.policy_leaves(), meta)
-        self.workers.evaluate(arrays)
+        with self.watch.phase("evaluation snapshot"):
+            arrays = snapshot.encode(self.learner.policy_leaves(), meta)
+            self.workers.evaluate(arrays)
         self.pending.add(arrays, self.learner.all_member_hparams())
         progress.snapshot_env_steps = self.member_env_steps
         progress.eval_index += 1
@@ -284,7 +294,8 @@ class Run:
             rows = evaluation_rows(result, hparams, self.config.eval.episodes)
             self.metrics.log_evaluation(rows)
             if not self.training_done:
-                self._strategy_step(result)
+                with self.watch.phase(f"{self.strategy.name} strategy step"):
+                    self._strategy_step(result)
 
     def _strategy_step(self, result: dict) -> None:
         """Hand the round to the strategy; apply its selection on device and log its lineage."""
@@ -297,7 +308,7 @@ class Run:
         evaluation = Evaluation(result["eval_index"], member_steps, returns, finite)
         events, scalars = learner.strategy_step(evaluation)
         if events or scalars:
-            self.workers.publish(learner.policy_leaves())
+            self.workers.publish_from(learner)
         now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
         self.metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
         if scalars:
@@ -310,10 +321,11 @@ class Run:
         if self.progress.snapshot_env_steps < self.member_env_steps:
             self._snapshot_for_evaluation()
         deadline = time.monotonic() + 600
-        while self.pending and time.monotonic() < deadline:
-            self.signals.check()
-            self.workers.check()
-            self._receive_evaluations(timeout=0.1)
+        with self.watch.phase("waiting for the final evaluation"):
+            while self.pending and time.monotonic() < deadline:
+                self.signals.check()
+                self.workers.check()
+                self._receive_evaluations(timeout=0.1)
 
     def _progress(self) -> None:
         now = time.monotonic()

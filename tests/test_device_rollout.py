@@ -24,7 +24,7 @@ def pendulum():
 
 
 def random_act(action_size):
-    return lambda obs, key: jax.random.uniform(key, (obs.shape[0], action_size), minval=-1.0)
+    return lambda obs, key, t=0: jax.random.uniform(key, (obs.shape[0], action_size), minval=-1.0)
 
 
 def test_next_observations_are_real_next_states_and_resets_start_rows(pendulum):
@@ -76,7 +76,7 @@ def test_rollout_returns_rows_lane_major_and_episode_returns(pendulum):
 
 
 def test_evaluation_counts_one_episode_per_lane(pendulum):
-    zero = lambda obs, key: jnp.zeros((obs.shape[0], pendulum.action_size))
+    zero = lambda obs, key, t: jnp.zeros((obs.shape[0], pendulum.action_size))
     evaluate = jax.jit(lambda k: device_rollout.evaluate(pendulum, TIME_LIMIT, zero, k, 3))
     returns = np.asarray(evaluate(jax.random.key(2)))
     # inverted_pendulum pays 1 per step alive: an episode returns at most the time limit.

@@ -171,9 +171,7 @@ def dvd_inputs(size=3, identical=False):
     if identical:  # members 0 and 1 coincide
         actors = jax.tree.map(lambda x: x.at[1].set(x[0]), states.actors)
         states = states._replace(actors=actors)
-    batch = jax.vmap(lambda k: learner.replay.sample(k))(
-        jax.random.split(jax.random.key(3), size)
-    )
+    batch = jax.vmap(lambda k: learner.replay.sample(k))(jax.random.split(jax.random.key(3), size))
     return learner, states, batch.obs
 
 

@@ -26,8 +26,8 @@ import jax.numpy as jnp
 from fastpop import replay
 from fastpop.types import PRNGKey
 
-# act(obs (lanes, obs_dim), key) -> actions (lanes, action_dim)
-ActFn = Callable[[jax.Array, PRNGKey], jax.Array]
+# act(obs (lanes, obs_dim), key, step index within the rollout) -> actions (lanes, action_dim)
+ActFn = Callable[[jax.Array, PRNGKey, jax.Array], jax.Array]
 
 
 class LaneState(NamedTuple):
@@ -106,12 +106,14 @@ def rollout(env, episode_length: int, state: LaneState, act: ActFn, key: PRNGKey
     """`length` steps of every lane -> (state, rows (lanes, length, ...), Finished (lanes,
     length))."""
 
-    def one(state, step_key):
-        action = act(state.env.obs, step_key)
+    def one(state, inputs):
+        step_key, index = inputs
+        action = act(state.env.obs, step_key, index)
         state, row, finished = step(env, episode_length, state, action)
         return state, (row, finished)
 
-    state, (rows, finished) = jax.lax.scan(one, state, jax.random.split(key, length))
+    inputs = (jax.random.split(key, length), jnp.arange(length, dtype=jnp.int32))
+    state, (rows, finished) = jax.lax.scan(one, state, inputs)
     time_second = lambda x: jnp.swapaxes(x, 0, 1)
     return state, jax.tree.map(time_second, rows), jax.tree.map(time_second, finished)
 
@@ -122,13 +124,15 @@ def evaluate(env, episode_length: int, act: ActFn, key: PRNGKey, lanes: int) -> 
     init_key, act_key = jax.random.split(key)
     states = jax.vmap(env.reset)(jax.random.split(init_key, lanes))
 
-    def one(carry, step_key):
+    def one(carry, inputs):
         states, total, running = carry
-        stepped = jax.vmap(env.step)(states, act(states.obs, step_key))
+        step_key, index = inputs
+        stepped = jax.vmap(env.step)(states, act(states.obs, step_key, index))
         total = total + jnp.where(running, stepped.reward, 0.0)
         running = running & ~(stepped.done > 0)
         return (stepped, total, running), None
 
     carry = (states, jnp.zeros(lanes, jnp.float32), jnp.ones(lanes, bool))
-    (_, total, _), _ = jax.lax.scan(one, carry, jax.random.split(act_key, episode_length))
+    inputs = (jax.random.split(act_key, episode_length), jnp.arange(episode_length))
+    (_, total, _), _ = jax.lax.scan(one, carry, inputs)
     return total

@@ -202,6 +202,10 @@ class Workers:
     def publish(self, leaves) -> None:
         self.params.publish(leaves)
 
+    def publish_from(self, learner) -> None:
+        """The learner's current policies to the collectors (a device-to-host copy)."""
+        self.publish(learner.policy_leaves())
+
     def next_chunk(self):
         """One chunk from every collector, concatenated over slots; (None, []) if not ready."""
         for ring, pending in zip(self.rings, self.pending, strict=True):

@@ -212,11 +212,47 @@ def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
             r.fail(dotted, problem)
 
 
+def check_devices(r: Reader, c: CheckedConfig) -> None:
+    """population.devices: 1, a positive integer dividing population.size, or all (checked
+    against the machine when the learner starts, `fastpop.sharding.device_count`)."""
+    from fastpop.env_config import collection_mode
+
+    devices, size = c.population.devices, c.population.size
+    if devices != "all" and (isinstance(devices, bool) or not isinstance(devices, int)):
+        r.fail("population.devices", f"expected a positive integer or all, got {show(devices)}")
+    if devices == 1:
+        return
+    if devices != "all" and devices < 1:
+        r.fail("population.devices", f"must be >= 1 (or all), got {devices}")
+    if c.population.execution == "sequential":
+        r.fail(
+            "population.devices",
+            f"sequential execution updates one member at a time on one device; set "
+            f"population.devices: 1 or population.execution: vectorized, got {devices}",
+        )
+    if collection_mode(c) == "device":
+        r.fail(
+            "population.devices",
+            f"collect.mode device steps its environments on one device; set "
+            f"population.devices: 1 or use collector processes, got {devices}",
+        )
+    if devices != "all" and size % devices:
+        odd = " (cemrl's size is 1 + an even number: use an odd device count)"
+        r.fail(
+            "population.devices",
+            f"population.size ({size}) must split evenly over the devices; set "
+            f"population.devices to a divisor of {size}"
+            f"{odd if c.strategy == 'cemrl' else ''} or population.size to a multiple of "
+            f"{devices}, got {devices}",
+        )
+
+
 def check_strategy(r: Reader, c: CheckedConfig) -> None:
     from fastpop.strategies.pbt import selection_sizes
 
+    check_devices(r, c)
     size, strategy = c.population.size, c.strategy
-    if strategy != "independent" and size < 2:
+    if strategy not in ("independent", "schedule") and size < 2:
         r.fail("population.size", f"strategy {strategy} needs at least 2 members, got {size}")
     if strategy == "pbt":
         try:

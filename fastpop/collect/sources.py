@@ -1,0 +1,193 @@
+"""Where a run's rows come from: the one place the two collection modes differ.
+
+    ProcessCollection   collector processes step CPU simulators (gymnasium); rows arrive through
+                        shared-memory rings and are copied to the device (`Workers`)
+    DeviceCollection    brax environments stepped on the device by the same policy the learner
+                        trains; rows never leave it, no worker process is started
+
+Both open a context with the interface the run loop uses: `next_chunk()`, `publish_from(learner)`,
+`evaluate(snapshot)`, `evaluations(timeout)`, `check()`, `stop()`, `evaluator_restarts`; and both
+save and restore what they hold for a checkpoint (`saved()` / `restore(tree)`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpop import config as config_lib
+from fastpop import population
+from fastpop.collect import device_rollout, snapshot
+
+
+class ProcessCollection:
+    """Collector and evaluator processes (fastpop.collect.workers); nothing to checkpoint: a
+    resumed run starts new processes with new seeds."""
+
+    def __init__(self, config: config_lib.Config, learner):
+        self.config, self.learner = config, learner
+
+    def saved(self) -> dict:
+        return {}
+
+    def restore(self, tree: dict) -> None:
+        pass
+
+    def open(self, log, log_event, generation: int):
+        from fastpop.collect.workers import Workers
+
+        learner = self.learner
+        leaves, spec = learner.policy_leaves(), learner.replay_spec
+        return Workers(self.config, leaves, spec, log, log_event=log_event, generation=generation)
+
+
+class DeviceCollection:
+    """P members x E brax envs stepped on the device, one jitted call per chunk of rows (env
+    states donated), acting with each member's current exploration; evaluation on a separate
+    batch of envs with the snapshot's policy held constant."""
+
+    evaluator_restarts = 0  # nothing to restart
+
+    def __init__(self, config: config_lib.Config, learner):
+        from fastpop.brax_envs import make_brax_env
+
+        self.config, self.learner = config, learner
+        self.env = make_brax_env(config.env.id, config.env.backend)
+        self.episode_length = config.env.episode_length
+        size, per_member = config.population.size, config.collect.envs_per_member
+        key = jax.random.fold_in(jax.random.key(config.seed), 0xDE1)
+        self.key, lanes_key = jax.random.split(key)
+        self.lanes = jax.jit(device_rollout.init, static_argnums=(0, 2))(
+            self.env, lanes_key, size * per_member
+        )
+        self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
+        self._evaluate = jax.jit(self._evaluate_members)
+        self._results: list[dict] = []
+        leaves = jax.eval_shape(lambda: learner.policy_tree())
+        self._treedef = jax.tree.structure(leaves)
+
+    # --- checkpoints ---
+
+    def saved(self) -> dict:
+        return {"lanes": self.lanes, "key": self.key}
+
+    def restore(self, tree: dict) -> None:
+        self.lanes = jax.tree.map(jnp.asarray, tree["lanes"])
+        self.key = tree["key"]
+
+    # --- the run loop's interface ---
+
+    def open(self, log, log_event, generation: int) -> DeviceCollection:
+        return self
+
+    def __enter__(self) -> DeviceCollection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def check(self) -> None:
+        pass
+
+    def publish_from(self, learner) -> None:
+        """Nothing to send: the next chunk acts with the learner's device state itself."""
+
+    def next_chunk(self):
+        """The next `chunk_len` rows of every lane, as device arrays; no episodes are reported
+        (their returns would have to cross to the host every chunk)."""
+        learner = self.learner
+        self.key, key = jax.random.split(self.key)
+        steps = jnp.int32(learner.limiter.inserted)
+        policy = learner.training.policies(learner.states)
+        self.lanes, rows = self._chunk(self.lanes, policy, learner.hparams, steps, key)
+        return rows, []
+
+    def evaluate(self, arrays: dict) -> None:
+        leaves, meta = snapshot.decode(arrays)
+        policy, hparams, _ = jax.tree.unflatten(self._treedef, leaves)
+        start = time.perf_counter()
+        key = jax.random.fold_in(jax.random.key(self.config.seed), 7919 * (meta.eval_index + 1))
+        returns = np.asarray(self._evaluate(policy, hparams, key), np.float64)
+        self._results.append(
+            {
+                "eval_index": meta.eval_index,
+                "env_steps": meta.env_steps,
+                "updates": meta.updates,
+                "wall_time": meta.wall_time,
+                "return_mean": returns.mean(axis=1).tolist(),
+                "return_std": returns.std(axis=1).tolist(),
+                "seconds": time.perf_counter() - start,
+            }
+        )
+
+    def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        results, self._results = self._results, []
+        return results
+
+    def stop(self) -> dict:
+        return {}
+
+    # --- compiled programs ---
+
+    def _rollout_chunk(self, lanes, policy, hparams, member_steps, key):
+        config = self.config
+        size, per_member = config.population.size, config.collect.envs_per_member
+        act = population.population_act(self.learner.agent)
+        warmup_env_steps = -(-config.collect.warmup_steps // per_member)
+        spec = self.learner.agent_spec
+
+        def lane_act(obs, step_key, index):
+            env_steps = member_steps // per_member + index  # per env, as collectors count
+            explore_key, random_key = jax.random.split(step_key)
+            member_obs = obs.reshape(size, per_member, *obs.shape[1:])
+            keys = jax.random.split(explore_key, size)
+            actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
+            actions = actions.reshape(size * per_member, *actions.shape[2:])
+            warmup = jax.random.uniform(
+                random_key, actions.shape, minval=spec.action_low, maxval=spec.action_high
+            )
+            return jnp.where(env_steps < warmup_env_steps, warmup, actions).astype(jnp.float32)
+
+        lanes, rows, _ = device_rollout.rollout(
+            self.env, self.episode_length, lanes, lane_act, key, config.collect.chunk_len
+        )
+        return lanes, rows
+
+    def _evaluate_members(self, policy, hparams, key):
+        size, episodes = self.config.population.size, self.config.eval.episodes
+        act = population.population_act(self.learner.agent)
+
+        def greedy(obs, step_key, index):
+            member_obs = obs.reshape(size, episodes, *obs.shape[1:])
+            keys = jax.random.split(step_key, size)
+            actions = act(policy, member_obs, keys, hparams, False, 0)
+            return actions.reshape(size * episodes, *actions.shape[2:])
+
+        returns = device_rollout.evaluate(
+            self.env, self.episode_length, greedy, key, size * episodes
+        )
+        return returns.reshape(size, episodes)
+
+
+def env_state_bytes(config: config_lib.Config) -> int:
+    """Device bytes of the env states a run holds besides its replay: the P x E training lanes
+    and the P x eval.episodes evaluation lanes of device mode (0 in process mode)."""
+    if config_lib.collection_mode(config) != "device":
+        return 0
+    from fastpop.brax_envs import make_brax_env
+
+    env = make_brax_env(config.env.id, config.env.backend)
+    size = config.population.size
+    lanes = size * (config.collect.envs_per_member + config.eval.episodes)
+    shapes = jax.eval_shape(lambda key: device_rollout.init(env, key, lanes), jax.random.key(0))
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
+
+
+def make_collection(config: config_lib.Config, learner):
+    """The config's collection mode (`collect.mode`, resolved per env id)."""
+    if config_lib.collection_mode(config) == "device":
+        return DeviceCollection(config, learner)
+    return ProcessCollection(config, learner)

@@ -1,0 +1,194 @@
+"""Brax environments by id (`brax/<name>`), `env.backend`, `env.episode_length` and
+`collect.mode`: what is accepted, the specs, and every refusal with its message (exit 2)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+
+import numpy as np
+import pytest
+
+from fastpop import brax_envs, cli, env_config, envs
+from fastpop.config import ConfigError, collection_mode, load_config, save_config
+from fastpop.env_errors import MissingExtra, UnknownEnvironment
+from fastpop.types import EnvSpec
+
+needs_brax = pytest.mark.skipif(not brax_envs.brax_installed(), reason="brax is not installed")
+PENDULUM = "env.id=brax/inverted_pendulum"
+
+
+def refusal(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as error:
+        load_config(None, overrides)
+    return str(error.value)
+
+
+@needs_brax
+def test_brax_ids_are_accepted_and_normalized():
+    assert envs.check_env_id("brax/inverted_pendulum") == "brax/inverted_pendulum"
+    assert envs.check_env_id("brax/half_cheetah") == "brax/halfcheetah"
+    assert envs.check_env_id("brax/InvertedPendulum") == "brax/inverted_pendulum"
+    assert load_config(None, ["env.id=brax/HalfCheetah"]).env.id == "brax/halfcheetah"
+    # Every name in brax's registry is an id; the fixed list used without brax is the same.
+    from brax import envs as registry
+
+    assert brax_envs.known_names() == tuple(sorted(registry._envs)) == tuple(brax_envs._NAMES)
+    for name in registry._envs:
+        assert envs.check_env_id(f"brax/{name}") == f"brax/{name}"
+
+
+@needs_brax
+def test_brax_specs():
+    pendulum = envs.env_spec("brax/inverted_pendulum")
+    assert pendulum == EnvSpec((4,), np.dtype(np.float32), action_dim=1)
+    assert (pendulum.action_low, pendulum.action_high) == (-1.0, 1.0)  # brax rescales to +-3
+    assert not pendulum.discrete and pendulum.frame_stack == 1
+    cheetah = envs.env_spec("brax/halfcheetah", backend="spring")
+    assert cheetah == EnvSpec((17,), np.dtype(np.float32), action_dim=6)
+    env = brax_envs.make_brax_env("brax/halfcheetah", "spring")
+    assert env.observation_size == 17 and env.action_size == 6 and env.backend == "spring"
+
+
+@needs_brax
+def test_make_brax_env_is_built_once_per_id_and_backend():
+    env = brax_envs.make_brax_env("brax/inverted_pendulum", "positional")
+    assert brax_envs.make_brax_env("brax/InvertedPendulum", "positional") is env
+    assert brax_envs.make_brax_env("brax/inverted_pendulum", "spring") is not env
+    default = brax_envs.make_brax_env("brax/inverted_pendulum")
+    assert default.backend == brax_envs.default_backend("brax/inverted_pendulum")
+    with pytest.raises(ValueError, match="unknown brax backend 'sprng'; use one of generalized, "):
+        brax_envs.make_brax_env("brax/inverted_pendulum", "sprng")
+    with pytest.raises(ValueError, match="stepped on the device: build it with make_brax_env"):
+        envs.make_env("brax/inverted_pendulum", seed=0)
+
+
+def test_default_backend_is_spring_everywhere():
+    # The fastest measured on ant, halfcheetah and inverted_pendulum (README.md, Brax).
+    for name in brax_envs._NAMES:
+        assert brax_envs.default_backend(f"brax/{name}") == "spring"
+    assert brax_envs.resolve_backend("brax/ant", "generalized") == "generalized"
+    assert brax_envs.resolve_backend("brax/ant") == "spring"
+
+
+def test_unknown_brax_name_suggests_close_names():
+    with pytest.raises(UnknownEnvironment) as error:
+        envs.check_env_id("brax/halfcheeta")
+    message = str(error.value)
+    assert message.startswith("brax/halfcheeta: unknown brax environment; did you mean ")
+    assert "brax/halfcheetah" in message.split("?")[0]
+    assert "Known: brax/ant, brax/fast, brax/halfcheetah, " in message
+    with pytest.raises(UnknownEnvironment, match=r"^brax/zzz: unknown brax environment; Known: "):
+        envs.check_env_id("brax/zzz")
+    message = refusal(["env.id=brax/humanoidd"])
+    assert message.startswith("env.id: brax/humanoidd: unknown brax environment; did you mean ")
+    assert "brax/humanoid" in message and message.endswith("(from --set env.id=brax/humanoidd)")
+
+
+def test_missing_brax_names_the_extra(monkeypatch):
+    monkeypatch.setattr(brax_envs, "brax_installed", lambda: False)
+    with pytest.raises(MissingExtra) as error:
+        envs.check_env_id("brax/ant")
+    assert str(error.value) == (
+        "environment 'brax/ant' needs the 'brax' package, which is not installed; "
+        "install it with pip install -e '.[brax]'"
+    )
+    with pytest.raises(UnknownEnvironment, match="did you mean brax/ant"):  # without brax too
+        envs.check_env_id("brax/antt")
+    assert "pip install -e '.[brax]'" in refusal(["env.id=brax/ant"])
+
+
+def test_backend_typo_is_refused_naming_the_backends():
+    message = refusal([PENDULUM, "env.backend=genralized"])
+    assert message == (
+        "env.backend: must be one of generalized, positional, spring, mjx, got 'genralized' "
+        "(from --set env.backend=genralized)"
+    )
+
+
+def test_brax_only_fields_are_refused_for_gymnasium_ids():
+    message = refusal(["env.backend=spring"])
+    assert message.startswith(
+        "env.backend: only brax environments (env.id: brax/<name>) have a physics backend, "
+        "and Pendulum-v1 is not one: remove env.backend (or set it to null)"
+    )
+    message = refusal(["env.id=CartPole-v1", "algo=dqn", "env.episode_length=200"])
+    assert message.startswith("env.episode_length: only brax environments (env.id: brax/<name>)")
+    assert "CartPole-v1 is not one: remove env.episode_length" in message
+
+
+def test_collection_mode_defaults_follow_the_env():
+    brax = load_config(None, [PENDULUM])
+    assert brax.collect.mode is None and collection_mode(brax) == "device"
+    assert brax.env.episode_length == brax_envs.EPISODE_LENGTH == 1000 and brax.env.backend is None
+    gym = load_config(None)
+    assert collection_mode(gym) == "processes" and gym.env.episode_length is None
+    explicit = load_config(None, [PENDULUM, "collect.mode=device", "env.episode_length=200"])
+    assert collection_mode(explicit) == "device" and explicit.env.episode_length == 200
+    assert collection_mode(load_config(None, ["collect.mode=processes"])) == "processes"
+    # Collector counts do not apply on the device: one member, the default two collectors.
+    assert load_config(None, [PENDULUM, "population.size=1"]).population.size == 1
+    assert "collect.num_collectors: must be <=" in refusal(["population.size=1"])
+
+
+def test_collection_mode_mismatches_are_refused():
+    message = refusal([PENDULUM, "collect.mode=processes"])
+    assert message == (
+        "collect.mode: processes steps gymnasium environments in collector processes, and "
+        "brax/inverted_pendulum is a brax environment, stepped on the device: use "
+        "collect.mode: device (or null) (from --set collect.mode=processes)"
+    )
+    message = refusal(["collect.mode=device"])
+    assert message.startswith(
+        "collect.mode: device steps brax environments (env.id: brax/<name>) on the device, and "
+        "Pendulum-v1 is a gymnasium environment, stepped in collector processes: use "
+        "collect.mode: processes (or null)"
+    )
+    assert "must be one of processes, device, got 'gpu'" in refusal(["collect.mode=gpu"])
+
+
+def test_dqn_on_brax_is_refused():
+    message = refusal([PENDULUM, "algo=dqn"])
+    assert message.startswith(
+        "algo: dqn needs discrete actions, and brax environments (brax/inverted_pendulum) have "
+        "continuous ones: use td3 or sac"
+    )
+    assert load_config(None, [PENDULUM, "algo=sac"]).algo == "sac"
+
+
+def test_brax_config_round_trips(tmp_path):
+    config = load_config(None, [PENDULUM, "env.backend=positional", "env.episode_length=300"])
+    save_config(config, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == config
+    gym = load_config(None)
+    save_config(gym, tmp_path / "gym.yaml")
+    assert load_config(tmp_path / "gym.yaml") == gym
+
+
+@pytest.mark.parametrize(
+    "overrides,fragment",
+    [
+        ([PENDULUM, "env.backend=genralized"], "env.backend: must be one of generalized, "),
+        ([PENDULUM, "algo=dqn"], "algo: dqn needs discrete actions"),
+        (["env.id=brax/halfcheeta"], "did you mean brax/halfcheetah"),
+    ],
+)
+def test_cli_exits_2_before_creating_the_run(tmp_path, capsys, overrides, fragment):
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out)]
+    for override in overrides:
+        argv += ["--set", override]
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("fastpop: error: ") and fragment in error
+    assert "Traceback" not in error and os.listdir(tmp_path) == []
+
+
+def test_env_fields_have_docstrings():
+    tree = ast.parse(inspect.getsource(env_config))
+    (env_class,) = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    for i, statement in enumerate(env_class.body):
+        if isinstance(statement, ast.AnnAssign):
+            following = env_class.body[i + 1]
+            assert isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
