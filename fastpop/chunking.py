@@ -7,7 +7,8 @@ population size, and a chunk of one member is the member's own unbatched program
 
 On a CPU the best chunk size depends on the CPU (its caches and cores) and the program's shapes,
 so `TunedUpdate` measures it the first time it meets a population size: a few interleaved
-rounds of each candidate on copies of the real states, cached in memory and on disk
+rounds of each candidate on copies of the real states (the best round of each counts), cached
+in memory and, unless the rounds disagree (other load on the machine), on disk
 (fastpop.tuning_cache). Where it cannot matter it does not measure: a population of one, a
 population whose whole state fits in a CPU's L2 cache (one vmap), and programs with
 convolutions (one member at a time: vmapped per-member convolution weights become grouped
@@ -36,6 +37,7 @@ CHUNK_ENV = "FASTPOP_MEMBERS_PER_CHUNK"
 LARGEST_CANDIDATE = 16  # beyond 16 members a chunk's state alone is far past any CPU's L2
 SMALL_POPULATION_BYTES = 2 * 2**20  # whole population state at most this: one vmap
 CALIBRATION_ROUNDS = 3
+STEADY_SPREAD = 0.15  # rounds of one candidate further apart than this: measured under load
 
 
 def chunk_size(size: int, members_per_chunk: int | None) -> int:
@@ -174,33 +176,33 @@ class TunedUpdate(ChunkedUpdate):
         cached = tuning_cache.load(cache_key)
         if cached is not None:
             return int(cached["members_per_chunk"]), f"measured before ({tuning_cache.path()})"
-        seconds = self.calibrate(size, states, replay, hparams, key)
+        rounds = self.calibrate(size, states, replay, hparams, key)
+        seconds = {chunk: min(times) for chunk, times in rounds.items()}
         chunk = min(seconds, key=seconds.get)
-        tuning_cache.store(
-            cache_key,
-            {"members_per_chunk": chunk, "seconds_per_member": seconds, "what": summary},
-        )
+        # A measurement disturbed by other load is used by this process but not kept on disk.
+        steady = all(max(times) <= (1 + STEADY_SPREAD) * min(times) for times in rounds.values())
+        entry = {"members_per_chunk": chunk, "seconds_per_member": seconds, "what": summary}
+        tuning_cache.store(cache_key, {**entry, "population": size}, persist=steady)
         timings = ", ".join(f"{c}: {1e3 * s:.2f}" for c, s in sorted(seconds.items()))
-        return chunk, f"measured: ms per member per call {{{timings}}}"
+        noisy = "" if steady else "; rounds disagreed, not kept on disk"
+        return chunk, f"measured: ms per member per call {{{timings}}}{noisy}"
 
-    def calibrate(self, size, states, replay, hparams, key) -> dict[int, float]:
-        """Seconds per member of each candidate chunk size: the same members (the first
-        `largest candidate` of them) updated by each, on copies of the states, the candidates
-        taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call; the best
-        round of each counts."""
+    def calibrate(self, size, states, replay, hparams, key) -> dict[int, list[float]]:
+        """Seconds per member of each candidate chunk size in each round: the same members (the
+        first `largest candidate` of them) updated by each, on copies of the states, the
+        candidates taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call."""
         sizes = candidates(size)
         members = max(sizes)
         work = jax.tree.map(jnp.copy, states)
-        best = {chunk: float("inf") for chunk in sizes}
+        rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
         for round_index in range(CALIBRATION_ROUNDS + 1):
             for chunk in sizes:
                 start = time.perf_counter()
                 work, _ = self.run(chunk, work, replay, hparams, key, members)
                 jax.block_until_ready(work)
                 if round_index > 0:  # round 0 compiles
-                    seconds = (time.perf_counter() - start) / members
-                    best[chunk] = min(best[chunk], seconds)
-        return best
+                    rounds[chunk].append((time.perf_counter() - start) / members)
+        return rounds
 
 
 def has_convolutions(function, *abstract_args) -> bool:

@@ -72,19 +72,24 @@ def load(entry_key: str) -> dict | None:
     return entry
 
 
-def store(entry_key: str, entry: dict) -> None:
-    """Keep `entry` in memory and, best effort, on disk (a read-only home only loses the
-    disk copy; concurrent writers may drop each other's entry, never corrupt the file)."""
+def store(entry_key: str, entry: dict, persist: bool = True) -> None:
+    """Keep `entry` in memory and, with `persist`, on disk, best effort (a read-only home only
+    loses the disk copy; concurrent writers may drop each other's entry, never corrupt it)."""
     _memory[entry_key] = entry
     file = path()
-    if file is None:
+    if file is None or not persist:
         return
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         entries = _read(file)
         entries[entry_key] = {**entry, "machine": machine()}
         with tempfile.NamedTemporaryFile("w", dir=file.parent, delete=False) as handle:
-            json.dump(entries, handle, indent=1, default=str)
-        os.replace(handle.name, file)
+            try:
+                json.dump(entries, handle, indent=1, default=str)
+                handle.close()
+                os.replace(handle.name, file)
+            except BaseException:
+                os.unlink(handle.name)
+                raise
     except OSError:
         pass

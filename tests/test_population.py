@@ -212,6 +212,22 @@ def test_members_per_chunk_is_measured_once_and_cached(monkeypatch, tmp_path):
     assert update.chosen[4] in chunking.candidates(4) and "before" in update.how[4]
 
 
+def test_tuning_cache_keeps_steady_measurements_on_disk(monkeypatch, tmp_path):
+    monkeypatch.setattr(tuning_cache, "_memory", {})
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
+    steady, noisy = tuning_cache.key("a", "P=4"), tuning_cache.key("b", "P=4")
+    assert steady != noisy and tuning_cache.key("a", "P=4") == steady
+    tuning_cache.store(steady, {"members_per_chunk": 2})
+    tuning_cache.store(noisy, {"members_per_chunk": 4}, persist=False)
+    assert tuning_cache.load(noisy) == {"members_per_chunk": 4}  # this process only
+    monkeypatch.setattr(tuning_cache, "_memory", {})
+    assert tuning_cache.load(steady)["members_per_chunk"] == 2
+    assert tuning_cache.load(noisy) is None
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", "")  # memory only
+    tuning_cache.store(noisy, {"members_per_chunk": 4})
+    assert not (tmp_path / "tuning.json").read_text().count(noisy)
+
+
 def test_members_per_chunk_can_be_set(monkeypatch):
     monkeypatch.setenv(chunking.CHUNK_ENV, "2")
     update = tuned_vs_sequential()
