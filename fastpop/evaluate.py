@@ -277,6 +277,11 @@ def evaluate_member(agent, policy, hparams, config, episodes: int, seed: int):
     from fastpop import config as config_lib
     from fastpop.collect.evaluator import evaluate_population
 
+    if config_lib.collection_mode(config) == "device":  # brax: evaluated on the device
+        from fastpop.collect.sources import evaluate_on_device
+
+        returns = evaluate_on_device(agent, policy, hparams, config, episodes, seed)[0]
+        return float(returns.mean()), float(returns.std())
     mean, std = evaluate_population(
         agent,
         policy,

@@ -5,6 +5,7 @@ and the sequential executor gives the vectorized one's numbers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -48,13 +49,22 @@ def rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "wall_time"} for line in lines]
 
 
-def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectorized(tmp_path):
+def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectorized(
+    tmp_path, capsys
+):
     whole = run(tmp_path, "whole", "train.total_env_steps=2048")
     first = run(tmp_path, "resumed", "train.total_env_steps=1024")
     resumed = resume_run(first, ["train.total_env_steps=2048"], log=lambda message: None)
     resumed.run()
     assert len(rows(whole)) == 2 * 4  # two members, an evaluation every 512 steps
     assert rows(first) == rows(whole)  # deterministic, and the resume continues exactly
+    # fastpop eval of a device-mode run evaluates on device envs too.
+    from fastpop import cli
+
+    assert cli.main(["eval", str(whole), "--member", "0", "--episodes", "2"]) == 0
+    assert re.search(
+        r"member 0 \(checkpoint \d+, 2,048 env steps/member\): return", capsys.readouterr().out
+    )
     sequential = run(
         tmp_path, "sequential", "train.total_env_steps=1024", "population.execution=sequential"
     )

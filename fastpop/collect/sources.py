@@ -157,19 +157,38 @@ class DeviceCollection:
         return lanes, rows
 
     def _evaluate_members(self, policy, hparams, key):
-        size, episodes = self.config.population.size, self.config.eval.episodes
-        act = population.population_act(self.learner.agent)
-
-        def greedy(obs, step_key, index):
-            member_obs = obs.reshape(size, episodes, *obs.shape[1:])
-            keys = jax.random.split(step_key, size)
-            actions = act(policy, member_obs, keys, hparams, False, 0)
-            return actions.reshape(size * episodes, *actions.shape[2:])
-
-        returns = device_rollout.evaluate(
-            self.env, self.episode_length, greedy, key, size * episodes
+        episodes = self.config.eval.episodes
+        return _evaluate(
+            self.env, self.episode_length, self.learner.agent, policy, hparams, key, episodes
         )
-        return returns.reshape(size, episodes)
+
+
+def _evaluate(env, episode_length: int, agent, policy, hparams, key, episodes: int):
+    """(P, episodes) returns of each member's deterministic policy, one episode per lane."""
+    size = jax.tree.leaves(hparams)[0].shape[0]
+    act = population.population_act(agent)
+
+    def greedy(obs, step_key, index):
+        member_obs = obs.reshape(size, episodes, *obs.shape[1:])
+        keys = jax.random.split(step_key, size)
+        actions = act(policy, member_obs, keys, hparams, False, 0)
+        return actions.reshape(size * episodes, *actions.shape[2:])
+
+    returns = device_rollout.evaluate(env, episode_length, greedy, key, size * episodes)
+    return returns.reshape(size, episodes)
+
+
+def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int) -> np.ndarray:
+    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh brax envs."""
+    from fastpop.brax_envs import make_brax_env
+
+    env = make_brax_env(config.env.id, config.env.backend)
+    run = jax.jit(
+        lambda policy, hparams, key: _evaluate(
+            env, config.env.episode_length, agent, policy, hparams, key, episodes
+        )
+    )
+    return np.asarray(run(policy, hparams, jax.random.key(seed)))
 
 
 def env_state_bytes(config: config_lib.Config) -> int:
