@@ -119,7 +119,9 @@ def time_executors(
     """Per implementation: compile time and the median steady-state seconds per call.
 
     The implementations are timed in alternating rounds, so a burst of load on a noisy machine
-    hits all of them instead of skewing one ratio.
+    hits all of them instead of skewing one ratio. The process's CPU seconds per call are
+    recorded too: on a machine shared with other load they compare the implementations' work
+    where wall-clock time mostly measures the other load.
     """
     runs, timings = {}, {}
     for name, executor in executors.items():
@@ -129,15 +131,17 @@ def time_executors(
         jax.block_until_ready(run[0])
         runs[name] = run
         timings[name] = {"first_call": time.perf_counter() - start, "rounds": [], "calls": 0}
+        timings[name]["cpu_rounds"] = []
     for round_index in range(ROUNDS):
         for name, executor in executors.items():
             run, calls = runs[name], 0
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             while calls < 2 or time.perf_counter() - start < min_seconds / ROUNDS:
                 run[0], _ = executor.update(*run, jax.random.key(1000 * round_index + calls))
                 jax.block_until_ready(run[0])
                 calls += 1
             timings[name]["rounds"].append((time.perf_counter() - start) / calls)
+            timings[name]["cpu_rounds"].append((time.process_time() - cpu_start) / calls)
             timings[name]["calls"] += calls
     results = {}
     for name, timing in timings.items():
@@ -145,6 +149,7 @@ def time_executors(
         results[name] = {
             "seconds_per_call": seconds_per_call,
             "seconds_per_call_rounds": timing["rounds"],
+            "cpu_seconds_per_call": float(np.median(timing["cpu_rounds"])),
             "compile_seconds": max(timing["first_call"] - seconds_per_call, 0.0),
             "calls": timing["calls"],
         }
@@ -281,6 +286,13 @@ def add_speedups(rows: list[dict]) -> None:
     for row in rows:
         baseline = sequential.get(row["population"])
         row["speedup_over_sequential"] = row["agent_updates_per_s"] / baseline if baseline else None
+    # The same in CPU seconds per call (less sensitive to other load on a shared machine).
+    cpu = {r["population"]: r["cpu_seconds_per_call"] for r in rows if r["impl"] == "sequential"}
+    for row in rows:
+        if row.get("cpu_seconds_per_call") and cpu.get(row["population"]):
+            row["cpu_speedup_over_sequential"] = (
+                cpu[row["population"]] / row["cpu_seconds_per_call"]
+            )
 
 
 def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
