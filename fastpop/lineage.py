@@ -77,7 +77,9 @@ def plot_hparams(run_dir: Path, out_dir: Path | None = None) -> Path:
     panels = figure.subplots(len(trajectories) + 1, 1, sharex=True, squeeze=False)[:, 0]
     for axes, (name, members) in zip(panels, trajectories.items(), strict=False):
         for member, (steps, values) in sorted(members.items()):
-            axes.step(steps, values, where="post", color=f"C{member % 10}", label=f"{member}")
+            # Rows hold the hparams in force up to their evaluation: each value is drawn over
+            # the interval ending at its row, so a change shows where the round decided it.
+            axes.step(steps, values, where="pre", color=f"C{member % 10}", label=f"{member}")
         for event in events:
             value = event["new_hparams"].get(name)
             if isinstance(value, int | float):

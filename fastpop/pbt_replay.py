@@ -188,8 +188,7 @@ def replay_config(run_dir: Path, member_text: str, overrides=(), out: Path | Non
     data["name"] = f"{config.name}_replay_member{member}"
     data["strategy"] = "schedule"
     data["population"] = {**data["population"], "size": 1, "grid": {}, "priors": {}}
-    if "seeds" in data["population"]:
-        data["population"]["seeds"] = 1
+    data["population"].pop("seeds", None)  # follows population.size (--set it for more seeds)
     data["hparams"] = start
     data["schedule"] = {"changes": changes, "wait": True}
     lanes = config.collect.envs_per_member
@@ -258,7 +257,9 @@ def plot_comparison(pbt_run: Path, replay_run: Path, member: int, line: list[Seg
     panels[0].set_title("PBT member vs a fresh member trained with its hparam schedule")
     panels[0].legend(fontsize="small", loc="best")
     for axes, name in zip(panels[1:], names, strict=True):
-        axes.step(x(pbt_rows), [r["hparams"][name] for r in pbt_rows], where="post",
+        # A row holds the hparams in force up to its evaluation (a change decided there shows
+        # from the next row on): each value is drawn over the interval that ends at its row.
+        axes.step(x(pbt_rows), [r["hparams"][name] for r in pbt_rows], where="pre",
                   color="C3", label="PBT line")  # fmt: skip
         rows = [r for r in replay_rows if int(r["member"]) == 0]
         axes.plot(x(rows), [r["hparams"].get(name, math.nan) for r in rows], "s", color="C0",

@@ -186,6 +186,16 @@ def _group_by_configuration(runs: list[list[MemberCurve]]) -> list[Group]:
     ]
 
 
+def run_strata(curves) -> np.ndarray:
+    """Strata of one run's members: its configurations when each has seeds to resample, else
+    one stratum (a run of single-seed configurations, random search or PBT, is one sample of
+    members: resampling each within itself would give zero-width intervals)."""
+    strata = np.array([c.config_index for c in curves])
+    if np.unique(strata, return_counts=True)[1].min() < 2:
+        return np.zeros_like(strata)
+    return strata
+
+
 def load_groups(run_dirs: list[Path], by: str = "configuration") -> list[Group]:
     """The members of `run_dirs` grouped `by` configuration or by run (see the module)."""
     if by not in GROUP_BY:
@@ -194,10 +204,7 @@ def load_groups(run_dirs: list[Path], by: str = "configuration") -> list[Group]:
         raise ValueError("aggregate: no run directories given")
     runs = [load_member_curves(Path(d)) for d in run_dirs]
     if by == "run":
-        groups = [
-            Group(curves[0].run, tuple(curves), np.array([c.config_index for c in curves]))
-            for curves in runs
-        ]
+        groups = [Group(curves[0].run, tuple(curves), run_strata(curves)) for curves in runs]
     else:
         groups = _group_by_configuration(runs)
     for group in groups:

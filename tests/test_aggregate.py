@@ -293,3 +293,16 @@ def test_bad_aggregate_arguments_exit_2(tmp_path, capsys, extra, message):
     assert code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "plots").exists()
+
+
+def test_by_run_strata_fall_back_to_one_when_configurations_have_single_members():
+    """A run of single-seed configurations (random search, PBT) is one sample of members;
+    resampling each configuration within itself would give zero-width intervals."""
+    from types import SimpleNamespace
+
+    from fastpop.sweep import run_strata
+
+    single = [SimpleNamespace(config_index=i) for i in range(4)]
+    seeded = [SimpleNamespace(config_index=i // 2) for i in range(4)]
+    assert run_strata(single).tolist() == [0, 0, 0, 0]
+    assert run_strata(seeded).tolist() == [0, 0, 1, 1]

@@ -233,3 +233,14 @@ def test_bad_input_exits_2_and_starts_nothing(tmp_path, capsys):
     assert cli.main(["pbt-replay", str(dvd)]) == 2
     assert "strategy dvd shares parameters between members" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dvd", "pbt", "taken"]
+
+
+def test_a_replay_with_more_seeds_is_a_config_of_that_size(tmp_path):
+    """--set population.size=N replays the schedule with N seeds (it was refused: the replay's
+    config pinned population.seeds to 1)."""
+    from fastpop.pbt_replay import replay_config
+
+    pbt_run = tmp_path / "pbt"
+    write_pbt_run(pbt_run)
+    replay = replay_config(pbt_run, "best", ["population.size=3", "collect.num_collectors=1"])
+    assert (replay.config.population.size, replay.config.population.seeds) == (3, 3)
