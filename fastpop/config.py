@@ -113,6 +113,8 @@ class CollectConfig:
     """processes: collector processes step gymnasium envs; device: brax envs stepped inside the
     compiled loop on the device (num_collectors, ring_slots, max_restarts unused). null: device
     for brax ids, processes for the rest (each env runs in one mode only): `collection_mode`."""
+    atari_vector: bool = True
+    """Atari: collectors step ale_py's AtariVectorEnv (fastpop/atari_vector.py), else gymnasium."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -109,3 +109,35 @@ class LockstepEnvs:
 
     def close(self) -> None:
         self.vector_env.close()
+
+
+def lockstep_envs(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    *,
+    atari=None,
+    atari_vector: bool = True,
+    num_collectors: int = 1,
+):
+    """A collector's environments (reset(seed) them first) and what steps them (its stats): for an
+    Atari id with `atari_vector`, ale_py's vector env (`atari_vector.AtariLockstepEnvs`, its
+    share of the cores as threads) where it can run `atari` (`AtariOptions`); else gymnasium's
+    (`LockstepEnvs` over `envs.make_vector_env`)."""
+    from fastpop import atari_vector as ale_vector
+    from fastpop.envs import AtariOptions, check_env_id, make_vector_env
+
+    env_id = check_env_id(env_id)
+    reason = "off (collect.atari_vector: false)"
+    if env_id.startswith("ALE/") and atari_vector:
+        reason = ale_vector.unavailable_reason(atari or AtariOptions())
+        if reason is None:
+            threads = ale_vector.default_threads(num_envs, num_collectors)
+            envs = ale_vector.AtariLockstepEnvs(
+                env_id, num_envs, seed, options=atari, num_threads=threads
+            )
+            return envs, f"ale_py AtariVectorEnv, {threads} thread(s)"
+    envs = LockstepEnvs(make_vector_env(env_id, num_envs, seed, atari=atari))
+    if env_id.startswith("ALE/"):
+        return envs, f"gymnasium (ale_py vector env: {reason})"
+    return envs, "gymnasium"

@@ -111,14 +111,18 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     from fastpop import config as config_lib
     from fastpop.build import build_agent, build_env_spec
     from fastpop.collect.acting import make_acting
-    from fastpop.envs import make_vector_env
-    from fastpop.rollout import LockstepEnvs, RowStream
+    from fastpop.rollout import RowStream, lockstep_envs
 
     config = config_lib.config_from_dict(spec.config)
     envs_per_member = config.collect.envs_per_member
-    atari = config_lib.atari_options(config)
-    vector_env = make_vector_env(config.env.id, spec.num_slots, spec.env_seed, atari=atari)
-    envs = LockstepEnvs(vector_env)
+    envs, stepped_by = lockstep_envs(
+        config.env.id,
+        spec.num_slots,
+        spec.env_seed,
+        atari=config_lib.atari_options(config),
+        atari_vector=config.collect.atari_vector,
+        num_collectors=config.collect.num_collectors,
+    )
     env_spec = build_env_spec(config)
     agent = build_agent(config, env_spec)
     treedef = jax.tree.structure(policy_template(agent, config.population.size))
@@ -139,6 +143,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     episodes: list[tuple[int, float, int]] = []
     timers = {"env_seconds": 0.0, "policy_seconds": 0.0, "blocked_seconds": 0.0}
     steps = 0  # env steps per env, counted from the start of the run
+    own_steps = 0  # env steps per env taken by this process
     obs = envs.reset(seed=spec.env_seed)
     try:
         while not stop_event.is_set():
@@ -164,6 +169,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 episodes.append((int(slot_members[lane]), episode_return, length))
             obs = next_obs
             steps += 1
+            own_steps += 1
             if stream.has_chunk():
                 start = time.perf_counter()
                 if not ring.put(stream.pop_chunk()._asdict(), episodes, stop_event=stop_event):
@@ -174,4 +180,5 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         envs.close()
         params.close()
         ring.close()
-    return {**timers, "param_version": version}
+    env_steps = own_steps * spec.num_slots
+    return {**timers, "param_version": version, "env_steps": env_steps, "envs": stepped_by}
