@@ -58,11 +58,13 @@ def bench_pipeline(
     env_id: str, population_size: int, collectors: list[int], seconds: float, train_seconds: float
 ) -> dict:
     from fastpop.bench.update import bench_update
+    from fastpop.envs import env_spec
     from fastpop.train import Run
 
+    algo = "dqn" if env_spec(env_id).discrete else "td3"  # Atari ids: DQN's Nature CNN
     base = {
         "name": "bench_pipeline",
-        "algo": "td3",
+        "algo": algo,
         "env": {"id": env_id},
         "population": {"size": population_size},
         "collect": {"warmup_steps": 0, "num_collectors": 1},
@@ -88,7 +90,7 @@ def bench_pipeline(
             f"({rate / count / result['raw_gymnasium_steps_per_s']:.2f}x raw per collector)"
         )
     update = bench_update(
-        "td3", [population_size], ["vectorized"], min_seconds=seconds, log=lambda line: None
+        algo, [population_size], ["vectorized"], min_seconds=seconds, log=lambda line: None
     )
     update_rate = update["rows"][0]["agent_updates_per_s"]
     config = config_lib.config_from_dict(
