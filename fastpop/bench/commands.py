@@ -1,4 +1,4 @@
-"""`fastpop bench update | pipeline | checkpoint`: the parsers and handlers.
+"""`fastpop bench update | pipeline | checkpoint | device`: the parsers and handlers.
 
 The benchmarks themselves are imported only when one runs, so building the parser stays fast.
 """
@@ -22,6 +22,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     add_update_parser(benchmarks)
     add_pipeline_parser(benchmarks)
     checkpoint.add_parser(benchmarks)
+    add_device_parser(benchmarks)
     return parser
 
 
@@ -94,9 +95,60 @@ def add_pipeline_parser(benchmarks) -> None:
     pipeline.add_argument("--out", type=Path, default=Path("results/bench"))
 
 
+def add_device_parser(benchmarks) -> None:
+    device = benchmarks.add_parser(
+        "device",
+        help="device mode: brax envs and the population update on one device",
+        description="env-steps/s and agent-updates/s of device-mode training (collect.mode: "
+        "device, one update per env step and member) for each population size and envs per "
+        "member, against the env stepped alone (the ceiling) and the update alone (bench "
+        "update's measurement at the env's shapes); compile seconds. Writes "
+        "results/bench/device_<env>_<device>.json and .png.",
+    )
+    device.add_argument("--env", default="brax/halfcheetah", help="a brax/<name> id")
+    device.add_argument(
+        "--pop",
+        type=comma_list(positive_int, "population size"),
+        default=[1, 4, 16],
+        help="population sizes P, comma-separated (default 1,4,16)",
+    )
+    device.add_argument(
+        "--envs-per-member",
+        type=comma_list(positive_int, "envs per member"),
+        default=[1, 4],
+        help="envs per member E, comma-separated (default 1,4)",
+    )
+    device.add_argument("--backend", default=None, help="brax backend (default: env.backend's)")
+    device.add_argument("--algo", type=one_of("algorithm", ("td3", "sac")), default="td3")
+    device.add_argument(
+        "--seconds", type=float, default=6.0, help="timed seconds per measurement (default 6)"
+    )
+    device.add_argument(
+        "--chunk-len", type=positive_int_arg("chunk length"), default=32, help="collect.chunk_len"
+    )
+    device.add_argument(
+        "--updates-per-call",
+        type=positive_int_arg("updates per call"),
+        default=None,
+        help="K of the update scan (default: the chunk length)",
+    )
+    device.add_argument(
+        "--hidden-sizes",
+        type=comma_list(positive_int, "hidden size"),
+        default=None,
+        help="agent.hidden_sizes, comma-separated (default: the algorithm's, 256,256)",
+    )
+    device.add_argument("--out", type=Path, default=Path("results/bench"))
+
+
 def run(args: argparse.Namespace) -> int:
     """The `fastpop bench` handler: the exit code of the chosen benchmark."""
-    handlers = {"update": run_update, "pipeline": run_pipeline, "checkpoint": checkpoint.run}
+    handlers = {
+        "update": run_update,
+        "pipeline": run_pipeline,
+        "checkpoint": checkpoint.run,
+        "device": run_device,
+    }
     return handlers[args.bench](args)
 
 
@@ -131,4 +183,51 @@ def run_pipeline(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as error:
         return fail(str(error))
     print(f"wrote {write_pipeline_results(result, args.out)}")
+    return 0
+
+
+def device_command(args: argparse.Namespace) -> str:
+    """The `fastpop bench device` command these arguments stand for."""
+    import shlex
+
+    joined = lambda values: ",".join(map(str, values))
+    words = ["fastpop", "bench", "device", "--env", args.env, "--pop", joined(args.pop)]
+    words += ["--envs-per-member", joined(args.envs_per_member), "--algo", args.algo]
+    words += ["--seconds", f"{args.seconds:g}", "--chunk-len", str(args.chunk_len)]
+    optional = (
+        ("--backend", args.backend),
+        ("--updates-per-call", args.updates_per_call),
+        ("--hidden-sizes", args.hidden_sizes and joined(args.hidden_sizes)),
+    )
+    words += [word for flag, value in optional if value for word in (flag, str(value))]
+    return shlex.join([*words, "--out", str(args.out)])
+
+
+def run_device(args: argparse.Namespace) -> int:
+    from fastpop.bench.device import bench_device, table, write_results
+    from fastpop.brax_envs import check_backend, is_brax_id
+    from fastpop.config import ConfigError
+
+    if not is_brax_id(args.env):
+        return fail(f"--env {args.env}: device mode steps brax environments (brax/<name>)")
+    agent = {} if args.hidden_sizes is None else {"hidden_sizes": args.hidden_sizes}
+    try:
+        check_backend(args.backend)
+        result = bench_device(
+            args.env,
+            args.pop,
+            args.envs_per_member,
+            args.backend,
+            args.algo,
+            args.seconds,
+            args.chunk_len,
+            args.updates_per_call,
+            agent,
+            command=device_command(args),
+        )
+    except (ConfigError, ValueError) as error:  # MissingExtra, UnknownEnvironment too
+        return fail(str(error))
+    json_path, png_path = write_results(result, args.out)
+    print(table(result))
+    print(f"wrote {json_path} and {png_path}")
     return 0

@@ -1,0 +1,398 @@
+"""Device-mode benchmark: brax environments stepped on the device while the population learns.
+
+    fastpop bench device --env brax/<name> --pop 1,4,16 --envs-per-member 1,4 [--backend B]
+        [--algo td3|sac] [--seconds S]
+
+Per population size P and envs per member E, four measurements on JAX's default device, timed
+in alternating rounds (a burst of load on a shared machine hits all four alike):
+
+  fused    device-mode training as the run loop drives it: a Learner and a DeviceCollection,
+           chunks into the replay while the rate limiter allows, one update call when it allows,
+           samples_per_insert = batch size (one update per env step and member). A round runs
+           from just after one insert to just after another and stops the clock once every
+           result is ready. No evaluations.
+  collect  DeviceCollection.next_chunk alone: env step, autoreset, policy, rows; no learner.
+  env      the ceiling: jit(scan(vmap(env.step))) of the P x E lanes over chunk_len steps.
+  update   `fastpop bench update`'s measurement at these shapes: the vectorized executor on
+           random rows of the brax env's sizes, the learner's agent (networks, batch), P and K.
+
+Compile seconds: a program's first call minus its second. Writes
+results/bench/device_<env>_<device>.json and .png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from functools import partial
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fastpop import config as config_lib
+from fastpop import population, replay
+from fastpop.bench.common import build_learner, device_label, machine_description
+from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
+
+ROUNDS = 3  # timed rounds per measurement, the four measurements alternating
+CAPACITY = 100_000  # replay transitions per member (the config default)
+
+
+def bench_config(env_id, algo, size, per_member, backend, chunk_len, updates_per_call, agent):
+    """The device-mode training config of one (P, E) measurement; `agent`: the agent section
+    (hidden_sizes, batch_size; empty: the algorithm's defaults)."""
+    from fastpop.agents import make_agent
+    from fastpop.brax_envs import brax_env_spec
+
+    batch = make_agent(algo, brax_env_spec(env_id, backend), **agent).batch_size
+    env = {"id": env_id} | ({} if backend is None else {"backend": backend})
+    collect = {"mode": "device", "envs_per_member": per_member, "chunk_len": chunk_len}
+    replay = {
+        "capacity": CAPACITY - CAPACITY % per_member,
+        "min_size": chunk_len * per_member,  # learning starts after the first chunk
+        "samples_per_insert": float(batch),  # one update per env step and member
+    }
+    data = {"name": "bench_device", "algo": algo, "env": env, "agent": agent, "replay": replay}
+    data |= {"population": {"size": size}, "collect": collect | {"warmup_steps": 0}}
+    data |= {"train": {"updates_per_call": updates_per_call}, "log": {"tensorboard": False}}
+    return config_lib.config_from_dict(data)
+
+
+def timed(call) -> float:
+    """Seconds of `call()` until its result is ready."""
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    return time.perf_counter() - start
+
+
+def insert_chunks(learner, collection) -> bool:
+    """The run loop's `_collect`: chunks into the replay while the rate limiter allows."""
+    moved = False
+    while learner.limiter.can_insert():
+        rows, _ = collection.next_chunk()
+        learner.insert(rows)
+        moved = True
+    return moved
+
+
+class Fused:
+    """A Learner and a DeviceCollection driven as the run loop drives them."""
+
+    def __init__(self, config: config_lib.Config):
+        from fastpop.collect.sources import DeviceCollection
+
+        start = time.perf_counter()
+        self.learner = learner = build_learner(config)
+        self.collection = collection = DeviceCollection(config, learner)
+        jax.block_until_ready((learner.states, collection.lanes))
+        self.compile = {"build": time.perf_counter() - start}
+        chunk, insert, update, rows = [], [], [], []
+
+        def next_rows():
+            rows[:] = [collection.next_chunk()[0]]
+            return rows[0]
+
+        for _ in range(2):
+            chunk.append(timed(next_rows))
+            insert.append(timed(lambda: learner.insert(rows[0]) or learner.replay.buffers))
+        learner.can_update()  # the replay's readiness: read from the device once
+        for _ in range(2):
+            update.append(timed(lambda: learner.update() or learner.states))
+        for name, (first, second) in (("rollout", chunk), ("insert", insert), ("update", update)):
+            self.compile[name] = max(first - second, 0.0)
+        for _ in range(2):  # into the loop's steady cycle of inserts and updates
+            self.round(0.0)
+        self.compile["warm_up"] = time.perf_counter() - start
+
+    def round(self, seconds: float) -> dict:
+        """Run-loop passes from just after one insert to just after another, for at least
+        `seconds`; the clock stops once the states, replay and env lanes are ready."""
+        learner, collection, limiter = self.learner, self.collection, self.learner.limiter
+        inserted, updates = limiter.inserted, learner.updates
+        start = time.perf_counter()
+        while True:
+            if learner.can_update():
+                learner.update()
+            if insert_chunks(learner, collection) and time.perf_counter() - start >= seconds:
+                break
+        jax.block_until_ready((learner.states, learner.replay.buffers, collection.lanes))
+        size = learner.config.population.size
+        return {
+            "seconds": time.perf_counter() - start,
+            "env_steps": (limiter.inserted - inserted) * size,
+            "agent_updates": (learner.updates - updates) * size,
+        }
+
+    def collect(self):
+        """One chunk of rows, not inserted (the collection alone)."""
+        return self.collection.next_chunk()[0]
+
+    def programs_compiled(self) -> dict:
+        """Compiled variants of the per-chunk programs (1 each: no recompiles)."""
+        collection, store = self.collection, self.learner.replay
+        return {"rollout": collection._chunk._cache_size(), "insert": store._add._cache_size()}
+
+
+class EnvAlone:
+    """jit(scan(vmap(env.step))) of `lanes` envs over `steps` steps under random actions; the
+    states carried from call to call (donated)."""
+
+    def __init__(self, env, lanes: int, steps: int):
+        def run(state, key):
+            shape = (steps, lanes, env.action_size)
+            actions = jax.random.uniform(key, shape, minval=-1.0, maxval=1.0)
+            state = jax.lax.scan(lambda s, a: (jax.vmap(env.step)(s, a), None), state, actions)[0]
+            return jax.tree.map(lambda x: x.astype(x.dtype), state)  # as reset's: not weak
+
+        self.run = jax.jit(run, donate_argnums=0)
+        keys = jax.random.split(jax.random.key(0), lanes)
+        self.state = jax.jit(jax.vmap(env.reset))(keys)
+        self.key = jax.random.key(1)
+
+    def __call__(self):
+        self.key, key = jax.random.split(self.key)
+        self.state = self.run(self.state, key)
+        return self.state
+
+
+class UpdateAlone:
+    """`fastpop bench update`'s vectorized measurement at the brax env's shapes: `agent`'s
+    update of every member, K per call, on random rows held in per-member device buffers."""
+
+    def __init__(self, agent, env_spec, hparams, updates_per_call: int, seed: int = 0):
+        size = population.population_size(hparams)
+        key = jax.random.key(seed + size)
+        rows = BENCH_REPLAY_ROWS[agent.name]  # random rows per member, as bench update's
+        spec = replay.make_replay_spec(env_spec, rows, lanes=1, chunk_len=rows)
+        chunks = jax.vmap(lambda k: random_rows(spec, env_spec, k))(jax.random.split(key, size))
+        add = jax.jit(jax.vmap(partial(replay.add, spec)))
+        buffers = add(replay.init_population(spec, size), chunks)
+        sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
+        unroll = population.scan_unroll(spec.obs_shape, updates_per_call)
+        self.executor = population.make_executor(
+            "vectorized", agent, sample_batch, updates_per_call, unroll=unroll
+        )
+        states = population.init_population(agent, key, hparams)
+        self.run = [self.executor.adopt(tree) for tree in (states, buffers, hparams)]
+        self.size, self.calls = size, 0
+
+    def __call__(self):
+        self.calls += 1
+        self.run[0], _ = self.executor.update(*self.run, jax.random.key(self.calls))
+        return self.run[0]
+
+    def members_per_chunk(self) -> dict:
+        """How the CPU-tuned executor split the population (as bench update reports it)."""
+        update = self.executor.update
+        chosen, how = getattr(update, "chosen", {}), getattr(update, "how", {})
+        if self.size not in chosen:
+            return {}
+        return {"members_per_chunk": chosen[self.size], "how_chunked": how[self.size]}
+
+
+def calls_round(call, seconds: float, block_each: bool) -> dict:
+    """Calls for at least `seconds` (and twice); the clock stops once the last is ready."""
+    calls, start = 0, time.perf_counter()
+    while calls < 2 or time.perf_counter() - start < seconds:
+        result = call()
+        if block_each:  # as bench update times its calls
+            jax.block_until_ready(result)
+        calls += 1
+    jax.block_until_ready(result)
+    return {"seconds": time.perf_counter() - start, "calls": calls}
+
+
+def measure(config: config_lib.Config, seconds: float, log) -> dict:
+    """The four measurements of one (P, E), in alternating rounds."""
+    from fastpop.brax_envs import make_brax_env
+
+    size, per_member = config.population.size, config.collect.envs_per_member
+    chunk_len, updates = config.collect.chunk_len, config.train.updates_per_call
+    fused = Fused(config)
+    learner = fused.learner
+    env = make_brax_env(config.env.id, config.env.backend)
+    env_alone = EnvAlone(env, size * per_member, chunk_len)
+    update_alone = UpdateAlone(learner.agent, learner.agent_spec, learner.hparams, updates)
+    compile_seconds = dict(fused.compile)
+    for name, call in (("env", env_alone), ("update_alone", update_alone)):
+        first, second = timed(call), timed(call)
+        compile_seconds[name] = max(first - second, 0.0)
+    rounds = {"fused": [], "collect": [], "env": [], "update": []}
+    share = seconds / ROUNDS
+    for _ in range(ROUNDS):
+        rounds["fused"].append(fused.round(share))
+        rounds["collect"].append(calls_round(fused.collect, share, block_each=False))
+        rounds["env"].append(calls_round(env_alone, share, block_each=False))
+        rounds["update"].append(calls_round(update_alone, share, block_each=True))
+    lane_steps = size * per_member * chunk_len  # env steps of one chunk, all lanes
+    row = {
+        "population": size,
+        "envs_per_member": per_member,
+        "fused": rates(rounds["fused"]),
+        "collect_alone": rates(rounds["collect"], env_steps=lane_steps),
+        "env_alone": rates(rounds["env"], env_steps=lane_steps),
+        "update_alone": rates(rounds["update"], agent_updates=size * updates)
+        | update_alone.members_per_chunk(),
+        "compile_seconds": compile_seconds,
+        "programs_compiled": fused.programs_compiled(),
+        "load_average_1min": os.getloadavg()[0],  # after the rounds
+    }
+    row["ratios"] = ratios(row, chunk_len * per_member / updates)
+    log(table_row(row))
+    return row
+
+
+def rates(rounds: list[dict], env_steps: int = 0, agent_updates: int = 0) -> dict:
+    """Median env-steps/s and agent-updates/s over rounds (counts per call, or per round)."""
+    result: dict = {"rounds": rounds}
+    for name, per_call in (("env_steps", env_steps), ("agent_updates", agent_updates)):
+        counts = [r.get(name, per_call * r.get("calls", 0)) for r in rounds]
+        if any(counts):
+            values = [count / r["seconds"] for count, r in zip(counts, rounds, strict=True)]
+            result[f"{name}_per_s"] = float(np.median(values))
+    if "calls" in rounds[0]:
+        result["seconds_per_call"] = float(np.median([r["seconds"] / r["calls"] for r in rounds]))
+    return result
+
+
+def ratios(row: dict, calls_per_chunk: float) -> dict:
+    """fused against its ceilings, and against the sum of its parts run one after the other
+    (a chunk alone plus the chunk's update calls alone)."""
+    fused, env, update = row["fused"], row["env_alone"], row["update_alone"]
+    collect = row["collect_alone"]
+    chunk_steps = collect["env_steps_per_s"] * collect["seconds_per_call"]
+    serial = chunk_steps / (
+        collect["seconds_per_call"] + calls_per_chunk * update["seconds_per_call"]
+    )
+    return {
+        "fused_env_steps_vs_env_alone": fused["env_steps_per_s"] / env["env_steps_per_s"],
+        "collect_alone_vs_env_alone": collect["env_steps_per_s"] / env["env_steps_per_s"],
+        "fused_updates_vs_update_alone": fused["agent_updates_per_s"]
+        / update["agent_updates_per_s"],
+        "fused_vs_serial_sum": fused["env_steps_per_s"] / serial,
+        "updates_per_env_step": fused["agent_updates_per_s"] / fused["env_steps_per_s"],
+    }
+
+
+def table_row(row: dict) -> str:
+    """One Markdown table row (`TABLE_HEADER`)."""
+    r, c = row["ratios"], row["compile_seconds"]
+    cells = [
+        row["population"],
+        row["envs_per_member"],
+        f"{row['fused']['env_steps_per_s']:,.0f}",
+        f"{row['fused']['agent_updates_per_s']:,.0f}",
+        f"{row['env_alone']['env_steps_per_s']:,.0f}",
+        f"{r['fused_env_steps_vs_env_alone']:.3f}",
+        f"{row['collect_alone']['env_steps_per_s']:,.0f}",
+        f"{row['update_alone']['agent_updates_per_s']:,.0f}",
+        f"{r['fused_updates_vs_update_alone']:.2f}",
+        f"{r['fused_vs_serial_sum']:.2f}",
+        f"{c['rollout']:.1f}, {c['update']:.1f}, {c['env']:.1f}",
+    ]
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def bench_device(
+    env_id: str,
+    populations: list[int],
+    per_member_values: list[int],
+    backend: str | None = None,
+    algo: str = "td3",
+    seconds: float = 6.0,
+    chunk_len: int = 32,
+    updates_per_call: int | None = None,
+    agent: dict | None = None,
+    command: str = "",
+    log=print,
+) -> dict:
+    """Every (P, E) measured; the result as written to the JSON file."""
+    from fastpop.agents import make_agent
+    from fastpop.brax_envs import brax_env_spec, check_brax_id, resolve_backend
+
+    env_id = check_brax_id(env_id)
+    backend = resolve_backend(env_id, backend)
+    updates_per_call = updates_per_call or chunk_len
+    load_before, rows = os.getloadavg(), []
+    for per_member in per_member_values:
+        for size in populations:
+            config = bench_config(
+                env_id, algo, size, per_member, backend, chunk_len, updates_per_call, agent or {}
+            )
+            rows.append(measure(config, seconds, log))
+    spec = brax_env_spec(env_id, backend)
+    batch_size = make_agent(algo, spec, **(agent or {})).batch_size
+    return {
+        "env": env_id,
+        "backend": backend,
+        "algo": algo,
+        "device": device_label(),
+        "jax_version": jax.__version__,
+        "machine": machine_description(),
+        "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
+        "command": command,
+        "shapes": {"obs": spec.obs_shape[0], "actions": spec.action_dim},
+        "agent": (agent or {}) | {"batch_size": batch_size},
+        "samples_per_insert": batch_size,
+        "chunk_len": chunk_len,
+        "updates_per_call": updates_per_call,
+        "seconds_per_measurement": seconds,
+        "rounds": ROUNDS,
+        "rows": rows,
+    }
+
+
+TABLE_HEADER = (
+    "| P | E | fused env-steps/s | fused agent-updates/s | env alone env-steps/s | "
+    "fused / env alone | collect alone env-steps/s | update alone agent-updates/s | "
+    "fused / update alone | fused / serial sum | compile rollout, update, env (s) |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+)
+
+
+def table(result: dict) -> str:
+    """The result as a Markdown table (what the README records)."""
+    return "\n".join([TABLE_HEADER, *map(table_row, result["rows"])])
+
+
+def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
+    """JSON and PNG (env-steps/s and agent-updates/s against P, one line per E)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"device_{result['env'].replace('/', '_')}_{result['device']}"
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(result, indent=2) + "\n")
+    fig, (env_ax, update_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    series = (  # one color per measurement, one line style per E
+        (env_ax, "fused", "env_steps_per_s", "C0"),
+        (env_ax, "env_alone", "env_steps_per_s", "C1"),
+        (env_ax, "collect_alone", "env_steps_per_s", "C2"),
+        (update_ax, "fused", "agent_updates_per_s", "C0"),
+        (update_ax, "update_alone", "agent_updates_per_s", "C3"),
+    )
+    for index, per_member in enumerate(dict.fromkeys(r["envs_per_member"] for r in result["rows"])):
+        rows = [r for r in result["rows"] if r["envs_per_member"] == per_member]
+        sizes, style = [r["population"] for r in rows], ("-o", "--s", ":^", "-.v")[index % 4]
+        for ax, what, key, color in series:
+            label = f"{what.replace('_', ' ')}, E={per_member}"
+            ax.plot(sizes, [r[what][key] for r in rows], style, color=color, label=label)
+    for ax, label in ((env_ax, "env steps / s"), (update_ax, "agent updates / s")):
+        ax.set_xscale("log", base=2)
+        ax.set(yscale="log", xlabel="population size P", ylabel=label)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(
+        f"device mode: {result['env']} ({result['backend']}), {result['algo'].upper()} "
+        f"on {result['device']}"
+    )
+    fig.tight_layout()
+    png_path = out_dir / f"{stem}.png"
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return json_path, png_path

@@ -1,0 +1,53 @@
+"""`fastpop bench device`: a tiny run on brax's inverted pendulum writes its JSON and PNG with
+every measurement positive (no timing asserts: the machine is shared), and a gymnasium id is
+refused with exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+pytest.importorskip("brax")
+
+from fastpop.bench import commands
+
+TINY = ["--pop", "2", "--envs-per-member", "2", "--seconds", "0.05", "--chunk-len", "8"]
+TINY += ["--hidden-sizes", "16,16"]
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fastpop")
+    commands.add_parser(parser.add_subparsers(dest="command"))
+    return commands.run(parser.parse_args(["bench", "device", *argv]))
+
+
+def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
+    argv = ["--env", "brax/inverted_pendulum", *TINY, "--out", str(tmp_path)]
+    assert run(argv) == 0
+    result = json.loads((tmp_path / "device_brax_inverted_pendulum_cpu.json").read_text())
+    assert (tmp_path / "device_brax_inverted_pendulum_cpu.png").stat().st_size > 0
+    assert result["env"] == "brax/inverted_pendulum" and result["backend"] == "spring"
+    assert result["shapes"] == {"obs": 4, "actions": 1}
+    assert result["command"].startswith("fastpop bench device --env brax/inverted_pendulum")
+    assert result["updates_per_call"] == 8 and result["samples_per_insert"] == 256
+    (row,) = result["rows"]
+    assert (row["population"], row["envs_per_member"]) == (2, 2)
+    assert row["fused"]["env_steps_per_s"] > 0 and row["fused"]["agent_updates_per_s"] > 0
+    for name in ("collect_alone", "env_alone"):
+        assert row[name]["env_steps_per_s"] > 0 and row[name]["seconds_per_call"] > 0
+    assert row["update_alone"]["agent_updates_per_s"] > 0
+    compile_names = {"build", "rollout", "insert", "update", "warm_up", "env", "update_alone"}
+    assert set(row["compile_seconds"]) == compile_names
+    assert all(seconds >= 0 for seconds in row["compile_seconds"].values())
+    assert row["compile_seconds"]["warm_up"] > 0
+    assert row["ratios"]["updates_per_env_step"] == pytest.approx(1.0)  # samples_per_insert
+    assert all(value > 0 for value in row["ratios"].values())
+    assert row["programs_compiled"] == {"rollout": 1, "insert": 1}  # no recompiles
+    assert "| 2 | 2 |" in capsys.readouterr().out
+
+
+def test_a_gymnasium_id_is_refused(tmp_path, capsys):
+    assert run(["--env", "Pendulum-v1", "--out", str(tmp_path)]) == 2
+    assert "brax environments" in capsys.readouterr().err
