@@ -101,8 +101,7 @@ class DeviceCollection:
         learner = self.learner
         self.key, key = jax.random.split(self.key)
         steps = jnp.int32(learner.limiter.inserted)
-        policy = learner.training.policies(learner.states)
-        self.lanes, rows = self._chunk(self.lanes, policy, learner.hparams, steps, key)
+        self.lanes, rows = self._chunk(self.lanes, learner.states, learner.hparams, steps, key)
         return rows, []
 
     def evaluate(self, arrays: dict) -> None:
@@ -132,8 +131,9 @@ class DeviceCollection:
 
     # --- compiled programs ---
 
-    def _rollout_chunk(self, lanes, policy, hparams, member_steps, key):
+    def _rollout_chunk(self, lanes, states, hparams, member_steps, key):
         config = self.config
+        policy = self.learner.training.policies(states)  # inside the jit: no host work per chunk
         size, per_member = config.population.size, config.collect.envs_per_member
         act = population.population_act(self.learner.agent)
         warmup_env_steps = -(-config.collect.warmup_steps // per_member)
