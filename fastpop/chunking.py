@@ -1,18 +1,20 @@
 """Members per chunk: how the vectorized executor splits a population on a CPU.
 
 A chunk of c members is one compiled program, jit(vmap(scan)) over c members, called once per
-chunk on the stacked population, which it updates in place (states donated). The per-chunk
-program does not depend on how many chunks there are, so it compiles once whatever the
-population size, and a chunk of one member is the member's own unbatched program.
+chunk on the stacked population, which it updates in place (states donated): no loop around
+the members inside the program (XLA:CPU runs convolutions inside loops very slowly), compile
+time independent of the number of chunks, and a chunk of one member is the member's own
+unbatched program, the sequential executor's.
 
-On a CPU the best chunk size depends on the CPU (its caches and cores) and the program's shapes,
-so `TunedUpdate` measures it the first time it meets a population size: a few interleaved
-rounds of each candidate on copies of the real states (the best round of each counts), cached
-in memory and, unless the rounds disagree (other load on the machine), on disk
-(fastpop.tuning_cache). Where it cannot matter it does not measure: a population of one, a
-population whose whole state fits in a CPU's L2 cache (one vmap), and programs with
-convolutions (one member at a time: vmapped per-member convolution weights become grouped
-convolutions, which XLA:CPU runs at about half the speed of separate ones).
+On a CPU the best chunk size depends on the CPU (its caches and cores) and the program's
+shapes, so `TunedUpdate` measures it the first time it meets a population size: a few
+interleaved rounds of each candidate on copies of the real states, compared with chunks of one
+member round by round (`pick_chunk`), cached in memory and, unless the rounds disagree (other
+load on the machine), on disk (fastpop.tuning_cache). Where it cannot matter it does not
+measure: a population of one, a population whose whole state fits in a CPU's L2 cache (one
+vmap), and programs with convolutions (one member at a time: vmapped per-member convolution
+weights become grouped convolutions, which XLA:CPU runs at about half the speed of separate
+ones).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fastpop import tuning_cache
 from fastpop.types import POP_AXIS
@@ -37,7 +40,7 @@ CHUNK_ENV = "FASTPOP_MEMBERS_PER_CHUNK"
 LARGEST_CANDIDATE = 16  # beyond 16 members a chunk's state alone is far past any CPU's L2
 SMALL_POPULATION_BYTES = 2 * 2**20  # whole population state at most this: one vmap
 CALIBRATION_ROUNDS = 3
-STEADY_SPREAD = 0.15  # rounds of one candidate further apart than this: measured under load
+STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
 
 
 def chunk_size(size: int, members_per_chunk: int | None) -> int:
@@ -177,15 +180,13 @@ class TunedUpdate(ChunkedUpdate):
         if cached is not None:
             return int(cached["members_per_chunk"]), f"measured before ({tuning_cache.path()})"
         rounds = self.calibrate(size, states, replay, hparams, key)
-        seconds = {chunk: min(times) for chunk, times in rounds.items()}
-        chunk = min(seconds, key=seconds.get)
+        chunk, ratios, steady = pick_chunk(rounds)
         # A measurement disturbed by other load is used by this process but not kept on disk.
-        steady = all(max(times) <= (1 + STEADY_SPREAD) * min(times) for times in rounds.values())
-        entry = {"members_per_chunk": chunk, "seconds_per_member": seconds, "what": summary}
+        entry = {"members_per_chunk": chunk, "time_vs_one_member": ratios, "what": summary}
         tuning_cache.store(cache_key, {**entry, "population": size}, persist=steady)
-        timings = ", ".join(f"{c}: {1e3 * s:.2f}" for c, s in sorted(seconds.items()))
+        timings = ", ".join(f"{c}: {ratio:.3f}" for c, ratio in sorted(ratios.items()))
         noisy = "" if steady else "; rounds disagreed, not kept on disk"
-        return chunk, f"measured: ms per member per call {{{timings}}}{noisy}"
+        return chunk, f"measured: time per member vs chunks of 1 {{{timings}}}{noisy}"
 
     def calibrate(self, size, states, replay, hparams, key) -> dict[int, list[float]]:
         """Seconds per member of each candidate chunk size in each round: the same members (the
@@ -196,13 +197,31 @@ class TunedUpdate(ChunkedUpdate):
         work = jax.tree.map(jnp.copy, states)
         rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
         for round_index in range(CALIBRATION_ROUNDS + 1):
-            for chunk in sizes:
+            turn = round_index % len(sizes)  # each round in another order: drifting load
+            for chunk in sizes[turn:] + sizes[:turn]:  # does not favour one position
                 start = time.perf_counter()
                 work, _ = self.run(chunk, work, replay, hparams, key, members)
                 jax.block_until_ready(work)
                 if round_index > 0:  # round 0 compiles
                     rounds[chunk].append((time.perf_counter() - start) / members)
         return rounds
+
+
+def pick_chunk(rounds: dict[int, list[float]]) -> tuple[int, dict[int, float], bool]:
+    """The chunk size to use from timed rounds {chunk: [seconds per member in each round]}
+    (chunk 1 included): (chunk, median time relative to chunk 1, whether the rounds agree).
+
+    Chunks of one member run the sequential executor's program, so they are the safe choice: a
+    larger chunk is taken only if it beat chunks of 1 in every round (a candidate that was only
+    lucky to meet a quiet moment of a shared machine does not), and then the one with the lowest
+    median time relative to chunks of 1 in the same round."""
+    ratios = {
+        c: [t / one for t, one in zip(times, rounds[1], strict=True)] for c, times in rounds.items()
+    }
+    medians = {c: float(np.median(r)) for c, r in ratios.items()}
+    eligible = [c for c, r in ratios.items() if c == 1 or max(r) < 1.0]
+    steady = all(max(r) - min(r) <= STEADY_SPREAD for r in ratios.values())
+    return min(eligible, key=medians.get), medians, steady
 
 
 def has_convolutions(function, *abstract_args) -> bool:

@@ -240,6 +240,16 @@ def test_small_populations_are_not_measured(monkeypatch):
     assert update.chosen == {4: 4} and "one vmap" in update.how[4]
 
 
+def test_pick_chunk_takes_a_larger_chunk_only_if_it_wins_every_round():
+    """Seconds per member in three rounds; chunks of 1 are the safe default."""
+    lucky = {1: [1.0, 2.0, 1.0], 2: [0.97, 1.9, 0.98], 16: [1.3, 0.9, 1.2]}
+    chunk, ratios, steady = chunking.pick_chunk(lucky)
+    assert chunk == 2 and ratios[16] == pytest.approx(1.2) and not steady
+    assert chunking.pick_chunk({1: [1.0, 1.0], 4: [1.01, 0.9]})[0] == 1
+    chunk, _, steady = chunking.pick_chunk({1: [1.0, 2.0], 4: [0.9, 1.85], 8: [0.95, 1.9]})
+    assert chunk == 4 and steady  # the machine slowed down between rounds: ratios agree
+
+
 def test_chunk_candidates():
     assert chunking.candidates(1) == [1]
     assert chunking.candidates(6) == [1, 2, 6]
