@@ -325,8 +325,3 @@ def memory_estimate(
 def check_fits(estimate: MemoryEstimate) -> None:
     if not estimate.fits:
         raise ReplayTooLarge(estimate.message)
-
-
-# The host-side samples-per-insert rate limiter moved to fastpop.rate_limiter; this name stays
-# importable from here for code written against the old location.
-from fastpop.rate_limiter import RateLimiter  # noqa: E402, F401
