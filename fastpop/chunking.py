@@ -40,6 +40,9 @@ CHUNK_ENV = "FASTPOP_MEMBERS_PER_CHUNK"
 LARGEST_CANDIDATE = 16  # beyond 16 members a chunk's state alone is far past any CPU's L2
 SMALL_POPULATION_BYTES = 2 * 2**20  # whole population state at most this: one vmap
 CALIBRATION_ROUNDS = 3
+# Part of the cache key: a change to how chunk sizes are measured or picked must change it, so
+# that choices made the old way are measured again.
+MEASUREMENT = "members_per_chunk: pick_chunk against chunks of 1, rotating rounds"
 STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
 
 
@@ -175,7 +178,7 @@ class TunedUpdate(ChunkedUpdate):
             return size, f"population state {state_bytes / 2**20:.2f} MiB: one vmap"
         if setting == "rule":
             return chunk_size(size, self.fallback), f"{CHUNK_ENV}=rule"
-        cache_key = tuning_cache.key("members_per_chunk", summary, shapes, f"P={size}")
+        cache_key = tuning_cache.key(MEASUREMENT, summary, shapes, f"P={size}")
         cached = tuning_cache.load(cache_key)
         if cached is not None:
             return int(cached["members_per_chunk"]), f"measured before ({tuning_cache.path()})"
