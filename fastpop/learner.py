@@ -9,6 +9,8 @@ live is the `ReplayStore`: the learner itself does not depend on either's kind.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,7 @@ from fastpop import config as config_lib
 from fastpop import population, sharding, strategies, training
 from fastpop.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.collect.sources import env_state_bytes
-from fastpop.rate_limiter import RateLimiter
+from fastpop.rate_limiter import InProgramLimiter, RateLimiter
 from fastpop.replay_store import ReplayStore, layout_for
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.codec import join_strategy_state, split_strategy_state
@@ -69,6 +71,55 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     )
 
 
+def make_limiter(config: config_lib.Config, agent) -> RateLimiter:
+    """Device mode keeps samples_per_insert exactly inside its one program per chunk; process
+    mode lets collection and learning drift apart by the tolerance."""
+    kind = InProgramLimiter if config_lib.collection_mode(config) == "device" else RateLimiter
+    return kind(
+        config.replay.samples_per_insert,
+        config.replay.min_size,
+        config.replay.tolerance,
+        samples_per_call=config.train.updates_per_call * agent.batch_size,
+        insert_size=config.collect.chunk_len * config.collect.envs_per_member,
+    )
+
+
+def fused_iteration(
+    training,
+    add_rows,
+    collect,
+    lanes,
+    buffers,
+    states,
+    key,
+    collect_key,
+    hparams,
+    member_hparams,
+    joins,
+    env_steps,
+    calls,
+):
+    """One chunk of device collection, its insert and `calls` update calls as one program:
+    collect(lanes, key, states, hparams, env_steps) -> (lanes, rows) acts with the states as
+    they are before this chunk's updates (what process mode's collectors do with the last
+    published params). The update keys are split from `key` as `Learner.update` splits them,
+    so the numbers equal the same calls made one at a time. Metrics: the last call's (NaN
+    when there was none)."""
+    lanes, rows = collect(lanes, collect_key, states, hparams, env_steps)
+    buffers = add_rows(buffers, rows, joins)
+
+    def one_call(_, carry):
+        states, key, _ = carry
+        key, update_key = jax.random.split(key)
+        states, metrics = training.update(states, buffers, member_hparams, update_key)
+        return states, key, metrics
+
+    shapes = jax.eval_shape(training.update, states, buffers, member_hparams, key)[1]
+    metrics = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
+    states, key, metrics = jax.lax.fori_loop(0, calls, one_call, (states, key, metrics))
+    return lanes, buffers, states, key, metrics
+
+
 class Learner:
     """Device state (member states, replay) and the host-side bookkeeping around it."""
 
@@ -88,16 +139,10 @@ class Learner:
         self.key, init_key = jax.random.split(jax.random.key(config.seed))
         self.states, self.strategy_state = self.training.init(init_key, self.hparams)
         self.member_hparams = self.training.adopt(self.hparams)
-        updates = config.train.updates_per_call
-        self.limiter = RateLimiter(
-            config.replay.samples_per_insert,
-            config.replay.min_size,
-            config.replay.tolerance,
-            samples_per_call=updates * agent.batch_size,
-            insert_size=config.collect.chunk_len * config.collect.envs_per_member,
-        )
+        self.limiter = make_limiter(config, agent)
         self.updates = 0
         self._metrics: dict | None = None
+        self._fused: dict = {}  # collect function -> its compiled fused iteration
 
     @property
     def buffers(self):
@@ -180,6 +225,40 @@ class Learner:
         self.limiter.record_sample()
         self.updates += self.config.train.updates_per_call
         self._metrics = metrics  # read (a device-to-host copy) only when logged
+
+    def collect_and_update(self, collect, lanes, collect_key):
+        """Device mode: the next chunk of rows, their insert and every update call they allow
+        (`InProgramLimiter.calls_due`) in one compiled call (`fused_iteration`); env lanes and
+        buffers are donated. Returns the lanes after the chunk."""
+        limiter = self.limiter
+        env_steps = np.int32(limiter.inserted)
+        joins = self.replay.take_joins()
+        limiter.record_insert()
+        rows_per_lane = (
+            limiter.inserted - limiter.refill_from
+        ) // self.config.collect.envs_per_member
+        calls = limiter.calls_due() if rows_per_lane >= 2 else 0  # a transition is two rows
+        program = self._fused.get(collect)
+        if program is None:
+            fused = functools.partial(fused_iteration, self.training, self.replay.add_rows, collect)
+            program = self._fused[collect] = jax.jit(fused, donate_argnums=(0, 1, 2))
+        lanes, self.replay.buffers, self.states, self.key, metrics = program(
+            lanes,
+            self.replay.buffers,
+            self.states,
+            self.key,
+            collect_key,
+            self.hparams,
+            self.member_hparams,
+            joins,
+            env_steps,
+            np.int32(calls),
+        )
+        limiter.record_calls(calls)
+        self.updates += calls * self.config.train.updates_per_call
+        if calls:
+            self._metrics = metrics
+        return lanes
 
     @property
     def last_metrics(self) -> dict[str, float]:

@@ -81,3 +81,25 @@ class RateLimiter:
         if not self.learning or self.inserted == self.inserted_at_start:
             return float("nan")
         return self.sampled / (self.inserted - self.inserted_at_start)
+
+
+class InProgramLimiter(RateLimiter):
+    """Device mode: one compiled program per chunk makes the rows, inserts them and runs the
+    update calls they allow, so there is no jitter to absorb and no side to wait for. The loop
+    always inserts (`can_insert`), never samples on its own (`can_sample`); the program runs
+    `calls_due()` calls: as many as keep sampled <= samples_per_insert x inserted, exactly."""
+
+    def can_insert(self) -> bool:
+        return True
+
+    def can_sample(self) -> bool:
+        return False
+
+    def calls_due(self) -> int:
+        """Update calls that bring sampled up to the target without passing it."""
+        if not self.learning:
+            return 0
+        return max(0, int((self._target() - self.sampled) // self.samples_per_call))
+
+    def record_calls(self, calls: int) -> None:
+        self.sampled += calls * self.samples_per_call

@@ -112,6 +112,26 @@ class ReplayStore:
                 )
                 self.buffers[member] = self._add(self.buffers[member], part)
 
+    def add_rows(self, buffers, rows: replay.Rows, joins: jax.Array):
+        """`insert` as a pure function, for a program that makes its own rows (device mode).
+        joins: (P,) bool, the members whose buffer was just copied (`take_joins`)."""
+        lane_joins = jnp.repeat(joins, rows.reward.shape[0] // self.size)
+        start = rows.episode_start.at[:, 0].set(rows.episode_start[:, 0] | lane_joins)
+        rows = rows._replace(episode_start=start)
+        add = functools.partial(replay.add, self.spec)
+        if self.layout == "shared":
+            return add(buffers, rows)
+        by_member = jax.tree.map(lambda x: x.reshape(self.size, -1, *x.shape[1:]), rows)
+        if self.layout == "stacked":
+            return jax.vmap(add)(buffers, by_member)
+        return [add(b, population.member(by_member, m)) for m, b in enumerate(buffers)]
+
+    def take_joins(self) -> np.ndarray:
+        """The join marks for `add_rows`, cleared here: they apply to the next rows only."""
+        joins = self.joins.copy()
+        self.joins[:] = False
+        return joins
+
     def _mark_joins(self, rows: replay.Rows) -> replay.Rows:
         """Rows may be host (collectors) or device arrays (device mode): marked where they are."""
         if not self.joins.any():

@@ -238,25 +238,31 @@ class Run:
                 self.timers["idle"] += time.perf_counter() - start
 
     def _collect(self) -> bool:
-        """Moves complete chunks (one per collector) into the replay while the limiter allows."""
-        moved = False
+        """Moves complete chunks (one per collector) into the replay while the limiter allows;
+        device mode: one chunk per pass, inserted and learned from in one compiled call."""
+        moved, limit = 0, self.workers.chunks_per_pass
         start = time.perf_counter()
         while (
             self.learner.limiter.can_insert()
             and self.member_env_steps < self.config.train.total_env_steps
+            and (limit is None or moved < limit)
         ):
-            rows, episodes = self.workers.next_chunk()
-            if rows is None:
+            episodes = self.workers.feed(self.learner)
+            if episodes is None:
                 break
-            self.learner.insert(rows)
+            self._note_learning_started()
             for episode in episodes:
                 self.progress.training_returns[episode.member].append(episode.episode_return)
-            moved = True
+            moved += 1
             if self.member_env_steps >= self.progress.next_eval:
                 self._snapshot_for_evaluation()
                 self.progress.next_eval += self.strategy.evaluation_interval
         self.timers["transport"] += time.perf_counter() - start
-        return moved
+        return moved > 0
+
+    def _note_learning_started(self) -> None:
+        if self.progress.learning_started_at is None and self.learner.updates:
+            self.progress.learning_started_at = self.elapsed()
 
     def _snapshot_for_evaluation(self) -> None:
         start = time.perf_counter()

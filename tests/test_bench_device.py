@@ -38,13 +38,13 @@ def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
     for name in ("collect_alone", "env_alone"):
         assert row[name]["env_steps_per_s"] > 0 and row[name]["seconds_per_call"] > 0
     assert row["update_alone"]["agent_updates_per_s"] > 0
-    compile_names = {"build", "rollout", "insert", "update", "warm_up", "env", "update_alone"}
+    compile_names = {"build", "fused", "rollout", "warm_up", "env", "update_alone"}
     assert set(row["compile_seconds"]) == compile_names
     assert all(seconds >= 0 for seconds in row["compile_seconds"].values())
     assert row["compile_seconds"]["warm_up"] > 0
     assert row["ratios"]["updates_per_env_step"] == pytest.approx(1.0)  # samples_per_insert
     assert all(value > 0 for value in row["ratios"].values())
-    assert row["programs_compiled"] == {"rollout": 1, "insert": 1}  # no recompiles
+    assert row["programs_compiled"] == {"fused": 1, "rollout": 1}  # no recompiles
     assert "| 2 | 2 |" in capsys.readouterr().out
 
 

@@ -5,7 +5,9 @@
     DeviceCollection    brax environments stepped on the device by the same policy the learner
                         trains; rows never leave it, no worker process is started
 
-Both open a context with the interface the run loop uses: `next_chunk()`, `publish_from(learner)`,
+Both open a context with the interface the run loop uses: `feed(learner)` (rows into the learner;
+device mode also runs the updates they allow, in the same compiled call), `chunks_per_pass`,
+`publish_from(learner)`,
 `evaluate(snapshot)`, `evaluations(timeout)`, `check()`, `stop()`, `evaluator_restarts`; and both
 save and restore what they hold for a checkpoint (`saved()` / `restore(tree)`).
 """
@@ -50,6 +52,7 @@ class DeviceCollection:
     batch of envs with the snapshot's policy held constant."""
 
     evaluator_restarts = 0  # nothing to restart
+    chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
 
     def __init__(self, config: config_lib.Config, learner):
         from fastpop.brax_envs import make_brax_env
@@ -95,13 +98,21 @@ class DeviceCollection:
     def publish_from(self, learner) -> None:
         """Nothing to send: the next chunk acts with the learner's device state itself."""
 
+    def feed(self, learner) -> list:
+        """One chunk of every lane, inserted, and the updates it allows, as one compiled call
+        (`Learner.collect_and_update`). No episodes are reported: their returns would have to
+        cross to the host every chunk."""
+        self.key, key = jax.random.split(self.key)
+        self.lanes = learner.collect_and_update(self._rollout_chunk, self.lanes, key)
+        return []
+
     def next_chunk(self):
-        """The next `chunk_len` rows of every lane, as device arrays; no episodes are reported
-        (their returns would have to cross to the host every chunk)."""
+        """The next `chunk_len` rows of every lane as device arrays, without inserting them
+        (what `fastpop bench device` times as collection alone)."""
         learner = self.learner
         self.key, key = jax.random.split(self.key)
         steps = jnp.int32(learner.limiter.inserted)
-        self.lanes, rows = self._chunk(self.lanes, learner.states, learner.hparams, steps, key)
+        self.lanes, rows = self._chunk(self.lanes, key, learner.states, learner.hparams, steps)
         return rows, []
 
     def evaluate(self, arrays: dict) -> None:
@@ -131,7 +142,7 @@ class DeviceCollection:
 
     # --- compiled programs ---
 
-    def _rollout_chunk(self, lanes, states, hparams, member_steps, key):
+    def _rollout_chunk(self, lanes, key, states, hparams, member_steps):
         config = self.config
         policy = self.learner.training.policies(states)  # inside the jit: no host work per chunk
         size, per_member = config.population.size, config.collect.envs_per_member

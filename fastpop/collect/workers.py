@@ -66,6 +66,8 @@ class Workers:
     few seconds and unlinks every shared-memory segment.
     """
 
+    chunks_per_pass = None  # the loop drains every chunk that is ready
+
     def __init__(
         self, config, initial_leaves, replay_spec, log=print, log_event=None, generation: int = 0
     ):
@@ -205,6 +207,15 @@ class Workers:
     def publish_from(self, learner) -> None:
         """The learner's current policies to the collectors (a device-to-host copy)."""
         self.publish(learner.policy_leaves())
+
+    def feed(self, learner) -> list | None:
+        """One chunk from every collector into the learner's replay; its finished episodes, or
+        None when a collector has no chunk ready."""
+        rows, episodes = self.next_chunk()
+        if rows is None:
+            return None
+        learner.insert(rows)
+        return episodes
 
     def next_chunk(self):
         """One chunk from every collector, concatenated over slots; (None, []) if not ready."""

@@ -1,0 +1,89 @@
+"""Device mode's one compiled call per chunk (rows, insert, updates): the same numbers as the
+same steps made one call at a time, and exactly the update calls samples_per_insert allows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("brax")
+
+from fastpop import config as config_lib
+from fastpop.collect.sources import DeviceCollection
+from fastpop.learner import Learner, prepare
+
+PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
+SMALL = [
+    "population.size=2",
+    "collect.envs_per_member=2",
+    "agent.hidden_sizes=[16,16]",
+    "agent.batch_size=16",
+    "replay.samples_per_insert=12",  # 0.75 updates per env step: calls per chunk vary
+    "replay.min_size=24",
+    "collect.warmup_steps=16",
+    "collect.chunk_len=8",
+    "train.updates_per_call=2",
+    "env.episode_length=30",  # time limits inside the chunks
+]
+CHUNKS = 8
+
+
+def one_call_at_a_time(learner: Learner, collection: DeviceCollection) -> int:
+    """What `collection.feed(learner)` does, as separate calls; returns the update calls."""
+    collection.key, key = jax.random.split(collection.key)
+    steps = np.int32(learner.limiter.inserted)
+    collection.lanes, rows = collection._chunk(
+        collection.lanes, key, learner.states, learner.hparams, steps
+    )
+    learner.insert(rows)
+    calls = learner.limiter.calls_due() if learner.limiter.inserted >= 2 * 2 else 0
+    for _ in range(calls):
+        learner.update()
+    return calls
+
+
+def test_one_program_per_chunk_equals_the_calls_made_one_at_a_time():
+    config = config_lib.load_config(PRESET, SMALL)
+    fused, stepped = (Learner(config, *prepare(config)) for _ in range(2))
+    fused_collection = DeviceCollection(config, fused)
+    stepped_collection = DeviceCollection(config, stepped)
+    calls_made = []
+    for _ in range(CHUNKS):
+        fused_collection.feed(fused)
+        calls_made.append(one_call_at_a_time(stepped, stepped_collection))
+        assert fused.updates == stepped.updates and fused.limiter.sampled == stepped.limiter.sampled
+
+    # Learning starts after 24 rows per member (chunk 2 of 16 rows); then 12 samples per row
+    # in calls of 2 x 16 samples: 16 rows -> 192 samples -> 6 calls per chunk, exactly.
+    assert calls_made == [0, 0, 6, 6, 6, 6, 6, 6]
+    limiter = fused.limiter
+    target = limiter.samples_per_insert * (limiter.inserted - limiter.inserted_at_start)
+    assert limiter.sampled == target and fused.updates == sum(calls_made) * 2
+    for name, a, b in (
+        ("states", fused.states, stepped.states),
+        ("replay", fused.replay.buffers, stepped.replay.buffers),
+        ("env lanes", fused_collection.lanes, stepped_collection.lanes),
+    ):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+                x, y = jax.random.key_data(x), jax.random.key_data(y)
+            np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("samples_per_insert", [5.0, 40.0])
+def test_the_program_runs_every_call_the_rows_allow_and_no_more(samples_per_insert):
+    """Sampled stays within one call below samples_per_insert x inserted after every chunk."""
+    overrides = [*SMALL, f"replay.samples_per_insert={samples_per_insert}"]
+    config = config_lib.load_config(PRESET, overrides)
+    learner = Learner(config, *prepare(config))
+    collection = DeviceCollection(config, learner)
+    limiter = learner.limiter
+    for _ in range(6):
+        collection.feed(learner)
+        if limiter.learning:
+            target = samples_per_insert * (limiter.inserted - limiter.inserted_at_start)
+            assert target - limiter.samples_per_call < limiter.sampled <= target
+    assert learner.updates == limiter.sampled // learner.agent.batch_size
