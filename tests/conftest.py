@@ -17,12 +17,25 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 from tests.runs import trainers  # noqa: F401 (the fixture that starts `fastpop train`)
 from tests.shm_leaks import leftovers, shm_entries
 
+SHM_BEFORE = pytest.StashKey[set]()
 
-@pytest.fixture(scope="session", autouse=True)
-def shm_left_as_found():
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _xdist_worker(session.config):
+        session.config.stash[SHM_BEFORE] = shm_entries()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """The session leaves /dev/shm as it found it: no fastpop segment whose owner is gone and
-    no multiprocessing semaphore (`tests/shm_leaks.py`); fails at the last test's teardown."""
-    before = shm_entries()
-    yield
-    left = leftovers(before)
-    assert not left, f"the test session left these in /dev/shm: {left}"
+    no multiprocessing semaphore (`tests/shm_leaks.py`). Checked once, by the process that
+    started the session, after every test (and, with pytest-xdist, every worker) is done: a
+    worker checking alone could see another worker's run killed on purpose mid-test."""
+    if _xdist_worker(session.config):
+        return
+    left = leftovers(session.config.stash[SHM_BEFORE])
+    if left:
+        pytest.exit(f"the test session left these in /dev/shm: {left}", returncode=1)

@@ -13,6 +13,9 @@ brax_envs = pytest.importorskip("brax.envs")
 
 from fastpop.collect import device_rollout  # noqa: E402
 
+# Its module fixture is expensive: one worker runs it once for every test here.
+pytestmark = pytest.mark.xdist_group("device_rollout")
+
 LANES, STEPS, TIME_LIMIT = 6, 60, 12
 
 

@@ -18,6 +18,9 @@ from fastpop import video as fastpop_video
 from fastpop.collect.evaluator import evaluate_population
 from fastpop.learner import Learner, prepare
 
+# Its module fixture is expensive: one worker runs it once for every test here.
+pytestmark = pytest.mark.xdist_group("eval")
+
 TINY = [
     "agent.hidden_sizes=[8,8]",
     "agent.batch_size=4",

@@ -21,6 +21,9 @@ from fastpop import checkpoint, cli, evaluate, export
 from fastpop import config as config_lib
 from fastpop.learner import Learner, prepare
 
+# Its module fixture is expensive: one worker runs it once for every test here.
+pytestmark = pytest.mark.xdist_group("export")
+
 TINY = [
     "agent.hidden_sizes=[8,8]",
     "agent.batch_size=4",

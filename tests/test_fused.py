@@ -73,9 +73,10 @@ def test_one_program_per_chunk_equals_the_calls_made_one_at_a_time():
             np.testing.assert_allclose(x, y, rtol=2e-5, atol=2e-6, err_msg=name)
 
 
-@pytest.mark.parametrize("samples_per_insert", [5.0, 40.0])
-def test_the_program_runs_every_call_the_rows_allow_and_no_more(samples_per_insert):
-    """Sampled stays within one call below samples_per_insert x inserted after every chunk."""
+def test_the_program_runs_every_call_the_rows_allow_and_no_more():
+    """Sampled stays within one call below samples_per_insert x inserted after every chunk, for
+    a ratio whose chunks do not hold a whole number of calls (80 samples, calls of 32)."""
+    samples_per_insert = 5.0
     overrides = [*SMALL, f"replay.samples_per_insert={samples_per_insert}"]
     config = config_lib.load_config(PRESET, overrides)
     learner = Learner(config, *prepare(config))

@@ -20,6 +20,9 @@ from fastpop import cli
 from fastpop.config import ConfigError, config_from_dict, load_config, save_config
 from tests import sharding_cases
 
+# Its module fixture is expensive: one worker runs it once for every test here.
+pytestmark = pytest.mark.xdist_group("sharding")
+
 ROOT = Path(__file__).resolve().parent.parent
 # Both sides of every comparison compile with these, so they only make the compiles faster
 # (about half the time of this file on a 2-core CPU); the partitioning itself is XLA's HLO pass.
