@@ -18,6 +18,7 @@ import numpy as np
 from fastpop import config as config_lib
 from fastpop import population, sharding, strategies, training
 from fastpop.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.collect.segments import memory_order_problem
 from fastpop.collect.sources import env_state_bytes
 from fastpop.rate_limiter import InProgramLimiter, RateLimiter
 from fastpop.replay_store import ReplayStore, layout_for
@@ -28,6 +29,9 @@ from fastpop.strategies.codec import join_strategy_state, split_strategy_state
 def prepare(config: config_lib.Config):
     """Everything that can refuse a config, checked before any process or file exists:
     (env spec, agent)."""
+    processes = config_lib.collection_mode(config) == "processes"
+    if processes and (problem := memory_order_problem()) is not None:
+        raise config_lib.ConfigError(f"{problem} (or step brax envs with collect.mode: device)")
     spec = build_env_spec(config)
     agent = build_agent(config, spec)
     estimate = config_lib.memory_estimate(config, spec)

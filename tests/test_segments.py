@@ -66,6 +66,17 @@ def test_on_arm_no_channel_is_created_or_attached_and_workers_refuse_to_start(mo
             Workers(config, [np.zeros(3, np.float32)], replay_spec)
 
 
+def test_on_arm_a_process_mode_run_is_refused_before_its_directory_exists(
+    monkeypatch, tmp_path, capsys
+):
+    from fastpop.cli import main
+
+    monkeypatch.setattr(segments.platform, "machine", lambda: "aarch64")
+    out = tmp_path / "run"
+    assert main(["train", str(TD3_PENDULUM), "--out", str(out)]) == 2
+    assert "total store order" in capsys.readouterr().err and not out.exists()
+
+
 # --- owners and reclaim ---
 
 
