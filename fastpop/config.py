@@ -77,8 +77,8 @@ class PopulationConfig:
     devices: Any = 1
     """Devices the members are split over, population.size / devices on each (the shared
     replay and CEM-RL's and DvD's critic are replicated on every one): 1, an integer dividing
-    population.size, or all (every device JAX sees); with vectorized execution and collector
-    processes."""
+    population.size, or all (every device JAX sees); vectorized execution, either collection
+    mode (device mode: each device steps its own members' envs)."""
 
 
 @dataclasses.dataclass(frozen=True)

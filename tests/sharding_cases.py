@@ -138,6 +138,45 @@ def run_case(name: str) -> None:
         )
 
 
+DEVICE_MODE = [  # TD3 on brax's `fast` test env (quick to compile), stepped on the device
+    "env.id=brax/fast",
+    "env.episode_length=20",
+    "collect.envs_per_member=2",
+    "collect.chunk_len=8",
+    "collect.warmup_steps=8",
+    "replay.min_size=16",
+    "replay.samples_per_insert=4",
+    "population.size=4",
+    PRIOR,  # members differ (PBT's moves between devices: td3-pbt-replay-copy)
+]
+
+
+def check_device_mode() -> None:
+    """Device mode over 2 devices: each device steps its own members' env lanes; the states,
+    buffers and env lanes equal one device's after the same chunks (each made, inserted and
+    learned from in one call)."""
+    from fastpop.collect.sources import DeviceCollection
+
+    sharded = learner_for(*DEVICE_MODE, "population.devices=2")
+    reference = learner_for(*DEVICE_MODE)
+    collections = [DeviceCollection(learner.config, learner) for learner in (sharded, reference)]
+    for _ in range(CHUNKS):
+        for learner, collection in zip((sharded, reference), collections, strict=True):
+            collection.feed(learner)
+    assert sharded.updates == reference.updates > 0
+    check_placement(sharded, 2)
+    lanes = jax.tree.leaves(collections[0].lanes)
+    assert all(split_over(leaf, 2) for leaf in lanes if leaf.ndim), "env lanes not split"
+    expected = host((reference.saved_tree(True), collections[1].saved()))
+    actual = host((sharded.saved_tree(True), collections[0].saved()))
+    for (path, want), got in zip(
+        jax.tree_util.tree_flatten_with_path(expected)[0], jax.tree.leaves(actual), strict=True
+    ):
+        np.testing.assert_allclose(
+            got, want, rtol=1e-4, atol=1e-5, err_msg=jax.tree_util.keystr(path)
+        )
+
+
 def check_moves_only_changed_members() -> None:
     """A strategy's copy sends only the changed members' rows between devices (an all-reduce of
     those rows), never the population; overlapping sources read the state before the copy."""
@@ -174,6 +213,7 @@ def check_all_must_divide() -> None:
 
 CHECKS = {
     **{name: functools.partial(run_case, name) for name in CASES},
+    "device-mode": check_device_mode,
     "moves-only-changed-members": check_moves_only_changed_members,
     "all-must-divide": check_all_must_divide,
 }

@@ -14,6 +14,7 @@ save and restore what they hold for a checkpoint (`saved()` / `restore(tree)`).
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -21,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population
+from fastpop import population, sharding
 from fastpop.collect import device_rollout, snapshot
 
 
@@ -49,7 +50,8 @@ class ProcessCollection:
 class DeviceCollection:
     """P members x E brax envs stepped on the device, one jitted call per chunk of rows (env
     states donated), acting with each member's current exploration; evaluation on a separate
-    batch of envs with the snapshot's policy held constant."""
+    batch of envs with the snapshot's policy held constant. With population.devices > 1 each
+    device steps the envs of its own members."""
 
     evaluator_restarts = 0  # nothing to restart
     chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
@@ -63,9 +65,15 @@ class DeviceCollection:
         size, per_member = config.population.size, config.collect.envs_per_member
         key = jax.random.fold_in(jax.random.key(config.seed), 0xDE1)
         self.key, lanes_key = jax.random.split(key)
-        self.lanes = jax.jit(device_rollout.init, static_argnums=(0, 2))(
-            self.env, lanes_key, size * per_member
-        )
+        init = functools.partial(device_rollout.init, self.env, lanes=size * per_member)
+        # Lanes are member-major: split over the learner's mesh like the members they serve
+        # (their scalars, a key, on every device).
+        self._placement = None
+        if learner.mesh is not None:
+            split, everywhere = sharding.members(learner.mesh), sharding.replicated(learner.mesh)
+            shapes = jax.eval_shape(init, lanes_key)
+            self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
+        self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
         self._evaluate = jax.jit(self._evaluate_members)
         self._results: list[dict] = []
@@ -78,7 +86,11 @@ class DeviceCollection:
         return {"lanes": self.lanes, "key": self.key}
 
     def restore(self, tree: dict) -> None:
-        self.lanes = jax.tree.map(jnp.asarray, tree["lanes"])
+        lanes = tree["lanes"]
+        if self._placement is None:
+            self.lanes = jax.tree.map(jnp.asarray, lanes)
+        else:
+            self.lanes = sharding.place(lanes, self._placement)
         self.key = tree["key"]
 
     # --- the run loop's interface ---

@@ -215,8 +215,6 @@ def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
 def check_devices(r: Reader, c: CheckedConfig) -> None:
     """population.devices: 1, a positive integer dividing population.size, or all (checked
     against the machine when the learner starts, `fastpop.sharding.device_count`)."""
-    from fastpop.env_config import collection_mode
-
     devices, size = c.population.devices, c.population.size
     if devices != "all" and (isinstance(devices, bool) or not isinstance(devices, int)):
         r.fail("population.devices", f"expected a positive integer or all, got {show(devices)}")
@@ -229,12 +227,6 @@ def check_devices(r: Reader, c: CheckedConfig) -> None:
             "population.devices",
             f"sequential execution updates one member at a time on one device; set "
             f"population.devices: 1 or population.execution: vectorized, got {devices}",
-        )
-    if collection_mode(c) == "device":
-        r.fail(
-            "population.devices",
-            f"collect.mode device steps its environments on one device; set "
-            f"population.devices: 1 or use collector processes, got {devices}",
         )
     if devices != "all" and size % devices:
         odd = " (cemrl's size is 1 + an even number: use an odd device count)"
