@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastpop import evaluate, export, pbt_replay
+from fastpop import distributed, evaluate, export, pbt_replay
 from fastpop.bench import commands as bench_commands
 from fastpop.cli_args import comma_list, fail, one_of
 from fastpop.run_state import SAFE_ON_RESUME
@@ -57,6 +57,7 @@ def add_train_parser(commands) -> None:
     )
     train.add_argument("--out", type=Path, default=None, help="run directory")
     train.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    distributed.add_arguments(train)
 
 
 def add_resume_parser(commands) -> None:
@@ -78,6 +79,7 @@ def add_resume_parser(commands) -> None:
         metavar="SECTION.KEY=VALUE",
         help="change a resume-safe value, e.g. train.total_env_steps=2000000 (repeatable)",
     )
+    distributed.add_arguments(resume)
 
 
 def add_plot_parser(commands) -> None:
@@ -130,6 +132,10 @@ def run_train(args: argparse.Namespace) -> int:
     from fastpop.config import ConfigError, load_config
 
     try:
+        if (arguments := distributed.resolve(args)) is not None:
+            from fastpop import multihost_main  # jax.distributed starts before any JAX call
+
+            return multihost_main.train(args, arguments, execute)
         config = load_config(args.config, args.overrides)
     except (ConfigError, ValueError) as error:
         return fail(str(error))
@@ -182,12 +188,21 @@ def run_pbt_replay(args: argparse.Namespace) -> int:
 
 
 def run_resume(args: argparse.Namespace) -> int:
+    from fastpop import multihost_main
     from fastpop.checkpoint import CheckpointError
     from fastpop.config import ConfigError
     from fastpop.resume import lock_run_directory, resume_run
 
     if not args.run_dir.is_dir():
         return fail(f"{args.run_dir}: no such run directory")
+    try:
+        arguments = distributed.resolve(args)
+    except ConfigError as error:
+        return fail(str(error))
+    if arguments is not None:
+        return multihost_main.resume(args.run_dir, args.overrides, arguments, execute)
+    if hint := multihost_main.sharded_hint(args.run_dir):
+        return fail(hint)
     try:
         descriptor = lock_run_directory(args.run_dir)
     except ConfigError as error:

@@ -148,7 +148,7 @@ class ReplayStore:
         until it does."""
         if not self._ready:
             buffers = self.buffers if self.layout != "listed" else population.stack(self.buffers)
-            self._ready = bool(np.all(np.asarray(buffers.size) >= 2))
+            self._ready = bool(np.all(sharding.to_host(buffers.size) >= 2))
         return self._ready
 
     def copy_members(self, sources: np.ndarray) -> None:

@@ -22,10 +22,11 @@ Between rounds, `move_members` copies only the members that change (PBT exploit,
 resets, replay copies): one gather of the changed members' rows and a scatter into their
 targets, placed back on the mesh, never the whole population on one device.
 
-Several machines would keep this layout: a mesh over `jax.devices()` of every process after
-`jax.distributed.initialize()`, arrays made with `jax.make_array_from_process_local_data`
-instead of `device_put` of host arrays (rows, checkpoints), and host reads of sharded arrays
-(`np.asarray`: policies, fitness checks, checkpoints) replaced by per-process shards.
+Several processes (`--distributed`, fastpop.multihost) keep this layout: the mesh spans every
+process's devices, process by process, so each process holds a contiguous block of members;
+rows become arrays with `jax.make_array_from_process_local_data`, and host reads of sharded
+arrays go through `to_host` (an all-gather, in lock step) or `local_members` (this process's
+own members, no communication).
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ def make_mesh(count: int) -> Mesh | None:
     """A mesh over the first `count` devices; None for one device (nothing is sharded)."""
     if count == 1:
         return None
-    return Mesh(np.array(jax.devices()[:count]), (MESH_AXIS,))
+    # Process by process: each process's members are one contiguous block.
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Mesh(np.array(devices[:count]), (MESH_AXIS,))
 
 
 def mesh_for(config) -> Mesh | None:
@@ -89,6 +92,27 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def place(tree, sharding):
     """Every leaf of `tree` on the mesh with `sharding` (a sharding or a tree of them)."""
     return jax.device_put(tree, sharding)
+
+
+def to_host(array) -> np.ndarray:
+    """The whole of `array` as numpy; an array split over several processes is all-gathered,
+    so every process must call this at the same point."""
+    if getattr(array, "is_fully_addressable", True) or array.is_fully_replicated:
+        return np.asarray(array)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+
+
+def local_members(array) -> np.ndarray:
+    """This process's block of the leading axis of an array split over several processes (its
+    addressable shards, in order); the whole array otherwise."""
+    if getattr(array, "is_fully_addressable", True):
+        return np.asarray(array)
+    shards = {}
+    for shard in array.addressable_shards:
+        shards.setdefault(shard.index[0].start or 0, shard.data)
+    return np.concatenate([np.asarray(shards[start]) for start in sorted(shards)])
 
 
 def sharded_update(member_loop, shared_replay: bool, mesh: Mesh):

@@ -44,13 +44,15 @@ class TrainError(RuntimeError):
 class Run:
     """One training run: the loop, its clock, its outputs."""
 
+    learner_class = Learner  # a distributed run's learner reads only its own members
+
     def __init__(self, config: config_lib.Config, run_dir: Path, log=print):
         check_trackers(config.log)  # a missing wandb: refused before anything starts
         self.config = config
         self.run_dir = run_dir
         self.log = log
         self.spec, agent = prepare(config)
-        self.learner = Learner(config, self.spec, agent)
+        self.learner = self.learner_class(config, self.spec, agent)
         self.collection = make_collection(config, self.learner)  # processes or device
         self.strategy = self.learner.strategy
         interval = self.strategy.evaluation_interval
@@ -93,12 +95,7 @@ class Run:
         with (
             self.signals,
             self.watch,
-            MetricsWriter(
-                self.run_dir,
-                tensorboard=config.log.tensorboard,
-                purge_step=purge_step,
-                trackers=open_trackers(config, self.run_dir),
-            ) as metrics,
+            self.open_metrics(purge_step) as metrics,
             self.collection.open(
                 self.log, log_event=metrics.log_event, generation=self.progress.resumes
             ) as workers,
@@ -120,6 +117,10 @@ class Run:
             self._stop_checkpoint(stopped_by)
             self.worker_stats = workers.stop()
             return self._summary(stopped_by)
+
+    def open_metrics(self, purge_step: int | None) -> MetricsWriter:
+        trackers = open_trackers(self.config, self.run_dir)
+        return MetricsWriter(self.run_dir, self.config.log.tensorboard, False, purge_step, trackers)
 
     # --- checkpoints ---
 

@@ -207,7 +207,7 @@ def make_training(
 
 def finite_members(training: Training, states) -> np.ndarray:
     """(P,) bool: the member's networks, targets and optimizer state are all finite."""
-    return np.asarray(population.finite_members(training.members(states)))
+    return sharding.to_host(population.finite_members(training.members(states)))
 
 
 def state_template(training: Training, hparams: PyTree) -> PyTree:

@@ -1,0 +1,237 @@
+"""Several processes (hosts) training one population: `--distributed`, jax.distributed's
+start-up, and the lock step the processes keep.
+
+    fastpop train CONFIG --distributed [--coordinator HOST:PORT --num-processes N --process-id I]
+
+Without the three flags, jax.distributed detects them (Slurm's srun, Open MPI's mpirun, ...);
+`--distributed` where nothing is detected is refused (exit 2) before anything starts.
+
+The processes agree on every decision of the run loop through `Lockstep.exchange`: each writes a
+small JSON payload under a per-step key of jax.distributed's key-value store (the coordinator,
+process 0) and reads every other process's. A read waits in slices of `SLICE_MS`; between slices
+the coordination service's liveness of the awaited process is asked (`get_live_nodes`, driven by
+JAX's heartbeats, `HEARTBEAT_SECONDS`), so a dead process is named within about
+HEARTBEAT_SECONDS + a slice, while a live one that is busy (compiling, writing a checkpoint) is
+waited for. Collectives of a dead peer (gloo on CPU) fail at once rather than hang.
+
+Recoverability (`jax_enable_recoverability`) is switched on so that the coordination service does
+not abort every process when one dies: the survivors stop by themselves, naming the lost one.
+If process 0 (the coordinator) dies, JAX's client aborts the others at once ("Terminating process
+because the JAX distributed service detected fatal errors"): bounded, but without their message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+from fastpop.schema import ConfigError
+
+HEARTBEAT_SECONDS = 10  # a process silent this long is dead (JAX's coordination service)
+SLICE_MS = 1000
+KEY_PREFIX = "fastpop/lockstep"
+DETECTION_HELP = (
+    "pass --coordinator HOST:PORT --num-processes N --process-id I to every process (the "
+    "coordinator is process 0's host and a free port), or start the processes with srun (Slurm) "
+    "or mpirun (Open MPI), whose environment jax.distributed reads"
+)
+
+
+class ProcessLost(RuntimeError):
+    """Another process of the run stopped answering; the message names it."""
+
+    def __init__(self, process: int, detail: str = ""):
+        name = {0: "process 0 (the coordinator)", -1: "another process"}.get(
+            process, f"process {process}"
+        )
+        super().__init__(
+            f"{name} of the distributed run is gone (no heartbeat for {HEARTBEAT_SECONDS} s"
+            f"{'; ' + detail if detail else ''}); the newest complete checkpoint is intact: "
+            "continue with fastpop resume RUN_DIR --distributed on every process"
+        )
+        self.process = process
+
+
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("several processes (hosts): jax.distributed")
+    group.add_argument(
+        "--distributed",
+        action="store_true",
+        help="train one population over the devices of several processes (hosts); see "
+        "README 'More devices, more machines'",
+    )
+    group.add_argument("--coordinator", default=None, metavar="HOST:PORT", help=DETECTION_HELP)
+    group.add_argument("--num-processes", type=int, default=None, metavar="N")
+    group.add_argument("--process-id", type=int, default=None, metavar="I")
+
+
+def _detected() -> bool:
+    """An environment jax.distributed can read the coordinator from (Slurm, Open MPI, ...)."""
+    from jax._src import clusters
+
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        return True
+    for cluster in clusters.ClusterEnv._cluster_types:
+        try:
+            if cluster.opt_in_only_method:
+                continue
+            if cluster.is_env_present():
+                return True
+        except Exception:  # a detector that cannot even look is not a detection
+            continue
+    return False
+
+
+def resolve(args) -> dict | None:
+    """The arguments of jax.distributed.initialize from the flags (None without --distributed);
+    ConfigError for flags that cannot start a run."""
+    flags = {"--coordinator": args.coordinator, "--num-processes": args.num_processes}
+    flags["--process-id"] = args.process_id
+    given = [name for name, value in flags.items() if value is not None]
+    if not args.distributed:
+        if given:
+            raise ConfigError(f"{given[0]} belongs to --distributed; add --distributed")
+        return None
+    if args.coordinator is not None:
+        missing = [name for name, value in flags.items() if value is None]
+        if missing:
+            raise ConfigError(f"--coordinator needs {' and '.join(missing)} too; {DETECTION_HELP}")
+        host, _, port = args.coordinator.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--coordinator {args.coordinator}: expected HOST:PORT")
+        if args.num_processes < 1 or not 0 <= args.process_id < args.num_processes:
+            raise ConfigError(
+                f"--process-id {args.process_id} --num-processes {args.num_processes}: the "
+                "process ids are 0 .. N-1 and N >= 1"
+            )
+    elif given:
+        raise ConfigError(f"{given[0]} without --coordinator; {DETECTION_HELP}")
+    elif not _detected():
+        raise ConfigError(f"--distributed: no coordinator given or detected; {DETECTION_HELP}")
+    return {
+        "coordinator_address": args.coordinator,
+        "num_processes": args.num_processes,
+        "process_id": args.process_id,
+    }
+
+
+def check_config(config) -> None:
+    """What a distributed run does not support yet (exit 2 before anything starts)."""
+    from fastpop import config as config_lib
+
+    if config_lib.collection_mode(config) == "device":
+        raise ConfigError(
+            "--distributed runs collect with processes (collect.mode: processes); device "
+            "collection (brax ids) is not distributed yet: train it on one host"
+        )
+    if config.strategy in ("cemrl", "dvd") or config.replay.shared:
+        raise ConfigError(
+            f"--distributed supports members trained apart (strategy independent, pbt, "
+            f"branch_merge; replay.shared: false), not strategy: {config.strategy} with "
+            f"replay.shared: {str(config.replay.shared).lower()}: train it on one host"
+        )
+    if config.population.devices == 1:
+        raise ConfigError(
+            "population.devices: 1, but --distributed spreads the members over every "
+            "process's devices; set population.devices: all"
+        )
+
+
+def initialize(arguments: dict) -> None:
+    import jax
+
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
+    jax.config.update("jax_enable_recoverability", True)  # see the module docstring
+    jax.distributed.initialize(
+        **arguments,
+        heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
+        shutdown_timeout_seconds=30,
+    )
+
+
+class Lockstep:
+    """The processes' agreement on each step (module docstring)."""
+
+    def __init__(self):
+        import jax
+        from jax._src.distributed import global_state
+
+        self.client = global_state.client
+        self.process, self.count = jax.process_index(), jax.process_count()
+        self.step = 0
+
+    def _key(self, step: int, process: int) -> str:
+        return f"{KEY_PREFIX}/{step}/{process}"
+
+    def exchange(self, payload) -> list:
+        """Every process's payload (JSON data), in process order."""
+        step, self.step = self.step, self.step + 1
+        self.client.key_value_set(self._key(step, self.process), json.dumps(payload))
+        if step >= 2:  # every process has read it: each wrote step - 1 after reading it
+            self.client.key_value_delete(self._key(step - 2, self.process))
+        payloads = []
+        for other in range(self.count):
+            if other == self.process:
+                payloads.append(payload)
+            else:
+                payloads.append(json.loads(self._wait(self._key(step, other), other)))
+        return payloads
+
+    def _wait(self, key: str, process: int) -> str:
+        while True:
+            try:
+                return self.client.blocking_key_value_get(key, SLICE_MS)
+            except Exception as error:  # DEADLINE_EXCEEDED, or the service is gone
+                if "DEADLINE_EXCEEDED" not in str(error):
+                    raise ProcessLost(process, str(error).splitlines()[0]) from None
+            if process not in self.client.get_live_nodes(list(range(self.count))):
+                raise ProcessLost(process)
+
+    def agree(self, value) -> list:
+        return self.exchange(value)
+
+
+def finish(lost: bool, code: int) -> None:
+    """End this process of a distributed run: after a lost peer at once (JAX's shutdown would
+    wait for it); otherwise the other processes disconnect first, then the coordinator's."""
+    import jax
+    from jax._src.distributed import global_state
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if lost:
+        os._exit(code)
+    client = global_state.client
+    if jax.process_index() != 0:
+        jax.distributed.shutdown()
+        return
+    others = list(range(1, jax.process_count()))
+    deadline = time.monotonic() + HEARTBEAT_SECONDS
+    while others and time.monotonic() < deadline:
+        try:
+            if not set(client.get_live_nodes(others)) & set(others):
+                break
+        except Exception:
+            break
+        time.sleep(0.05)
+    jax.distributed.shutdown()
+
+
+def wait_for_lost(seconds: float = HEARTBEAT_SECONDS + 5) -> int:
+    """The first process the coordination service finds dead within `seconds` (-1: none)."""
+    import jax
+    from jax._src.distributed import global_state
+
+    everyone = list(range(jax.process_count()))
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            live = global_state.client.get_live_nodes(everyone)
+        except Exception:
+            return 0  # the coordination service itself is gone
+        if missing := sorted(set(everyone) - set(live)):
+            return missing[0]
+        time.sleep(0.2)
+    return -1

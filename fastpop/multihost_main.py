@@ -1,0 +1,179 @@
+"""`fastpop train --distributed` and `fastpop resume --distributed`: start jax.distributed, build
+the run on every process, let process 0 own the run directory, and end every process in
+bounded time whatever happens to the others (fastpop.distributed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fastpop import distributed
+from fastpop.checkpoint import CheckpointError, complete_checkpoints
+from fastpop.cli_args import fail
+from fastpop.schema import ConfigError
+
+
+def sharded_hint(run_dir: Path) -> str | None:
+    """For a single-process resume: the run's newest checkpoint is a distributed one."""
+    newest = complete_checkpoints(Path(run_dir) / "checkpoints")
+    if newest and (newest[0] / "manifest").is_dir():
+        return (
+            f"{newest[0]} was written by a distributed run; resume it with --distributed on "
+            "the same number of processes and devices"
+        )
+    return None
+
+
+def _lost_error(error: Exception) -> distributed.ProcessLost | None:
+    """A collective that failed because a peer is gone (gloo: connection reset / closed)."""
+    text = str(error)
+    if "Gloo" not in text and "Connection" not in text and "UNAVAILABLE" not in text:
+        return None
+    lost = distributed.wait_for_lost()
+    return distributed.ProcessLost(lost, f"a collective failed: {text.splitlines()[0]}")
+
+
+def launch(arguments: dict, body) -> int:
+    """Initialize jax.distributed, run `body()` -> exit code, end this process (`finish`)."""
+    import jax
+
+    distributed.initialize(arguments)
+    code, lost = 1, False
+    try:
+        code = body()
+    except distributed.ProcessLost as error:
+        code, lost = fail(f"stopping: {error}", code=1), True
+    except jax.errors.JaxRuntimeError as error:
+        if (converted := _lost_error(error)) is None:
+            raise
+        code, lost = fail(f"stopping: {converted}", code=1), True
+    finally:
+        distributed.finish(lost, code)
+    return code
+
+
+def _execute_here(run, execute) -> int:
+    """Process 0: `execute` (summary, ranking, plots); the others run and report their end."""
+    import jax
+
+    if jax.process_index() == 0:
+        return execute(run, run.run_dir)
+    from fastpop.collect.workers import WorkerFailed
+    from fastpop.train import StopRequested, TrainError
+
+    try:
+        summary = run.run()
+    except (WorkerFailed, TrainError) as error:
+        return fail(str(error), code=1)
+    except (KeyboardInterrupt, StopRequested) as stop:
+        return 143 if isinstance(stop, StopRequested) else 130
+    return {"interrupted": 130, "terminated": 143}.get(summary["stopped_by"], 0)
+
+
+def _owner_verdict(run, run_dir: Path, overwrite: bool):
+    """Process 0 prepares the run directory as `fastpop train` does; every process gets its
+    verdict: (None or the error, process 0's lock descriptor)."""
+    import jax
+
+    from fastpop.resume import lock_run_directory
+
+    problem, descriptor = None, None
+    if jax.process_index() == 0:
+        try:
+            if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+                raise ConfigError(
+                    f"run directory {run_dir} already exists; choose another --set name=... "
+                    f"or --out, pass --overwrite, or continue it with `fastpop resume "
+                    f"{run_dir} --distributed`"
+                )
+            if overwrite and run_dir.exists():
+                import shutil
+
+                os.close(lock_run_directory(run_dir))
+                shutil.rmtree(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            descriptor = lock_run_directory(run_dir)
+        except ConfigError as error:
+            problem = str(error)
+    return run.lockstep.exchange(problem)[0], descriptor
+
+
+def train(args, arguments: dict, execute) -> int:
+    """`fastpop train CONFIG --distributed` on this process (args: the command line's)."""
+
+    def body() -> int:
+        from fastpop import sharding
+        from fastpop.config import load_config
+        from fastpop.multihost import DistributedRun
+
+        try:
+            config = load_config(args.config, args.overrides)
+            distributed.check_config(config)
+            sharding.device_count(config)
+            run_dir = args.out or Path("results/runs") / config.name
+            run = DistributedRun(config, run_dir)
+        except (ConfigError, ValueError) as error:
+            return fail(str(error))
+        problem, descriptor = _owner_verdict(run, run_dir, args.overwrite)
+        if problem is not None:
+            return fail(problem)
+        try:
+            return _execute_here(run, execute)
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
+
+    return launch(arguments, body)
+
+
+def resume(run_dir: Path, overrides: list[str], arguments: dict, execute) -> int:
+    def body() -> int:
+        import jax
+
+        from fastpop.resume import lock_run_directory
+
+        descriptor = lock_run_directory(run_dir) if jax.process_index() == 0 else None
+        try:
+            run = _resumed_run(run_dir, overrides)
+        except (CheckpointError, ConfigError, ValueError) as error:
+            return fail(str(error))
+        try:
+            return _execute_here(run, execute)
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
+
+    return launch(arguments, body)
+
+
+def _resumed_run(run_dir: Path, overrides: list[str]):
+    from fastpop import run_state, sharding
+    from fastpop.checkpoint_sharded import ShardedCheckpoints
+    from fastpop.multihost import DistributedRun
+    from fastpop.resume import _check_config_file
+    from fastpop.train import CHECKPOINTS_DIR, CONFIG_FILE
+
+    directory = Path(run_dir) / CHECKPOINTS_DIR
+    checkpoints = ShardedCheckpoints(directory, 1, agree=lambda value: [value])
+    try:
+        steps = checkpoints.steps()
+        if not steps:
+            hint = "" if not complete_checkpoints(directory) else " written with --distributed"
+            raise CheckpointError(f"{run_dir}: no checkpoint{hint} to resume from ({directory})")
+        manifest = checkpoints.manifest(steps[0])  # another topology: refused here
+    finally:
+        checkpoints.close()
+    saved = manifest["metadata"]["config"]
+    _check_config_file(Path(run_dir) / CONFIG_FILE, saved)
+    config = run_state.resume_config(saved, overrides, str(checkpoints.path(steps[0])))
+    distributed.check_config(config)
+    sharding.device_count(config)
+    run = DistributedRun(config, Path(run_dir))
+    run.restore_latest(run.log)
+    if run.member_env_steps >= config.train.total_env_steps:
+        raise ConfigError(
+            f"{run_dir} is complete: {run.member_env_steps:,} of train.total_env_steps="
+            f"{config.train.total_env_steps:,} env steps per member; to train on, resume with "
+            "--set train.total_env_steps=<more>"
+        )
+    return run
