@@ -22,16 +22,21 @@ because the JAX distributed service detected fatal errors"): bounded, but withou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 
 from fastpop.schema import ConfigError
 
 HEARTBEAT_SECONDS = 10  # a process silent this long is dead (JAX's coordination service)
+GRACE_SECONDS = 3.0  # the loop's own notice of a lost process, before the watchdog acts
 SLICE_MS = 1000
 KEY_PREFIX = "fastpop/lockstep"
+DONE_PREFIX = "fastpop/done"  # a process that ended normally, not lost
 DETECTION_HELP = (
     "pass --coordinator HOST:PORT --num-processes N --process-id I to every process (the "
     "coordinator is process 0's host and a free port), or start the processes with srun (Slurm) "
@@ -187,6 +192,7 @@ class Lockstep:
                 if "DEADLINE_EXCEEDED" not in str(error):
                     raise ProcessLost(process, str(error).splitlines()[0]) from None
             if process not in self.client.get_live_nodes(list(range(self.count))):
+                WATCHDOG.handled.set()  # the loop stops by itself
                 raise ProcessLost(process)
 
     def agree(self, value) -> list:
@@ -203,7 +209,9 @@ def finish(lost: bool, code: int) -> None:
     sys.stderr.flush()
     if lost:
         os._exit(code)
+    WATCHDOG.stop()
     client = global_state.client
+    client.key_value_set(f"{DONE_PREFIX}/{jax.process_index()}", "1", allow_overwrite=True)
     if jax.process_index() != 0:
         jax.distributed.shutdown()
         return
@@ -217,6 +225,16 @@ def finish(lost: bool, code: int) -> None:
             break
         time.sleep(0.05)
     jax.distributed.shutdown()
+
+
+def lost_from(error: Exception) -> ProcessLost | None:
+    """A collective that failed because a peer is gone (gloo: connection reset or closed), as
+    the `ProcessLost` naming it; None for any other error."""
+    text = str(error)
+    if not any(sign in text for sign in ("Gloo", "Connection", "UNAVAILABLE")):
+        return None
+    WATCHDOG.handled.set()
+    return ProcessLost(wait_for_lost(), f"a collective failed: {text.splitlines()[0]}")
 
 
 def wait_for_lost(seconds: float = HEARTBEAT_SECONDS + 5) -> int:
@@ -235,3 +253,55 @@ def wait_for_lost(seconds: float = HEARTBEAT_SECONDS + 5) -> int:
             return missing[0]
         time.sleep(0.2)
     return -1
+
+
+class Watchdog:
+    """Ends this process when another is gone while this one waits where nothing notices it
+    (a collective whose peer died mid-way can wait for a long time): after GRACE_SECONDS
+    without the loop's own notice, the emergency hooks run (stop the workers, note the loss)
+    and the process exits with the message."""
+
+    def __init__(self):
+        self.handled = threading.Event()
+        self._stopped = threading.Event()
+        self.emergency: list[Callable[[ProcessLost], None]] = []
+
+    def start(self) -> None:
+        threading.Thread(target=self._watch, name="fastpop-watchdog", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _lost(self) -> int | None:
+        import jax
+        from jax._src.distributed import global_state
+
+        client, everyone = global_state.client, list(range(jax.process_count()))
+        try:
+            missing = set(everyone) - set(client.get_live_nodes(everyone))
+        except Exception:
+            return 0  # the coordination service (process 0) is gone
+        for process in sorted(missing):
+            try:
+                client.key_value_try_get(f"{DONE_PREFIX}/{process}")
+            except Exception:  # not found: it did not end normally
+                return process
+        return None
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(1.0):
+            process = self._lost()
+            if process is None:
+                continue
+            if self.handled.wait(GRACE_SECONDS) or self._stopped.is_set():
+                return
+            error = ProcessLost(process, "noticed while waiting on it")
+            for hook in self.emergency:
+                with contextlib.suppress(Exception):
+                    hook(error)
+            print(f"fastpop: error: stopping: {error}", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(1)
+
+
+WATCHDOG = Watchdog()

@@ -34,7 +34,7 @@ from fastpop import config as config_lib
 from fastpop import run_state, sharding
 from fastpop.checkpoint_sharded import ShardedCheckpoints
 from fastpop.collect.workers import WorkerFailed, Workers
-from fastpop.distributed import Lockstep, ProcessLost
+from fastpop.distributed import WATCHDOG, Lockstep, ProcessLost, lost_from
 from fastpop.learner import Learner
 from fastpop.metrics import MetricsWriter
 from fastpop.stop_signals import StopSignals, stop_exception
@@ -277,15 +277,31 @@ class DistributedRun(Run):
 
     def run(self) -> dict:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        WATCHDOG.emergency.append(self._emergency)
         try:
             return super().run()
         except ProcessLost as error:
-            with MetricsWriter(self.run_dir, tensorboard=False) as events:
-                events.log_event("process_lost", {"process": error.process, "message": str(error)})
+            self._note_lost(error)
             raise
+        except jax.errors.JaxRuntimeError as error:
+            if (lost := lost_from(error)) is None:
+                raise
+            self._note_lost(lost)
+            raise lost from None
         finally:
             if self._checkpoints is not None:
                 self._checkpoints.close()
+
+    def _note_lost(self, error: ProcessLost) -> None:
+        with MetricsWriter(self.run_dir, tensorboard=False) as events:
+            events.log_event("process_lost", {"process": error.process, "message": str(error)})
+
+    def _emergency(self, error: ProcessLost) -> None:
+        """The watchdog's (another thread's) last acts while this loop waits on the lost one."""
+        workers = getattr(self, "workers", None)
+        if workers is not None:
+            workers.__exit__(None, None, None)  # no worker process, no segment left behind
+        self._note_lost(error)
 
     def elapsed(self) -> float:
         """The clock every process agreed on at the latest pass of the loop."""

@@ -24,27 +24,19 @@ def sharded_hint(run_dir: Path) -> str | None:
     return None
 
 
-def _lost_error(error: Exception) -> distributed.ProcessLost | None:
-    """A collective that failed because a peer is gone (gloo: connection reset / closed)."""
-    text = str(error)
-    if "Gloo" not in text and "Connection" not in text and "UNAVAILABLE" not in text:
-        return None
-    lost = distributed.wait_for_lost()
-    return distributed.ProcessLost(lost, f"a collective failed: {text.splitlines()[0]}")
-
-
 def launch(arguments: dict, body) -> int:
     """Initialize jax.distributed, run `body()` -> exit code, end this process (`finish`)."""
     import jax
 
     distributed.initialize(arguments)
+    distributed.WATCHDOG.start()
     code, lost = 1, False
     try:
         code = body()
     except distributed.ProcessLost as error:
         code, lost = fail(f"stopping: {error}", code=1), True
     except jax.errors.JaxRuntimeError as error:
-        if (converted := _lost_error(error)) is None:
+        if (converted := distributed.lost_from(error)) is None:
             raise
         code, lost = fail(f"stopping: {converted}", code=1), True
     finally:

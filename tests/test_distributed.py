@@ -1,0 +1,179 @@
+"""`fastpop train/resume --distributed`: two processes on localhost (jax.distributed with gloo
+CPU collectives), each with 2 forced CPU devices, training one TD3 PBT population of 4."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments
+
+pytestmark = pytest.mark.xdist_group("distributed")
+
+RUN_SECONDS = 150  # a whole two-process run on a loaded 2-core CPU
+LOST_SECONDS = 30  # the survivor of a killed process must be gone this soon
+OVERRIDES = [
+    *FAST,
+    "population.devices=all",
+    "strategy=pbt",
+    "population.priors={actor_lr: {log_uniform: [1.0e-4, 3.0e-3]}}",
+    "pbt.interval=200",
+    "eval.interval=200",
+    "train.total_env_steps=640",
+    "replay.samples_per_insert=8",
+    "collect.num_collectors=1",
+    "log.tensorboard=false",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Processes:
+    """`python -m fastpop ARGS --distributed` as processes 0 .. count-1 of one run."""
+
+    def __init__(self, workdir: Path, args: list[str], count: int = 2, tag: str = "run"):
+        port, self.workdir = free_port(), workdir
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env["JAX_COMPILATION_CACHE_DIR"] = str(workdir / "jax-cache")  # the resume reuses it
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        self.logs, self.processes = [], []
+        for index in range(count):
+            log = workdir / f"{tag}-{index}.txt"
+            command = [sys.executable, "-m", "fastpop", *args, "--distributed"]
+            command += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(count)]
+            command += ["--process-id", str(index)]
+            with log.open("wb") as output:
+                self.processes.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=workdir,
+                        env=env,
+                        stdout=output,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+            self.logs.append(log)
+
+    def output(self, index: int) -> str:
+        return self.logs[index].read_text()
+
+    def wait(self, seconds: float) -> list[int]:
+        deadline = time.monotonic() + seconds
+        try:
+            return [p.wait(max(0.1, deadline - time.monotonic())) for p in self.processes]
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running after {seconds} s:\n{self.output(0)[-3000:]}")
+
+    def cleanup(self) -> None:
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            for name in segments(process.pid):
+                (Path("/dev/shm") / name).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("distributed")
+
+
+@pytest.fixture(scope="module")
+def trained(workdir):
+    """A completed two-process run (its directory), shared by the tests below."""
+    args = ["train", str(TD3_PENDULUM), "--out", "run"]
+    for override in OVERRIDES:
+        args += ["--set", override]
+    run = Processes(workdir, args)
+    try:
+        codes = run.wait(RUN_SECONDS)
+    finally:
+        run.cleanup()
+    assert codes == [0, 0], run.output(0)[-3000:] + run.output(1)[-3000:]
+    return workdir / "run"
+
+
+def assert_rows_once(run_dir: Path, size: int = 4) -> list[dict]:
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    keys = [(row["eval_index"], row["member"]) for row in rows]
+    assert len(keys) == len(set(keys)), "an (evaluation, member) row was written twice"
+    rounds = sorted({index for index, _ in keys})
+    assert rounds == list(range(len(rounds)))
+    assert sorted(keys) == [(i, m) for i in rounds for m in range(size)]
+    return rows
+
+
+def test_two_processes_train_one_population(trained):
+    rows = assert_rows_once(trained)
+    assert max(row["member_env_steps"] for row in rows) >= 640
+    assert any(row["kind"] == "exploit" for row in read_jsonl(trained / "lineage.jsonl"))
+    own = trained / "processes" / "1" / "metrics.jsonl"  # process 1's own files: no rows
+    assert not own.exists() or not read_jsonl(own)
+    (checkpoint,) = sorted((trained / "checkpoints").iterdir())
+    manifest = json.loads((checkpoint / "manifest" / "metadata").read_text())
+    assert manifest["topology"] == {"processes": 2, "devices": 4}
+    assert len(manifest["digests"]) == 2
+    assert json.loads((trained / "summary.json").read_text())["stopped_by"] == "completed"
+
+
+def test_resume_on_another_topology_exits_2(trained, workdir):
+    one = Processes(workdir, ["resume", "run"], count=1, tag="one")
+    try:
+        assert one.wait(RUN_SECONDS) == [2]
+    finally:
+        one.cleanup()
+    assert "written by 2 processes with 4 devices" in one.output(0)
+    assert "1 processes with 2 devices" in one.output(0)
+
+
+def test_resume_continues_and_a_killed_process_stops_the_other(trained, workdir):
+    before = len(read_jsonl(trained / "metrics.jsonl"))
+    run = Processes(workdir, ["resume", "run", "--set", "train.total_env_steps=100000"])
+    try:
+        deadline = time.monotonic() + RUN_SECONDS
+        while len(read_jsonl(trained / "metrics.jsonl")) < before + 4:  # a round after the resume
+            assert run.processes[0].poll() is None, run.output(0)[-3000:]
+            assert time.monotonic() < deadline, run.output(0)[-3000:]
+            time.sleep(0.2)
+        os.kill(run.processes[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        code = run.processes[0].wait(LOST_SECONDS + 10)
+        stopped_in = time.monotonic() - killed
+    finally:
+        run.cleanup()
+    output = run.output(0)
+    assert "resumed from" in output
+    assert code == 1 and stopped_in < LOST_SECONDS, (stopped_in, output[-3000:])
+    assert "process 1 of the distributed run is gone" in output
+    assert_rows_once(trained)  # the resumed rounds continue the numbering, none twice
+    events = [event["kind"] for event in read_jsonl(trained / "events.jsonl")]
+    assert events[-1] == "process_lost" and "resumed" in events
+
+
+def test_distributed_without_a_coordinator_exits_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_", "JAX_C"))}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, "-m", "fastpop", "train", str(TD3_PENDULUM), "--distributed"]
+    result = subprocess.run(
+        [*command, "--out", "run"], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert "--coordinator HOST:PORT --num-processes N --process-id I" in result.stderr
+    assert "srun" in result.stderr
+    assert not (tmp_path / "run").exists()
