@@ -39,7 +39,9 @@ inverted_pendulum pusher reacher swimmer walker2d""".split()  # noqa: SIM905 (as
 # and platform (one physics per config wherever it runs). env-steps/s of jit(scan(vmap(step)))
 # at batch 256 on a loaded 2-core CPU (`python -m fastpop.brax_envs`, README.md): spring 2-5x
 # positional and generalized on ant, halfcheetah and inverted_pendulum, and quickest to compile.
-# spring is brax's least accurate pipeline; generalized is the closest to MuJoCo.
+# spring is brax's least accurate pipeline; generalized is the closest to MuJoCo. On spring,
+# inverted_pendulum is another system (dt 0.02 s; TD3 and SAC did not learn it in 20-30k steps,
+# results/brax_inverted_pendulum_cpu/): its preset names generalized.
 DEFAULT_BACKEND = "spring"
 
 
