@@ -17,6 +17,7 @@ from fastpop.learner import Learner, prepare
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
 SMALL = [
+    "env.backend=spring",  # quickest to compile; the numbers compared, not learning
     "population.size=2",
     "collect.envs_per_member=2",
     "agent.hidden_sizes=[16,16]",
