@@ -185,23 +185,33 @@ class Lockstep:
         return payloads
 
     def _wait(self, key: str, process: int) -> str:
-        while True:
-            try:
-                return self.client.blocking_key_value_get(key, SLICE_MS)
-            except Exception as error:  # DEADLINE_EXCEEDED, or the service is gone
-                if "DEADLINE_EXCEEDED" not in str(error):
-                    raise ProcessLost(process, str(error).splitlines()[0]) from None
-            if process not in self.client.get_live_nodes(list(range(self.count))):
-                WATCHDOG.handled.set()  # the loop stops by itself
-                raise ProcessLost(process)
+        return wait_for_key(self.client, key, process, self.count)
 
     def agree(self, value) -> list:
         return self.exchange(value)
 
 
+def wait_for_key(client, key: str, process: int, count: int) -> str:
+    """The value `process` writes under `key`: waited for as long as that process is alive (it
+    may be compiling or writing a checkpoint), ProcessLost about a heartbeat after it died."""
+    while True:
+        try:
+            return client.blocking_key_value_get(key, SLICE_MS)
+        except Exception as error:  # DEADLINE_EXCEEDED, or the service is gone
+            if "DEADLINE_EXCEEDED" not in str(error):
+                raise ProcessLost(process, str(error).splitlines()[0]) from None
+        if process not in client.get_live_nodes(list(range(count))):
+            WATCHDOG.handled.set()  # the caller stops by itself
+            raise ProcessLost(process)
+
+
 def finish(lost: bool, code: int) -> None:
-    """End this process of a distributed run: after a lost peer at once (JAX's shutdown would
-    wait for it); otherwise the other processes disconnect first, then the coordinator's."""
+    """End this process of a distributed run. After a lost peer: at once (JAX's shutdown would
+    wait for it). Otherwise each process marks itself done and disconnects; the coordinator
+    (process 0, whose service the others talk to) first waits for every other process to be
+    done, however long a live one takes to get there, then for it to disconnect, then shuts
+    the service down. (It once waited a fixed 10 s: a process still closing its collectors
+    then found the service gone and aborted.)"""
     import jax
     from jax._src.distributed import global_state
 
@@ -209,15 +219,22 @@ def finish(lost: bool, code: int) -> None:
     sys.stderr.flush()
     if lost:
         os._exit(code)
-    WATCHDOG.stop()
-    client = global_state.client
-    client.key_value_set(f"{DONE_PREFIX}/{jax.process_index()}", "1", allow_overwrite=True)
-    if jax.process_index() != 0:
+    client, me, count = global_state.client, jax.process_index(), jax.process_count()
+    client.key_value_set(f"{DONE_PREFIX}/{me}", "1", allow_overwrite=True)
+    if me != 0:
+        WATCHDOG.stop()
         jax.distributed.shutdown()
         return
-    others = list(range(1, jax.process_count()))
+    others = list(range(1, count))
+    try:
+        for other in others:
+            wait_for_key(client, f"{DONE_PREFIX}/{other}", other, count)
+    except ProcessLost as error:
+        print(f"fastpop: error: {error}", file=sys.stderr, flush=True)
+        os._exit(code or 1)
+    WATCHDOG.stop()
     deadline = time.monotonic() + HEARTBEAT_SECONDS
-    while others and time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # done: what is left of them is the disconnect
         try:
             if not set(client.get_live_nodes(others)) & set(others):
                 break

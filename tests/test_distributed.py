@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from fastpop.distributed import HEARTBEAT_SECONDS
 from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments
 
 pytestmark = pytest.mark.xdist_group("distributed")
 
 RUN_SECONDS = 150  # a whole two-process run on a loaded 2-core CPU
 LOST_SECONDS = 30  # the survivor of a killed process must be gone this soon
+LATE_SECONDS = HEARTBEAT_SECONDS + 2  # process 1 of the trained run ends this much later
 OVERRIDES = [
     *FAST,
     "population.devices=all",
@@ -44,17 +46,22 @@ def free_port() -> int:
 class Processes:
     """`python -m fastpop ARGS --distributed` as processes 0 .. count-1 of one run."""
 
-    def __init__(self, workdir: Path, args: list[str], count: int = 2, tag: str = "run"):
+    def __init__(
+        self, workdir: Path, args: list[str], count: int = 2, tag: str = "run", late: float = 0
+    ):
+        """`late`: process 1 ends that many seconds after its run (tests/late_finish.py)."""
         port, self.workdir = free_port(), workdir
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
         env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["JAX_COMPILATION_CACHE_DIR"] = str(workdir / "jax-cache")  # the resume reuses it
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["LATE_FINISH_SECONDS"] = str(late)
+        module = "tests.late_finish" if late else "fastpop"
         self.logs, self.processes = [], []
         for index in range(count):
             log = workdir / f"{tag}-{index}.txt"
-            command = [sys.executable, "-m", "fastpop", *args, "--distributed"]
+            command = [sys.executable, "-m", module, *args, "--distributed"]
             command += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(count)]
             command += ["--process-id", str(index)]
             with log.open("wb") as output:
@@ -96,11 +103,12 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(workdir):
-    """A completed two-process run (its directory), shared by the tests below."""
+    """A completed two-process run (its directory), shared by the tests below. Process 1 ends
+    a heartbeat timeout and more after the coordinator is done: both still exit 0."""
     args = ["train", str(TD3_PENDULUM), "--out", "run"]
     for override in OVERRIDES:
         args += ["--set", override]
-    run = Processes(workdir, args)
+    run = Processes(workdir, args, late=LATE_SECONDS)
     try:
         codes = run.wait(RUN_SECONDS)
     finally:
