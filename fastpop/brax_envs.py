@@ -44,6 +44,23 @@ inverted_pendulum pusher reacher swimmer walker2d""".split()  # noqa: SIM905 (as
 # results/brax_inverted_pendulum_cpu/): its preset names generalized.
 DEFAULT_BACKEND = "spring"
 
+# Each brax environment's task in gymnasium's MuJoCo suite, where it has one: what `fastpop bench
+# device` trains in process mode beside the device-mode row (a brax id itself runs in device
+# mode only). The same task and reward design, not the same physics or observation.
+MUJOCO_COUNTERPARTS = {
+    "ant": "Ant-v5",
+    "halfcheetah": "HalfCheetah-v5",
+    "hopper": "Hopper-v5",
+    "humanoid": "Humanoid-v5",
+    "humanoidstandup": "HumanoidStandup-v5",
+    "inverted_double_pendulum": "InvertedDoublePendulum-v5",
+    "inverted_pendulum": "InvertedPendulum-v5",
+    "pusher": "Pusher-v5",
+    "reacher": "Reacher-v5",
+    "swimmer": "Swimmer-v5",
+    "walker2d": "Walker2d-v5",
+}
+
 
 def is_brax_id(env_id: str) -> bool:
     return env_id.startswith(PREFIX)
@@ -89,6 +106,11 @@ def check_brax_id(env_id: str) -> str:
             f"install it with {INSTALL}"
         )
     return PREFIX + by_key[_key(name)]
+
+
+def mujoco_counterpart(env_id: str) -> str | None:
+    """The gymnasium id of a (canonical) brax id's task, or None (`MUJOCO_COUNTERPARTS`)."""
+    return MUJOCO_COUNTERPARTS.get(env_id[len(PREFIX) :])
 
 
 def check_backend(backend: str | None) -> None:

@@ -1,6 +1,7 @@
 """`fastpop bench device`: a tiny run on brax's inverted pendulum writes its JSON and PNG with
-every measurement positive (no timing asserts: the machine is shared), and a gymnasium id is
-refused with exit 2."""
+every measurement positive, process mode on its MuJoCo counterpart included (no timing asserts:
+the machine is shared); a gymnasium --env and a --process-env that cannot run in process mode
+are refused with exit 2."""
 
 from __future__ import annotations
 
@@ -45,9 +46,30 @@ def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
     assert row["ratios"]["updates_per_env_step"] == pytest.approx(1.0)  # samples_per_insert
     assert all(value > 0 for value in row["ratios"].values())
     assert row["programs_compiled"] == {"fused": 1, "rollout": 1}  # no recompiles
+    # beside it, process mode on gymnasium's InvertedPendulum-v5 at the same P, E and ratio
+    assert result["process_env"] == "InvertedPendulum-v5"
+    process = row["process_mode"]
+    assert (process["env"], process["collectors"]) == ("InvertedPendulum-v5", 2)
+    assert process["env_steps_per_s"] > 0 and process["agent_updates_per_s"] > 0
+    assert process["agent_updates_per_s"] == pytest.approx(process["env_steps_per_s"], rel=0.5)
+    assert row["ratios"]["fused_env_steps_vs_process_mode"] > 0
     assert "| 2 | 2 |" in capsys.readouterr().out
 
 
 def test_a_gymnasium_id_is_refused(tmp_path, capsys):
     assert run(["--env", "Pendulum-v1", "--out", str(tmp_path)]) == 2
     assert "brax environments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("process_env", "expected"),
+    [("HalfCheeta-v5", "did you mean HalfCheetah-v5"), ("brax/ant", "collect.mode: processes")],
+)
+def test_a_process_env_that_cannot_run_in_process_mode_is_refused(
+    tmp_path, capsys, process_env, expected
+):
+    argv = ["--env", "brax/inverted_pendulum", "--process-env", process_env]
+    assert run([*argv, "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert f"--process-env {process_env}:" in error and expected in error
+    assert not list(tmp_path.iterdir())

@@ -102,7 +102,8 @@ def add_device_parser(benchmarks) -> None:
         description="env-steps/s and agent-updates/s of device-mode training (collect.mode: "
         "device, one update per env step and member) for each population size and envs per "
         "member, against the env stepped alone (the ceiling) and the update alone (bench "
-        "update's measurement at the env's shapes); compile seconds. Writes "
+        "update's measurement at the env's shapes) and the same training in process mode on "
+        "the env's MuJoCo counterpart; compile seconds. Writes "
         "results/bench/device_<env>_<device>.json and .png.",
     )
     device.add_argument("--env", default="brax/halfcheetah", help="a brax/<name> id")
@@ -137,6 +138,13 @@ def add_device_parser(benchmarks) -> None:
         type=comma_list(positive_int, "hidden size"),
         default=None,
         help="agent.hidden_sizes, comma-separated (default: the algorithm's, 256,256)",
+    )
+    device.add_argument(
+        "--process-env",
+        default="auto",
+        help="a gymnasium id trained in process mode beside each row (collector processes, "
+        "same P, E, networks and update ratio); default auto: the brax env's MuJoCo "
+        "counterpart (brax/halfcheetah: HalfCheetah-v5); none: leave it out",
     )
     device.add_argument("--out", type=Path, default=Path("results/bench"))
 
@@ -198,19 +206,28 @@ def device_command(args: argparse.Namespace) -> str:
         ("--backend", args.backend),
         ("--updates-per-call", args.updates_per_call),
         ("--hidden-sizes", args.hidden_sizes and joined(args.hidden_sizes)),
+        ("--process-env", args.process_env != "auto" and args.process_env),
     )
     words += [word for flag, value in optional if value for word in (flag, str(value))]
     return shlex.join([*words, "--out", str(args.out)])
 
 
 def run_device(args: argparse.Namespace) -> int:
-    from fastpop.bench.device import bench_device, table, write_results
+    from fastpop.bench.device import bench_device
+    from fastpop.bench.device_report import table, write_results
     from fastpop.brax_envs import check_backend, is_brax_id
     from fastpop.config import ConfigError
 
     if not is_brax_id(args.env):
         return fail(f"--env {args.env}: device mode steps brax environments (brax/<name>)")
     agent = {} if args.hidden_sizes is None else {"hidden_sizes": args.hidden_sizes}
+    if args.process_env not in ("auto", "none"):  # refused before anything is measured
+        from fastpop.bench.process_mode import process_config
+
+        try:
+            process_config(args.process_env, args.algo, 1, 1, args.chunk_len, 1, agent)
+        except (ConfigError, ValueError) as error:
+            return fail(f"--process-env {args.process_env}: {error}")
     try:
         check_backend(args.backend)
         result = bench_device(
@@ -224,6 +241,7 @@ def run_device(args: argparse.Namespace) -> int:
             args.updates_per_call,
             agent,
             command=device_command(args),
+            process_env=None if args.process_env == "none" else args.process_env,
         )
     except (ConfigError, ValueError) as error:  # MissingExtra, UnknownEnvironment too
         return fail(str(error))

@@ -15,17 +15,19 @@ in alternating rounds (a burst of load on a shared machine hits all four alike):
   update   `fastpop bench update`'s measurement at these shapes: the vectorized executor on
            random rows of the brax env's sizes, the learner's agent (networks, batch), P and K.
 
+  process  the same training in process mode (collector processes, rows copied to the device)
+           on the brax env's MuJoCo counterpart, e.g. HalfCheetah-v5 for brax/halfcheetah
+           (bench/process_mode.py), after the four; `--process-env none` leaves it out.
+
 Compile seconds: a program's first call minus its second. Writes
-results/bench/device_<env>_<device>.json and .png.
+results/bench/device_<env>_<device>.json and .png (device_report.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from functools import partial
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -33,10 +35,13 @@ import numpy as np
 from fastpop import config as config_lib
 from fastpop import population, replay
 from fastpop.bench.common import build_learner, device_label, machine_description
+from fastpop.bench.device_report import table_row
+from fastpop.bench.process_mode import measure_process_mode, process_config
 from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
 
 ROUNDS = 3  # timed rounds per measurement, the four measurements alternating
 CAPACITY = 100_000  # replay transitions per member (the config default)
+AUTO = "auto"  # bench_device's process_env: the brax env's MuJoCo counterpart
 
 
 def bench_config(env_id, algo, size, per_member, backend, chunk_len, updates_per_call, agent):
@@ -185,8 +190,9 @@ def calls_round(call, seconds: float, block_each: bool) -> dict:
     return {"seconds": time.perf_counter() - start, "calls": calls}
 
 
-def measure(config: config_lib.Config, seconds: float, log) -> dict:
-    """The four measurements of one (P, E), in alternating rounds."""
+def measure(config: config_lib.Config, seconds: float, log, process=None) -> dict:
+    """The four measurements of one (P, E), in alternating rounds; then, given `process` (a
+    process-mode config), the same training in process mode (bench/process_mode.py)."""
     from fastpop.brax_envs import make_brax_env
 
     size, per_member = config.population.size, config.collect.envs_per_member
@@ -220,6 +226,8 @@ def measure(config: config_lib.Config, seconds: float, log) -> dict:
         "programs_compiled": fused.programs_compiled(),
         "load_average_1min": os.getloadavg()[0],  # after the rounds
     }
+    if process is not None:
+        row["process_mode"] = measure_process_mode(process, ROUNDS, seconds, rates)
     row["ratios"] = ratios(row, chunk_len * per_member / updates)
     log(table_row(row))
     return row
@@ -247,7 +255,7 @@ def ratios(row: dict, calls_per_chunk: float) -> dict:
     serial = chunk_steps / (
         collect["seconds_per_call"] + calls_per_chunk * update["seconds_per_call"]
     )
-    return {
+    result = {
         "fused_env_steps_vs_env_alone": fused["env_steps_per_s"] / env["env_steps_per_s"],
         "collect_alone_vs_env_alone": collect["env_steps_per_s"] / env["env_steps_per_s"],
         "fused_updates_vs_update_alone": fused["agent_updates_per_s"]
@@ -255,25 +263,10 @@ def ratios(row: dict, calls_per_chunk: float) -> dict:
         "fused_vs_serial_sum": fused["env_steps_per_s"] / serial,
         "updates_per_env_step": fused["agent_updates_per_s"] / fused["env_steps_per_s"],
     }
-
-
-def table_row(row: dict) -> str:
-    """One Markdown table row (`TABLE_HEADER`)."""
-    r, c = row["ratios"], row["compile_seconds"]
-    cells = [
-        row["population"],
-        row["envs_per_member"],
-        f"{row['fused']['env_steps_per_s']:,.0f}",
-        f"{row['fused']['agent_updates_per_s']:,.0f}",
-        f"{row['env_alone']['env_steps_per_s']:,.0f}",
-        f"{r['fused_env_steps_vs_env_alone']:.3f}",
-        f"{row['collect_alone']['env_steps_per_s']:,.0f}",
-        f"{row['update_alone']['agent_updates_per_s']:,.0f}",
-        f"{r['fused_updates_vs_update_alone']:.2f}",
-        f"{r['fused_vs_serial_sum']:.2f}",
-        f"{c['fused']:.1f}, {c['rollout']:.1f}, {c['env']:.1f}",
-    ]
-    return "| " + " | ".join(map(str, cells)) + " |"
+    if "process_mode" in row:
+        process = row["process_mode"]["env_steps_per_s"]
+        result["fused_env_steps_vs_process_mode"] = fused["env_steps_per_s"] / process
+    return result
 
 
 def bench_device(
@@ -288,26 +281,36 @@ def bench_device(
     agent: dict | None = None,
     command: str = "",
     log=print,
+    process_env: str | None = AUTO,
 ) -> dict:
-    """Every (P, E) measured; the result as written to the JSON file."""
+    """Every (P, E) measured; the result as written to the JSON file. `process_env`: the
+    gymnasium id trained in process mode beside each row (AUTO: the brax env's MuJoCo
+    counterpart, where it has one; None: no process-mode rows)."""
     from fastpop.agents import make_agent
-    from fastpop.brax_envs import brax_env_spec, check_brax_id, resolve_backend
+    from fastpop.brax_envs import brax_env_spec, check_brax_id, mujoco_counterpart, resolve_backend
 
     env_id = check_brax_id(env_id)
     backend = resolve_backend(env_id, backend)
     updates_per_call = updates_per_call or chunk_len
+    if process_env == AUTO:
+        process_env = mujoco_counterpart(env_id)
     load_before, rows = os.getloadavg(), []
     for per_member in per_member_values:
         for size in populations:
+            shape = (size, per_member)
             config = bench_config(
-                env_id, algo, size, per_member, backend, chunk_len, updates_per_call, agent or {}
+                env_id, algo, *shape, backend, chunk_len, updates_per_call, agent or {}
             )
-            rows.append(measure(config, seconds, log))
+            process = process_env and process_config(
+                process_env, algo, *shape, chunk_len, updates_per_call, agent or {}
+            )
+            rows.append(measure(config, seconds, log, process))
     spec = brax_env_spec(env_id, backend)
     batch_size = make_agent(algo, spec, **(agent or {})).batch_size
     return {
         "env": env_id,
         "backend": backend,
+        "process_env": process_env,
         "algo": algo,
         "device": device_label(),
         "jax_version": jax.__version__,
@@ -323,57 +326,3 @@ def bench_device(
         "rounds": ROUNDS,
         "rows": rows,
     }
-
-
-TABLE_HEADER = (
-    "| P | E | fused env-steps/s | fused agent-updates/s | env alone env-steps/s | "
-    "fused / env alone | collect alone env-steps/s | update alone agent-updates/s | "
-    "fused / update alone | fused / serial sum | compile fused, rollout, env (s) |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
-)
-
-
-def table(result: dict) -> str:
-    """The result as a Markdown table (what the README records)."""
-    return "\n".join([TABLE_HEADER, *map(table_row, result["rows"])])
-
-
-def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
-    """JSON and PNG (env-steps/s and agent-updates/s against P, one line per E)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"device_{result['env'].replace('/', '_')}_{result['device']}"
-    json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    fig, (env_ax, update_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    series = (  # one color per measurement, one line style per E
-        (env_ax, "fused", "env_steps_per_s", "C0"),
-        (env_ax, "env_alone", "env_steps_per_s", "C1"),
-        (env_ax, "collect_alone", "env_steps_per_s", "C2"),
-        (update_ax, "fused", "agent_updates_per_s", "C0"),
-        (update_ax, "update_alone", "agent_updates_per_s", "C3"),
-    )
-    for index, per_member in enumerate(dict.fromkeys(r["envs_per_member"] for r in result["rows"])):
-        rows = [r for r in result["rows"] if r["envs_per_member"] == per_member]
-        sizes, style = [r["population"] for r in rows], ("-o", "--s", ":^", "-.v")[index % 4]
-        for ax, what, key, color in series:
-            label = f"{what.replace('_', ' ')}, E={per_member}"
-            ax.plot(sizes, [r[what][key] for r in rows], style, color=color, label=label)
-    for ax, label in ((env_ax, "env steps / s"), (update_ax, "agent updates / s")):
-        ax.set_xscale("log", base=2)
-        ax.set(yscale="log", xlabel="population size P", ylabel=label)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(
-        f"device mode: {result['env']} ({result['backend']}), {result['algo'].upper()} "
-        f"on {result['device']}"
-    )
-    fig.tight_layout()
-    png_path = out_dir / f"{stem}.png"
-    fig.savefig(png_path, dpi=100)
-    plt.close(fig)
-    return json_path, png_path

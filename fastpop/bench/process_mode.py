@@ -1,0 +1,113 @@
+"""The process-mode row of `fastpop bench device`: the brax environment's MuJoCo counterpart
+(gymnasium, e.g. brax/halfcheetah -> HalfCheetah-v5) trained as `fastpop train` trains it in
+process mode, at the same population size, envs per member, chunk length, networks and update
+ratio as the device-mode row beside it.
+
+A brax id runs in device mode only (collector processes stepping brax are refused), so the
+nearest process-mode experiment is the same task on MuJoCo, stepped by collector processes.
+The simulators differ (brax's pipelines are not MuJoCo), so the two rows compare the trainers'
+throughput on one task at one set of shapes, not one physics.
+
+The learner is fed as the run loop feeds it (chunks in while the rate limiter allows, one update
+call when it allows, parameters published after it), without evaluations or metrics. Collector
+processes run beside the learner, so these rounds cannot alternate with the device-mode rounds
+(the collectors would fill their rings during them): they follow them.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+
+from fastpop import config as config_lib
+from fastpop.bench.common import build_learner
+
+DEFAULT_COLLECTORS = 2  # the config's default, capped by the number of env lanes
+WARM_UP_SECONDS = 600  # collectors' start-up and the update's compile, bounded
+
+
+def process_config(
+    env_id: str, algo: str, size: int, per_member: int, chunk_len: int, updates: int, agent: dict
+) -> config_lib.Config:
+    """The process-mode config of one (P, E): one update per env step and member, learning
+    from the first chunk, no warm-up steps, no evaluations."""
+    from fastpop.build import build_agent, build_env_spec
+
+    data = {"name": "bench_device_process", "algo": algo, "env": {"id": env_id}, "agent": agent}
+    probe = config_lib.config_from_dict(data)
+    batch = build_agent(probe, build_env_spec(probe)).batch_size
+    capacity = 100_000 - 100_000 % per_member
+    data["replay"] = {
+        "capacity": capacity,
+        "min_size": chunk_len * per_member,
+        "samples_per_insert": float(batch),
+    }
+    collectors = min(DEFAULT_COLLECTORS, size * per_member)
+    data["collect"] = {"mode": "processes", "envs_per_member": per_member, "chunk_len": chunk_len}
+    data["collect"] |= {"num_collectors": collectors, "warmup_steps": 0}
+    data |= {"population": {"size": size}, "train": {"updates_per_call": updates}}
+    data["log"] = {"tensorboard": False}
+    return config_lib.config_from_dict(data)
+
+
+class RunLoopPasses:
+    """A Learner fed by open collector processes, as the run loop feeds it."""
+
+    def __init__(self, learner, workers):
+        self.learner, self.workers = learner, workers
+
+    def warm_up(self) -> float:
+        """Seconds until the second update call is done (the first compiled)."""
+        start = time.perf_counter()
+        while self.learner.updates < 2:
+            if time.perf_counter() - start > WARM_UP_SECONDS:
+                raise TimeoutError(f"process mode: no update within {WARM_UP_SECONDS} s")
+            self.one_pass()
+        jax.block_until_ready(self.learner.states)
+        return time.perf_counter() - start
+
+    def one_pass(self) -> None:
+        learner, workers = self.learner, self.workers
+        workers.check()
+        moved = False
+        while learner.limiter.can_insert() and workers.feed(learner) is not None:
+            moved = True
+        if learner.can_update():
+            learner.update()
+            workers.publish_from(learner)
+        elif not moved:
+            time.sleep(0.0005)
+
+    def round(self, seconds: float) -> dict:
+        """Passes for at least `seconds`; the clock stops once the states are ready."""
+        learner, limiter = self.learner, self.learner.limiter
+        inserted, updates = limiter.inserted, learner.updates
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            self.one_pass()
+        jax.block_until_ready(learner.states)
+        size = learner.config.population.size
+        return {
+            "seconds": time.perf_counter() - start,
+            "env_steps": (limiter.inserted - inserted) * size,
+            "agent_updates": (learner.updates - updates) * size,
+        }
+
+
+def measure_process_mode(config: config_lib.Config, rounds: int, seconds: float, rates) -> dict:
+    """`rounds` rounds of `seconds / rounds` each after the warm-up; `rates` turns them into
+    medians (the device rows' `rates`)."""
+    from fastpop.collect.workers import Workers
+
+    learner = build_learner(config)
+    leaves, spec = learner.policy_leaves(), learner.replay_spec
+    with Workers(config, leaves, spec, log=lambda line: None) as workers:
+        passes = RunLoopPasses(learner, workers)
+        warm_up = passes.warm_up()
+        measured = [passes.round(seconds / rounds) for _ in range(rounds)]
+    return {
+        "env": config.env.id,
+        "collectors": config.collect.num_collectors,
+        "warm_up_seconds": warm_up,
+    } | rates(measured)
