@@ -150,5 +150,8 @@ def test_a_run_killed_as_a_whole_leaves_no_semaphores_and_its_segments_go_at_the
     following = trainers(TD3_PENDULUM, *FAST, "train.total_env_steps=512", out="following")
     assert following.wait(START_SECONDS) == 0, following.stderr
     assert_clean_stderr(following.stderr)
-    assert "shared-memory segment(s) of killed fastpop runs" in following.stdout
     assert not run_segments(run.pid)
+    # Every fastpop run reclaims at its start: under pytest-xdist another worker's run may
+    # have started between the kill and `following` and reclaimed them first.
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) == 1:
+        assert "shared-memory segment(s) of killed fastpop runs" in following.stdout
