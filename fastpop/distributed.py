@@ -37,6 +37,7 @@ GRACE_SECONDS = 3.0  # the loop's own notice of a lost process, before the watch
 SLICE_MS = 1000
 KEY_PREFIX = "fastpop/lockstep"
 DONE_PREFIX = "fastpop/done"  # a process that ended normally, not lost
+END_KEY = "fastpop/end"  # the coordinator has seen every process done
 DETECTION_HELP = (
     "pass --coordinator HOST:PORT --num-processes N --process-id I to every process (the "
     "coordinator is process 0's host and a free port), or start the processes with srun (Slurm) "
@@ -201,17 +202,20 @@ def wait_for_key(client, key: str, process: int, count: int) -> str:
             if "DEADLINE_EXCEEDED" not in str(error):
                 raise ProcessLost(process, str(error).splitlines()[0]) from None
         if process not in client.get_live_nodes(list(range(count))):
+            with contextlib.suppress(Exception):  # it wrote the key, then ended normally
+                return client.key_value_try_get(key)
             WATCHDOG.handled.set()  # the caller stops by itself
             raise ProcessLost(process)
 
 
 def finish(lost: bool, code: int) -> None:
     """End this process of a distributed run. After a lost peer: at once (JAX's shutdown would
-    wait for it). Otherwise each process marks itself done and disconnects; the coordinator
-    (process 0, whose service the others talk to) first waits for every other process to be
-    done, however long a live one takes to get there, then for it to disconnect, then shuts
-    the service down. (It once waited a fixed 10 s: a process still closing its collectors
-    then found the service gone and aborted.)"""
+    wait for it). Otherwise in step with the others, since JAX's own shutdown barrier does not
+    hold recoverable tasks: each process says it is done; the coordinator (process 0, whose
+    service the others talk to) waits until every other one is done, however long a live one
+    takes to get there, and says so (END_KEY); the others then disconnect, and the coordinator
+    shuts the service down once they have. (Shutting it down first makes a process that is
+    still disconnecting abort.)"""
     import jax
     from jax._src.distributed import global_state
 
@@ -221,27 +225,39 @@ def finish(lost: bool, code: int) -> None:
         os._exit(code)
     client, me, count = global_state.client, jax.process_index(), jax.process_count()
     client.key_value_set(f"{DONE_PREFIX}/{me}", "1", allow_overwrite=True)
-    if me != 0:
-        WATCHDOG.stop()
-        jax.distributed.shutdown()
-        return
-    others = list(range(1, count))
     try:
-        for other in others:
-            wait_for_key(client, f"{DONE_PREFIX}/{other}", other, count)
+        if me == 0:
+            for other in range(1, count):
+                wait_for_key(client, f"{DONE_PREFIX}/{other}", other, count)
+            client.key_value_set(END_KEY, "1", allow_overwrite=True)
+        else:
+            wait_for_key(client, END_KEY, 0, count)
     except ProcessLost as error:
         print(f"fastpop: error: {error}", file=sys.stderr, flush=True)
         os._exit(code or 1)
     WATCHDOG.stop()
-    deadline = time.monotonic() + HEARTBEAT_SECONDS
-    while time.monotonic() < deadline:  # done: what is left of them is the disconnect
-        try:
-            if not set(client.get_live_nodes(others)) & set(others):
-                break
-        except Exception:
-            break
-        time.sleep(0.05)
+    if me == 0:
+        _wait_for_disconnects(client, count)
     jax.distributed.shutdown()
+
+
+def _wait_for_disconnects(client, count: int, seconds: float = HEARTBEAT_SECONDS) -> None:
+    """Until no other process is connected, at most `seconds`. The coordination service's
+    `get_live_nodes` is a barrier: it returns once every connected process of the set has
+    called it, so it returns {0} once the others, which call it no more, have disconnected."""
+    everyone, deadline = list(range(count)), time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        live: list = []
+
+        def ask(live=live) -> None:
+            with contextlib.suppress(Exception):  # the service going away ends the wait too
+                live.append(set(client.get_live_nodes(everyone)))
+
+        asking = threading.Thread(target=ask, name="fastpop-disconnects", daemon=True)
+        asking.start()
+        asking.join(left)
+        if not live or live[0] <= {0}:
+            return
 
 
 def lost_from(error: Exception) -> ProcessLost | None:

@@ -150,15 +150,37 @@ def test_resume_on_another_topology_exits_2(trained, workdir):
     assert "1 processes with 2 devices" in one.output(0)
 
 
+def wait_for_a_round_after_resume(run: Processes, metrics: Path, before: int) -> None:
+    deadline = time.monotonic() + RUN_SECONDS
+    while len(read_jsonl(metrics)) < before + 4:
+        assert run.processes[0].poll() is None, run.output(0)[-3000:]
+        assert time.monotonic() < deadline, run.output(0)[-3000:]
+        time.sleep(0.2)
+
+
+def test_ctrl_c_on_process_0_stops_every_process_with_a_checkpoint(trained, workdir):
+    before = len(read_jsonl(trained / "metrics.jsonl"))
+    steps = sorted((trained / "checkpoints").iterdir())
+    run = Processes(workdir, ["resume", "run", "--set", "train.total_env_steps=100000"], tag="int")
+    try:
+        wait_for_a_round_after_resume(run, trained / "metrics.jsonl", before)
+        os.killpg(run.processes[0].pid, signal.SIGINT)  # Ctrl-C in process 0's terminal
+        codes = run.wait(LOST_SECONDS)
+    finally:
+        run.cleanup()
+    assert codes == [130, 130], run.output(0)[-3000:] + run.output(1)[-3000:]
+    assert json.loads((trained / "summary.json").read_text())["stopped_by"] == "interrupted"
+    newest = sorted((trained / "checkpoints").iterdir())[-1]  # written at the stop
+    assert newest not in steps
+    assert json.loads((newest / "manifest" / "metadata").read_text())["topology"]["processes"] == 2
+    assert_rows_once(trained)
+
+
 def test_resume_continues_and_a_killed_process_stops_the_other(trained, workdir):
     before = len(read_jsonl(trained / "metrics.jsonl"))
     run = Processes(workdir, ["resume", "run", "--set", "train.total_env_steps=100000"])
     try:
-        deadline = time.monotonic() + RUN_SECONDS
-        while len(read_jsonl(trained / "metrics.jsonl")) < before + 4:  # a round after the resume
-            assert run.processes[0].poll() is None, run.output(0)[-3000:]
-            assert time.monotonic() < deadline, run.output(0)[-3000:]
-            time.sleep(0.2)
+        wait_for_a_round_after_resume(run, trained / "metrics.jsonl", before)
         os.kill(run.processes[1].pid, signal.SIGKILL)
         killed = time.monotonic()
         code = run.processes[0].wait(LOST_SECONDS + 10)
