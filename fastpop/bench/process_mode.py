@@ -9,7 +9,8 @@ The simulators differ (brax's pipelines are not MuJoCo), so the two rows compare
 throughput on one task at one set of shapes, not one physics.
 
 The learner is fed as the run loop feeds it (chunks in while the rate limiter allows, one update
-call when it allows, parameters published after it), without evaluations or metrics. Collector
+call when it allows, parameters published after it), without evaluations or metrics; a timed
+round runs from just after one insert to just after another, as the device rows' do. Collector
 processes run beside the learner, so these rounds cannot alternate with the device-mode rounds
 (the collectors would fill their rings during them): they follow them.
 """
@@ -67,7 +68,8 @@ class RunLoopPasses:
         jax.block_until_ready(self.learner.states)
         return time.perf_counter() - start
 
-    def one_pass(self) -> None:
+    def one_pass(self) -> bool:
+        """One pass of the run loop; whether a chunk went in."""
         learner, workers = self.learner, self.workers
         workers.check()
         moved = False
@@ -78,14 +80,23 @@ class RunLoopPasses:
             workers.publish_from(learner)
         elif not moved:
             time.sleep(0.0005)
+        return moved
+
+    def until_insert(self) -> None:
+        while not self.one_pass():
+            pass
 
     def round(self, seconds: float) -> dict:
-        """Passes for at least `seconds`; the clock stops once the states are ready."""
+        """From just after one insert to just after another, at least `seconds` apart: whole
+        cycles of rows and the updates they allow (one chunk may take longer than `seconds`
+        to learn from). The clock stops once the states are ready."""
         learner, limiter = self.learner, self.learner.limiter
+        self.until_insert()
         inserted, updates = limiter.inserted, learner.updates
         start = time.perf_counter()
         while time.perf_counter() - start < seconds:
             self.one_pass()
+        self.until_insert()
         jax.block_until_ready(learner.states)
         size = learner.config.population.size
         return {
