@@ -130,3 +130,37 @@ def evaluation_rows(result: dict, hparams: list[dict], episodes: int) -> list[di
         }
         for member in range(size)
     ]
+
+
+# Device mode's fused call (rows, insert and updates) is timed where process mode times the
+# transport of rows, and its evaluations run in the loop; calls are dispatched asynchronously,
+# so device time lands wherever the host next waits for a result.
+DEVICE_TIMER_LABELS = {
+    "transport": "fused calls",
+    "update": "update (in fused calls)",
+    "evaluation_snapshots": "evaluations",
+}
+
+
+def format_breakdown(summary: dict) -> str:
+    wall = summary["wall_time"]
+    device = summary.get("collect_mode") == "device"
+    lines = [f"time breakdown over {wall:.1f}s of wall time:"]
+    if device:
+        lines.append("  (device mode: calls run asynchronously; time lands where the host waits)")
+    for name, seconds in summary["learner_seconds"].items():
+        label = DEVICE_TIMER_LABELS.get(name, name) if device else name
+        lines.append(f"  learner {label:22s} {seconds:8.1f}s  {100 * seconds / wall:5.1f}%")
+    for name, stats in summary["workers"].items():
+        parts = ", ".join(
+            f"{k.removesuffix('_seconds')} {v:.1f}s"
+            for k, v in stats.items()
+            if k.endswith("_seconds")
+        )
+        lines.append(f"  {name:30s} {parts}")
+    achieved = summary["samples_per_insert_achieved"]
+    lines.append(
+        f"  samples per insert: {achieved:.1f} achieved, "
+        f"{summary['samples_per_insert_target']:.1f} target"
+    )
+    return "\n".join(lines)

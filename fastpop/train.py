@@ -26,7 +26,7 @@ from fastpop.collect.workers import WorkerFailed
 from fastpop.learner import Learner, prepare
 from fastpop.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
 from fastpop.phases import PhaseWatch
-from fastpop.progress import PendingEvaluations, RunProgress, evaluation_rows
+from fastpop.progress import PendingEvaluations, RunProgress, evaluation_rows, format_breakdown
 from fastpop.stop_signals import StopRequested, StopSignals
 from fastpop.strategies.base import Evaluation
 from fastpop.trackers import check_trackers, open_trackers
@@ -372,28 +372,9 @@ class Run:
             "learning_started_at": self.progress.learning_started_at,
             "samples_per_insert_target": limiter.samples_per_insert,
             "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
+            "collect_mode": config_lib.collection_mode(self.config),
             "learner_seconds": self.timers,
             "workers": self.worker_stats,
         }
         self.log(format_breakdown(summary))
         return summary
-
-
-def format_breakdown(summary: dict) -> str:
-    wall = summary["wall_time"]
-    lines = [f"time breakdown over {wall:.1f}s of wall time:"]
-    for name, seconds in summary["learner_seconds"].items():
-        lines.append(f"  learner {name:22s} {seconds:8.1f}s  {100 * seconds / wall:5.1f}%")
-    for name, stats in summary["workers"].items():
-        parts = ", ".join(
-            f"{k.removesuffix('_seconds')} {v:.1f}s"
-            for k, v in stats.items()
-            if k.endswith("_seconds")
-        )
-        lines.append(f"  {name:30s} {parts}")
-    achieved = summary["samples_per_insert_achieved"]
-    lines.append(
-        f"  samples per insert: {achieved:.1f} achieved, "
-        f"{summary['samples_per_insert_target']:.1f} target"
-    )
-    return "\n".join(lines)

@@ -10,6 +10,7 @@ from fastpop import config as config_lib
 from fastpop import learner as learner_lib
 from fastpop import train
 from fastpop.phases import PhaseWatch
+from fastpop.progress import format_breakdown
 from tests.runs import FAST, TD3_PENDULUM
 
 
@@ -67,3 +68,20 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     assert float(re.search(r"done in (\S+)s", lines[done])[1]) >= 1.5
     # The later updates are quick: nothing more is said about them.
     assert not any(line.startswith("population update") for line in lines)
+
+
+def test_the_time_breakdown_names_device_mode_phases_by_what_they_time():
+    summary = {
+        "wall_time": 10.0,
+        "learner_seconds": {"transport": 6.0, "update": 0.0, "evaluation_snapshots": 3.0},
+        "workers": {},
+        "samples_per_insert_target": 256.0,
+        "samples_per_insert_achieved": 256.0,
+    }
+    process = format_breakdown(summary | {"collect_mode": "processes"}).splitlines()
+    device = format_breakdown(summary | {"collect_mode": "device"}).splitlines()
+    assert re.fullmatch(r"  learner transport +6\.0s +60\.0%", process[1]), process
+    assert "asynchronously" in device[1]
+    assert re.fullmatch(r"  learner fused calls +6\.0s +60\.0%", device[2]), device
+    assert re.fullmatch(r"  learner update \(in fused calls\) +0\.0s +0\.0%", device[3]), device
+    assert re.fullmatch(r"  learner evaluations +3\.0s +30\.0%", device[4]), device

@@ -301,9 +301,11 @@ def bench_device(
             config = bench_config(
                 env_id, algo, *shape, backend, chunk_len, updates_per_call, agent or {}
             )
-            process = process_env and process_config(
-                process_env, algo, *shape, chunk_len, updates_per_call, agent or {}
-            )
+            process = None
+            if process_env is not None:
+                process = process_config(
+                    process_env, algo, *shape, chunk_len, updates_per_call, agent or {}
+                )
             rows.append(measure(config, seconds, log, process))
     spec = brax_env_spec(env_id, backend)
     batch_size = make_agent(algo, spec, **(agent or {})).batch_size
