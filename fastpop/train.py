@@ -242,13 +242,14 @@ class Run:
         """Moves complete chunks (one per collector) into the replay while the limiter allows;
         device mode: one chunk per pass, inserted and learned from in one compiled call."""
         moved, limit = 0, self.workers.chunks_per_pass
-        start = time.perf_counter()
         while (
             self.learner.limiter.can_insert()
             and self.member_env_steps < self.config.train.total_env_steps
             and (limit is None or moved < limit)
         ):
+            start = time.perf_counter()
             episodes = self.workers.feed(self.learner)
+            self.timers["transport"] += time.perf_counter() - start  # snapshots timed apart
             if episodes is None:
                 break
             self._note_learning_started()
@@ -258,7 +259,6 @@ class Run:
             if self.member_env_steps >= self.progress.next_eval:
                 self._snapshot_for_evaluation()
                 self.progress.next_eval += self.strategy.evaluation_interval
-        self.timers["transport"] += time.perf_counter() - start
         return moved > 0
 
     def _note_learning_started(self) -> None:

@@ -9,6 +9,7 @@ import time
 from fastpop import config as config_lib
 from fastpop import learner as learner_lib
 from fastpop import train
+from fastpop.collect import snapshot
 from fastpop.phases import PhaseWatch
 from fastpop.progress import format_breakdown
 from tests.runs import FAST, TD3_PENDULUM
@@ -68,6 +69,32 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     assert float(re.search(r"done in (\S+)s", lines[done])[1]) >= 1.5
     # The later updates are quick: nothing more is said about them.
     assert not any(line.startswith("population update") for line in lines)
+
+
+SLOW_SNAPSHOT_SECONDS = 1.0  # well above what moving this run's rows takes (~0.2 s here)
+
+
+def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeypatch):
+    """Snapshots are taken in the pass that moves rows into the replay: their seconds go to
+    evaluation_snapshots only (transport counted them too, so the phases summed past the wall)."""
+    overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128"]
+    config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
+    real_encode, encoded = snapshot.encode, []
+
+    def slow_encode(*args):
+        time.sleep(SLOW_SNAPSHOT_SECONDS)
+        encoded.append(args)
+        return real_encode(*args)
+
+    monkeypatch.setattr(snapshot, "encode", slow_encode)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = train.Run(config, run_dir, log=lambda line: None).run()
+    timers, in_loop = summary["learner_seconds"], 3  # at 128, 256 and 384 member env steps
+    assert len(encoded) >= in_loop
+    assert timers["evaluation_snapshots"] >= in_loop * SLOW_SNAPSHOT_SECONDS
+    assert timers["transport"] < 2 * SLOW_SNAPSHOT_SECONDS, timers  # was >= 3 x 1 s
+    assert sum(timers.values()) <= summary["wall_time"]
 
 
 def test_the_time_breakdown_names_device_mode_phases_by_what_they_time():
