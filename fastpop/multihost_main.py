@@ -44,8 +44,17 @@ def launch(arguments: dict, body) -> int:
     return code
 
 
-def _execute_here(run, execute) -> int:
-    """Process 0: `execute` (summary, ranking, plots); the others run and report their end."""
+def _execute_here(run, execute, lock: int | None) -> int:
+    """Process 0: `execute` (summary, ranking, plots); the others run and report their end.
+    `lock`: process 0's descriptor holding the run directory, released at the end."""
+    try:
+        return _execute_in_process(run, execute)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _execute_in_process(run, execute) -> int:
     import jax
 
     if jax.process_index() == 0:
@@ -109,11 +118,7 @@ def train(args, arguments: dict, execute) -> int:
         problem, descriptor = _owner_verdict(run, run_dir, args.overwrite)
         if problem is not None:
             return fail(problem)
-        try:
-            return _execute_here(run, execute)
-        finally:
-            if descriptor is not None:
-                os.close(descriptor)
+        return _execute_here(run, execute, descriptor)
 
     return launch(arguments, body)
 
@@ -129,11 +134,7 @@ def resume(run_dir: Path, overrides: list[str], arguments: dict, execute) -> int
             run = _resumed_run(run_dir, overrides)
         except (CheckpointError, ConfigError, ValueError) as error:
             return fail(str(error))
-        try:
-            return _execute_here(run, execute)
-        finally:
-            if descriptor is not None:
-                os.close(descriptor)
+        return _execute_here(run, execute, descriptor)
 
     return launch(arguments, body)
 
