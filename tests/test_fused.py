@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("brax")
 
 from fastpop import config as config_lib
+from fastpop.collect import snapshot
 from fastpop.collect.sources import DeviceCollection
 from fastpop.learner import Learner, prepare
 
@@ -89,3 +90,24 @@ def test_the_program_runs_every_call_the_rows_allow_and_no_more():
             target = samples_per_insert * (limiter.inserted - limiter.inserted_at_start)
             assert target - limiter.samples_per_call < limiter.sampled <= target
     assert learner.updates == limiter.sampled // learner.agent.batch_size
+
+
+def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
+    """open() compiles the evaluation program in a thread while the loop trains; evaluating a
+    snapshot with it gives the jitted call's returns, bit for bit."""
+    config = config_lib.load_config(PRESET, [*SMALL, "eval.episodes=2"])
+    learner = Learner(config, *prepare(config))
+    collection = DeviceCollection(config, learner).open(print, log_event=None, generation=0)
+    for _ in range(3):
+        collection.feed(learner)
+    meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
+    arrays = snapshot.encode(learner.policy_leaves(), meta)
+    collection.evaluate(arrays)
+    [result] = collection.evaluations()
+    assert isinstance(collection._evaluation_program(), jax.stages.Compiled)
+    policy, hparams, _ = jax.tree.unflatten(collection._treedef, snapshot.decode(arrays)[0])
+    jitted = collection._evaluate(policy, hparams, collection._evaluation_key(meta))
+    returns = np.asarray(jitted, np.float64)
+    assert returns.shape == (2, 2) and result["eval_index"] == 1
+    assert result["return_mean"] == returns.mean(axis=1).tolist()
+    assert result["return_std"] == returns.std(axis=1).tolist()

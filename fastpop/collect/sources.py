@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +77,7 @@ class DeviceCollection:
         self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
         self._evaluate = jax.jit(self._evaluate_members)
+        self._evaluate_program: Future | None = None
         self._results: list[dict] = []
         leaves = jax.eval_shape(lambda: learner.policy_tree())
         self._treedef = jax.tree.structure(leaves)
@@ -96,6 +98,12 @@ class DeviceCollection:
     # --- the run loop's interface ---
 
     def open(self, log, log_event, generation: int) -> DeviceCollection:
+        """Starts compiling the evaluation program in a thread: the first evaluation would
+        otherwise stop the loop for as long (~5 s for the inverted pendulum on the CPU)."""
+        if self._evaluate_program is None:
+            compiler = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
+            self._evaluate_program = compiler.submit(self._compile_evaluation)
+            compiler.shutdown(wait=False)  # the thread ends with the compilation
         return self
 
     def __enter__(self) -> DeviceCollection:
@@ -131,8 +139,8 @@ class DeviceCollection:
         leaves, meta = snapshot.decode(arrays)
         policy, hparams, _ = jax.tree.unflatten(self._treedef, leaves)
         start = time.perf_counter()
-        key = jax.random.fold_in(jax.random.key(self.config.seed), 7919 * (meta.eval_index + 1))
-        returns = np.asarray(self._evaluate(policy, hparams, key), np.float64)
+        program = self._evaluation_program()
+        returns = np.asarray(program(policy, hparams, self._evaluation_key(meta)), np.float64)
         self._results.append(
             {
                 "eval_index": meta.eval_index,
@@ -151,6 +159,28 @@ class DeviceCollection:
 
     def stop(self) -> dict:
         return {}
+
+    def _evaluation_key(self, meta: snapshot.SnapshotMeta):
+        return jax.random.fold_in(jax.random.key(self.config.seed), 7919 * (meta.eval_index + 1))
+
+    def _compile_evaluation(self):
+        """The evaluation program for a decoded snapshot: host arrays of the policy tree's
+        shapes, as `evaluate` passes them (so it runs where the jitted call would)."""
+        tree = jax.eval_shape(lambda: self.learner.policy_tree())
+        host = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), tree)
+        key = jax.eval_shape(lambda: self._evaluation_key(snapshot.SnapshotMeta(0, 0, 0, 0.0)))
+        policy, hparams, _ = host
+        return self._evaluate.lower(policy, hparams, key).compile()
+
+    def _evaluation_program(self):
+        """The program compiled in the background, or, where that failed (or open() was not
+        called), the jitted call, which raises the same error here in the loop."""
+        if self._evaluate_program is not None:
+            try:
+                return self._evaluate_program.result()
+            except Exception:  # the jitted call below raises it where the loop reports it
+                pass
+        return self._evaluate
 
     # --- compiled programs ---
 
