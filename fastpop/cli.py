@@ -316,7 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pbt-replay": run_pbt_replay,
         "plot": run_plot,
     }
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C before a run handles it (imports, building, compiling)
+        print("stopping: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -266,6 +266,20 @@ def test_bad_input_exits_2_and_creates_nothing(trainers, tmp_path, overrides, me
     assert sorted(os.listdir(tmp_path)) == ["stderr.txt", "stdout.txt"]  # no run directory
 
 
+def test_ctrl_c_while_the_run_is_built_exits_130_and_creates_nothing(tmp_path, monkeypatch, capsys):
+    """Building a run (the population's first compile) can take a while: Ctrl-C then is a
+    stop, said in one line, not a traceback."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train.Run, "__init__", interrupted)
+    out = tmp_path / "run"
+    assert cli.main(["train", str(TD3_PENDULUM), "--out", str(out)]) == 130
+    assert capsys.readouterr().err == "stopping: interrupted\n"
+    assert not out.exists()
+
+
 # --- a crash in the learner ---
 
 
