@@ -63,11 +63,17 @@ def main() -> None:
     for group in groups:
         for minute in minutes:
             cells = plot_aggregate._cells(group, minute, gamma)
-            print("| " + " | ".join([group.label, f"{minute:g}", str(len(group.members)), *cells]) + " |")
+            print(
+                "| "
+                + " | ".join([group.label, f"{minute:g}", str(len(group.members)), *cells])
+                + " |"
+            )
     minute = plot_aggregate.profile_minute(groups)
     print()
-    print(f"Performance profile drawn at {minute:.2f} min (the latest minute every member of "
-          "every group has an evaluation).")
+    print(
+        f"Performance profile drawn at {minute:.2f} min (the latest minute every member of "
+        "every group has an evaluation)."
+    )
 
 
 if __name__ == "__main__":
