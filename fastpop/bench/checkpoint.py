@@ -12,7 +12,6 @@ results/bench/checkpoint_<config name>_<device>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shlex
 import shutil
@@ -26,6 +25,7 @@ from fastpop.bench.common import (
     build_learner,
     device_label,
     machine_description,
+    write_json,
 )
 from fastpop.cli_args import fail, positive_int_arg
 
@@ -152,10 +152,7 @@ def format_table(result: dict) -> str:
 
 
 def write_results(result: dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"checkpoint_{result['config']}_{result['device']}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    return path
+    return write_json(result, out_dir / f"checkpoint_{result['config']}_{result['device']}.json")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,9 +1,11 @@
 """What the benchmarks share: a label and a description of the machine they run on, its host
-memory, and a learner built from a config without any worker process."""
+memory, a learner built from a config without any worker process, and how results are written
+(JSON, two-panel PNG)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import re
@@ -92,3 +94,21 @@ class HostMemory:
 
     def peak_above_start(self) -> int | None:
         return None if self.start is None else _memory_status()["VmHWM"] - self.start
+
+
+def write_json(result: dict, path: Path) -> Path:
+    """A benchmark's result as indented JSON (numpy scalars as floats), its folder made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    return path
+
+
+def two_panel_figure(width: float):
+    """(figure, (left axes, right axes)) side by side, 4 inches high, drawn without pyplot's
+    global state, as fastpop's other plots are."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, 4))
+    FigureCanvasAgg(figure)
+    return figure, figure.subplots(1, 2)

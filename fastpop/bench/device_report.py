@@ -3,8 +3,9 @@ JSON and PNG files (results/bench/device_<env>_<device>.*)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from fastpop.bench.common import two_panel_figure, write_json
 
 
 def table_row(row: dict) -> str:
@@ -47,16 +48,9 @@ def table(result: dict) -> str:
 
 def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
     """JSON and PNG (env-steps/s and agent-updates/s against P, one line per E)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"device_{result['env'].replace('/', '_')}_{result['device']}"
-    json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    fig, (env_ax, update_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    json_path = write_json(result, out_dir / f"{stem}.json")
+    fig, (env_ax, update_ax) = two_panel_figure(11)
     series = (  # one color per measurement, one line style per E
         (env_ax, "fused", "env_steps_per_s", "C0"),
         (env_ax, "env_alone", "env_steps_per_s", "C1"),
@@ -87,5 +81,4 @@ def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
     fig.tight_layout()
     png_path = out_dir / f"{stem}.png"
     fig.savefig(png_path, dpi=100)
-    plt.close(fig)
     return json_path, png_path

@@ -8,13 +8,12 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from fastpop import config as config_lib
-from fastpop.bench.common import build_learner, device_label
+from fastpop.bench.common import build_learner, device_label, write_json
 
 
 def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
@@ -130,8 +129,5 @@ def bench_pipeline(
 
 
 def write_pipeline_results(result: dict, out_dir: Path) -> Path:
-    out_dir.mkdir(parents=True, exist_ok=True)
     env = result["env"].replace("/", "_")
-    path = out_dir / f"pipeline_{env}_{result['device']}.json"
-    path.write_text(json.dumps(result, indent=2, default=float) + "\n")
-    return path
+    return write_json(result, out_dir / f"pipeline_{env}_{result['device']}.json")

@@ -9,7 +9,6 @@ population, on random data of the paper's shapes held in a device replay buffer:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -21,7 +20,7 @@ import numpy as np
 
 from fastpop import population, replay
 from fastpop.agents import Agent, make_agent
-from fastpop.bench.common import device_label
+from fastpop.bench.common import device_label, two_panel_figure, write_json
 from fastpop.types import EnvSpec, Transition
 
 # The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
@@ -297,16 +296,9 @@ def add_speedups(rows: list[dict]) -> None:
 
 def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
     """JSON table and PNG (updates/s and speedup over sequential against population size)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"update_{result['algo']}_{result['device']}"
-    json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(result, indent=2) + "\n")
-    fig, (rate_ax, speed_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    json_path = write_json(result, out_dir / f"{stem}.json")
+    fig, (rate_ax, speed_ax) = two_panel_figure(10)
     for impl in dict.fromkeys(r["impl"] for r in result["rows"]):
         rows = [r for r in result["rows"] if r["impl"] == impl]
         sizes = [r["population"] for r in rows]
@@ -329,5 +321,4 @@ def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
     fig.tight_layout()
     png_path = out_dir / f"{stem}.png"
     fig.savefig(png_path, dpi=100)
-    plt.close(fig)
     return json_path, png_path
