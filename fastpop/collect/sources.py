@@ -79,8 +79,10 @@ class DeviceCollection:
         self._evaluate = jax.jit(self._evaluate_members)
         self._evaluate_program: Future | None = None
         self._results: list[dict] = []
-        leaves = jax.eval_shape(lambda: learner.policy_tree())
-        self._treedef = jax.tree.structure(leaves)
+        # What an evaluation snapshot decodes to: host arrays of the policy tree's shapes.
+        tree = jax.eval_shape(lambda: learner.policy_tree())
+        self._snapshot = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+        self._treedef = jax.tree.structure(tree)
 
     # --- checkpoints ---
 
@@ -164,12 +166,10 @@ class DeviceCollection:
         return jax.random.fold_in(jax.random.key(self.config.seed), 7919 * (meta.eval_index + 1))
 
     def _compile_evaluation(self):
-        """The evaluation program for a decoded snapshot: host arrays of the policy tree's
-        shapes, as `evaluate` passes them (so it runs where the jitted call would)."""
-        tree = jax.eval_shape(lambda: self.learner.policy_tree())
-        host = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), tree)
+        """The evaluation program for a decoded snapshot, as `evaluate` passes it (so it runs
+        where the jitted call would). Shapes only: the learner's state is the loop's."""
         key = jax.eval_shape(lambda: self._evaluation_key(snapshot.SnapshotMeta(0, 0, 0, 0.0)))
-        policy, hparams, _ = host
+        policy, hparams, _ = self._snapshot
         return self._evaluate.lower(policy, hparams, key).compile()
 
     def _evaluation_program(self):
