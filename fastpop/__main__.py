@@ -1,5 +1,5 @@
 import sys
 
-from fastpop.cli import main
+from fastpop.commands.cli import main
 
 sys.exit(main())

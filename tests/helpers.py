@@ -7,9 +7,10 @@ from functools import partial
 import jax
 import numpy as np
 
-from fastpop import population, replay
+from fastpop import population
 from fastpop.agents import make_agent
 from fastpop.bench.update import random_rows
+from fastpop.population import replay
 from fastpop.types import EnvSpec
 
 TINY_SPECS = {

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import sharding
-from fastpop.learner import prepare
+from fastpop.learn.learner import prepare
+from fastpop.population import sharding
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 from tests.test_resume import SMALL, host, learner_for, rows_for

@@ -1,4 +1,4 @@
-"""Aggregate statistics (fastpop.aggregate) against float64 numpy computed directly: IQM,
+"""Aggregate statistics (fastpop.analysis.aggregate) against float64 numpy computed directly: IQM,
 optimality gap, performance profiles, and the stratified bootstrap's intervals; and `fastpop
 plot --aggregate` on sweep runs (grouping, the table, the plots, bad arguments)."""
 
@@ -8,15 +8,15 @@ import re
 import numpy as np
 import pytest
 
-from fastpop import aggregate
-from fastpop.cli import main
-from fastpop.plot_aggregate import (
+from fastpop.analysis import aggregate
+from fastpop.analysis.plot_aggregate import (
     AGGREGATE_STEPS_PLOT,
     AGGREGATE_WALLTIME_PLOT,
     PROFILE_PLOT,
     aggregate_table,
 )
-from fastpop.sweep import load_groups
+from fastpop.analysis.sweep import load_groups
+from fastpop.commands.cli import main
 
 
 def direct_iqm(values) -> float:
@@ -300,7 +300,7 @@ def test_by_run_strata_fall_back_to_one_when_configurations_have_single_members(
     resampling each configuration within itself would give zero-width intervals."""
     from types import SimpleNamespace
 
-    from fastpop.sweep import run_strata
+    from fastpop.analysis.sweep import run_strata
 
     single = [SimpleNamespace(config_index=i) for i in range(4)]
     seeded = [SimpleNamespace(config_index=i // 2) for i in range(4)]

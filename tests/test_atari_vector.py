@@ -1,4 +1,4 @@
-"""ale_py's vector env in the collectors (fastpop/atari_vector.py) against the gymnasium path.
+"""ale_py's vector env in the collectors (fastpop/envs/atari_vector.py) against the gymnasium path.
 
 Both paths run the same operations (frame skip, max-pool of the last two frames, the ALE
 grayscale palette, OpenCV's INTER_AREA resize), so with the reset no-ops turned off
@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastpop import atari_vector, config
-from fastpop.atari_vector import AtariLockstepEnvs, shift_in
-from fastpop.envs import AtariOptions, make_vector_env
-from fastpop.rollout import LockstepEnvs, lockstep_envs
+from fastpop import config
+from fastpop.collect.rollout import LockstepEnvs, lockstep_envs
+from fastpop.envs import AtariOptions, atari_vector, make_vector_env
+from fastpop.envs.atari_vector import AtariLockstepEnvs, shift_in
 
 pytest.importorskip("cv2")
 ale_py = pytest.importorskip("ale_py")

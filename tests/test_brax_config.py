@@ -10,9 +10,12 @@ import os
 import numpy as np
 import pytest
 
-from fastpop import brax_envs, cli, env_config, envs
+from fastpop import envs
+from fastpop.commands import cli
 from fastpop.config import ConfigError, collection_mode, load_config, save_config
-from fastpop.env_errors import MissingExtra, UnknownEnvironment
+from fastpop.config import env as env_config
+from fastpop.envs import brax_envs
+from fastpop.envs.errors import MissingExtra, UnknownEnvironment
 from fastpop.types import EnvSpec
 
 needs_brax = pytest.mark.skipif(not brax_envs.brax_installed(), reason="brax is not installed")

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import checkpoint
-from fastpop.checkpoint import CheckpointError
+from fastpop.run import checkpoint
+from fastpop.run.checkpoint import CheckpointError
 
 
 def tree(scale: float = 1.0):
@@ -164,7 +164,7 @@ def test_saving_the_same_step_again_replaces_it(tmp_path):
 
 WRITER = """
 import sys, jax.numpy as jnp
-from fastpop import checkpoint
+from fastpop.run import checkpoint
 big = {"w": jnp.zeros((64, 1024, 1024), jnp.uint8)}  # 64 MB: writing takes a while
 for step in range(1, 1000):
     checkpoint.save(sys.argv[1], step, {**big, "step": jnp.asarray(step)}, {"step": step}, keep=2)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fastpop.cli import main
+from fastpop.commands.cli import main
 
 
 @pytest.mark.parametrize(

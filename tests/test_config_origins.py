@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from fastpop import cli
 from fastpop import config as config_lib
+from fastpop.commands import cli
 from tests.runs import TD3_PENDULUM
 
 PRIOR = "population.priors={actor_lr: {log_uniform: [1.0e-3, 1.0e-4]}}"

@@ -15,8 +15,9 @@ import pytest
 pytest.importorskip("brax")
 
 from fastpop import config as config_lib
-from fastpop import replay, train
-from fastpop.resume import resume_run
+from fastpop.population import replay
+from fastpop.run import loop
+from fastpop.run.resume import resume_run
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET = REPO / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
@@ -29,7 +30,7 @@ SHORT = [  # small and quick: the equivalence tests compare rows, not learning
     "replay.min_size=256",
     "collect.warmup_steps=256",
     "collect.chunk_len=16",
-    "train.updates_per_call=16",
+    "loop.updates_per_call=16",
     "eval.interval=512",
     "eval.episodes=2",
     "env.episode_length=100",
@@ -42,7 +43,7 @@ def run(tmp_path: Path, name: str, *overrides: str) -> Path:
     config = config_lib.load_config(PRESET, [*SHORT, *overrides])
     run_dir = tmp_path / name
     run_dir.mkdir()
-    train.Run(config, run_dir, log=lambda message: None).run()
+    loop.Run(config, run_dir, log=lambda message: None).run()
     return run_dir
 
 
@@ -54,21 +55,21 @@ def rows(run_dir: Path) -> list[dict]:
 def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectorized(
     tmp_path, capsys
 ):
-    whole = run(tmp_path, "whole", "train.total_env_steps=2048")
-    first = run(tmp_path, "resumed", "train.total_env_steps=1024")
-    resumed = resume_run(first, ["train.total_env_steps=2048"], log=lambda message: None)
+    whole = run(tmp_path, "whole", "loop.total_env_steps=2048")
+    first = run(tmp_path, "resumed", "loop.total_env_steps=1024")
+    resumed = resume_run(first, ["loop.total_env_steps=2048"], log=lambda message: None)
     resumed.run()
     assert len(rows(whole)) == 2 * 4  # two members, an evaluation every 512 steps
     assert rows(first) == rows(whole)  # deterministic, and the resume continues exactly
     # fastpop eval of a device-mode run evaluates on device envs too.
-    from fastpop import cli
+    from fastpop.commands import cli
 
     assert cli.main(["eval", str(whole), "--member", "0", "--episodes", "2"]) == 0
     assert re.search(
         r"member 0 \(checkpoint \d+, 2,048 env steps/member\): return", capsys.readouterr().out
     )
     sequential = run(
-        tmp_path, "sequential", "train.total_env_steps=1024", "population.execution=sequential"
+        tmp_path, "sequential", "loop.total_env_steps=1024", "population.execution=sequential"
     )
     expected, actual = rows(whole)[:4], rows(sequential)
     returns = lambda rows: [r["return_mean"] for r in rows]
@@ -93,7 +94,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     overrides = [
         f"algo={algo}",
         "population.size=2",
-        f"train.total_env_steps={steps}",
+        f"loop.total_env_steps={steps}",
         f"eval.interval={steps}",
         "eval.episodes=2",
         "log.tensorboard=false",
@@ -102,7 +103,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     config = config_lib.load_config(PRESET, overrides)
     run_dir = tmp_path / algo
     run_dir.mkdir()
-    trained = train.Run(config, run_dir, log=lambda message: None)
+    trained = loop.Run(config, run_dir, log=lambda message: None)
     trained.run()
     final = rows(run_dir)
     assert len(final) == 2 and all(r["member_env_steps"] >= steps for r in final)  # whole chunks
@@ -139,7 +140,7 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_runs_in_device_mode(tmp_path, strategy):
-    run_dir = run(tmp_path, strategy, "train.total_env_steps=1024", *STRATEGIES[strategy])
+    run_dir = run(tmp_path, strategy, "loop.total_env_steps=1024", *STRATEGIES[strategy])
     evaluated = rows(run_dir)
     size = len({r["member"] for r in evaluated})
     assert len(evaluated) == 2 * size  # every (evaluation, member) row once
@@ -150,9 +151,9 @@ def test_every_strategy_runs_in_device_mode(tmp_path, strategy):
 
 
 def test_memory_estimate_counts_the_device_environments(monkeypatch):
-    from fastpop import replay
     from fastpop.collect.sources import env_state_bytes
-    from fastpop.learner import prepare
+    from fastpop.learn.learner import prepare
+    from fastpop.population import replay
 
     config = config_lib.load_config(PRESET, SHORT)
     gym = config_lib.load_config(REPO / "configs" / "td3_pendulum_cpu.yaml")

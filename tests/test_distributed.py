@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpop.distributed import HEARTBEAT_SECONDS
+from fastpop.distributed.lockstep import HEARTBEAT_SECONDS
 from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments
 
 pytestmark = pytest.mark.xdist_group("distributed")

@@ -3,13 +3,13 @@
 import numpy as np
 import pytest
 
-from fastpop import envs
 from fastpop.envs import (
     AtariOptions,
     MissingExtra,
     UnknownEnvironment,
     check_env_id,
     env_spec,
+    gymnasium_envs,
     make_env,
     make_vector_env,
 )
@@ -156,12 +156,12 @@ def test_check_env_id_normalizes():
 
 
 def test_check_env_id_names_missing_extra(monkeypatch):
-    installed = envs._module_available
-    monkeypatch.setattr(envs, "_module_available", lambda name: False)
+    installed = gymnasium_envs._module_available
+    monkeypatch.setattr(gymnasium_envs, "_module_available", lambda name: False)
     with pytest.raises(MissingExtra, match=r"fastpop\[atari\]"):
         check_env_id("Pong")
     monkeypatch.setattr(
-        envs, "_module_available", lambda name: name != "mujoco" and installed(name)
+        gymnasium_envs, "_module_available", lambda name: name != "mujoco" and installed(name)
     )
     with pytest.raises(
         MissingExtra, match=r"'Hopper-v5' needs the 'mujoco' package.*fastpop\[mujoco\]"

@@ -12,11 +12,13 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import checkpoint, evaluate, population
 from fastpop import config as config_lib
-from fastpop import video as fastpop_video
+from fastpop import population
 from fastpop.collect.evaluator import evaluate_population
-from fastpop.learner import Learner, prepare
+from fastpop.commands import evaluate
+from fastpop.commands import video as fastpop_video
+from fastpop.learn.learner import Learner, prepare
+from fastpop.run import checkpoint
 
 # Its module fixture is expensive: one worker runs it once for every test here.
 pytestmark = pytest.mark.xdist_group("eval")

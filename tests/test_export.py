@@ -17,9 +17,10 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import checkpoint, cli, evaluate, export
 from fastpop import config as config_lib
-from fastpop.learner import Learner, prepare
+from fastpop.commands import cli, evaluate, export
+from fastpop.learn.learner import Learner, prepare
+from fastpop.run import checkpoint
 
 # Its module fixture is expensive: one worker runs it once for every test here.
 pytestmark = pytest.mark.xdist_group("export")

@@ -14,7 +14,7 @@ pytest.importorskip("brax")
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.sources import DeviceCollection
-from fastpop.learner import Learner, prepare
+from fastpop.learn.learner import Learner, prepare
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
 SMALL = [

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fastpop.config import load_config
-from fastpop.inprocess import train_in_process
+from fastpop.run.inprocess import train_in_process
 from tests.runs import DQN_CARTPOLE, REPO
 
 CASES = {

@@ -6,9 +6,7 @@ import warnings
 
 import pytest
 
-from fastpop import metrics
-from fastpop.metrics import MetricsWriter, evaluation_rounds, read_metrics, summarize
-from fastpop.plot import (
+from fastpop.analysis.plot import (
     STEPS_PLOT,
     WALLTIME_PLOT,
     load_curve,
@@ -16,6 +14,8 @@ from fastpop.plot import (
     returns_by_minute,
     returns_table,
 )
+from fastpop.run import metrics
+from fastpop.run.metrics import MetricsWriter, evaluation_rounds, read_metrics, summarize
 
 MEMBERS = 3
 EVALUATIONS = 4

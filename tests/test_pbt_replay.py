@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastpop import cli
 from fastpop import config as config_lib
-from fastpop.lineage import Segment
-from fastpop.pbt_replay import member_schedule
+from fastpop.analysis.lineage import Segment
+from fastpop.commands import cli
+from fastpop.commands.pbt_replay import member_schedule
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.schedule import make_schedule
 from tests.runs import FAST, TD3_PENDULUM, read_jsonl
@@ -238,7 +238,7 @@ def test_bad_input_exits_2_and_starts_nothing(tmp_path, capsys):
 def test_a_replay_with_more_seeds_is_a_config_of_that_size(tmp_path):
     """--set population.size=N replays the schedule with N seeds (it was refused: the replay's
     config pinned population.seeds to 1)."""
-    from fastpop.pbt_replay import replay_config
+    from fastpop.commands.pbt_replay import replay_config
 
     pbt_run = tmp_path / "pbt"
     write_pbt_run(pbt_run)

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import chunking, population, tuning_cache
+from fastpop import population
+from fastpop.population import chunking, tuning_cache
 from tests.helpers import (
     leaves_allclose,
     random_buffers,

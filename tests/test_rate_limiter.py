@@ -1,7 +1,7 @@
 """The samples-per-insert rate limiter: no deadlock, the target ratio held, nothing before min_size.
 
 Pure host-side unit tests: a simulated collector and learner take turns, each acting only when
-the limiter allows it, as `fastpop.train` does. The contract: sampled stays within a fixed slack
+the limiter allows it, as `fastpop.run.loop` does. The contract: sampled stays within a fixed slack
 of samples_per_insert x inserted (tolerance * samples_per_insert * min_size, at least one insert
 plus one call), so the achieved ratio converges to the target whichever side is slower.
 """
@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from fastpop.rate_limiter import RateLimiter
+from fastpop.learn.rate_limiter import RateLimiter
 
 # (samples_per_insert, tolerance, samples_per_call, insert_size): the CPU presets (one update per
 # env step, K=50 updates of batch 128, 32-row chunks), a call far larger than an insert (Atari:
@@ -113,7 +113,7 @@ def simulate_timed(limiter: RateLimiter, ticks_per_call: int, ticks: int) -> lis
         if limiter.can_insert():
             limiter.record_insert()
         if tick >= busy_until and limiter.can_sample():
-            limiter.record_sample()  # the call's samples count when it starts, as in train.py
+            limiter.record_sample()  # the call's samples count when it starts, as in run/loop.py
             busy_until = tick + ticks_per_call
         if limiter.learning:
             target = limiter.samples_per_insert * (limiter.inserted - limiter.inserted_at_start)

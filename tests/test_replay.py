@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import replay
+from fastpop.population import replay
 from fastpop.types import EnvSpec
 
 VECTOR_ENV = EnvSpec(obs_shape=(3,), action_dim=2)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop import population, replay
-from fastpop.learner import Learner, prepare
-from fastpop.progress import PendingEvaluations, RunProgress
-from fastpop.replay_store import ReplayStore
+from fastpop import population
+from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.replay_store import ReplayStore
+from fastpop.population import replay
+from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.types import EnvSpec
 
 # Frames of one pixel, stacked 4 deep: a frame's value names its stream and step.

@@ -11,10 +11,12 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import checkpoint, cli, replay, resume, run_state, train
 from fastpop import config as config_lib
-from fastpop.learner import Learner, prepare
-from fastpop.metrics import MetricsWriter
+from fastpop.commands import cli
+from fastpop.learn.learner import Learner, prepare
+from fastpop.population import replay
+from fastpop.run import checkpoint, loop, resume, run_state
+from fastpop.run.metrics import MetricsWriter
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 
@@ -24,7 +26,7 @@ SMALL = [
     "replay.capacity=256",
     "replay.min_size=16",
     "collect.chunk_len=8",
-    "train.updates_per_call=2",
+    "loop.updates_per_call=2",
     "replay.samples_per_insert=1",
 ]
 CHUNKS = 8  # chunks of collected rows fed to each learner; the interruption falls after half
@@ -140,7 +142,7 @@ def test_without_saved_replay_learning_waits_for_the_buffers_to_refill(tmp_path)
 
 def test_resume_refuses_unsafe_changes_and_names_what_may_change():
     saved = config_lib.config_to_dict(config_lib.load_config(None, SMALL))
-    config = run_state.resume_config(saved, ["train.total_env_steps=50000"], "checkpoint")
+    config = run_state.resume_config(saved, ["loop.total_env_steps=50000"], "checkpoint")
     assert config.train.total_env_steps == 50000
     for override, name in [
         ("population.size=8", "population.size"),
@@ -149,7 +151,7 @@ def test_resume_refuses_unsafe_changes_and_names_what_may_change():
     ]:
         with pytest.raises(ConfigError, match=f"--set {name}: cannot change on resume") as info:
             run_state.resume_config(saved, [override], "checkpoint")
-        assert "train.total_env_steps" in str(info.value)
+        assert "loop.total_env_steps" in str(info.value)
 
 
 # --- a Run's checkpoints without its processes ---
@@ -158,7 +160,7 @@ def test_resume_refuses_unsafe_changes_and_names_what_may_change():
 def run_with_checkpoint(run_dir):
     """A Run (no workers started) with some collected rows and one checkpoint written."""
     config = config_lib.load_config(None, [*SMALL, "log.tensorboard=false"])
-    run = train.Run(config, run_dir, log=lambda *_: None)
+    run = loop.Run(config, run_dir, log=lambda *_: None)
     run.metrics = MetricsWriter(run_dir, tensorboard=False)
     run.learner.insert(rows_for(run.learner, 0))
     run.save_checkpoint("interval")
@@ -173,7 +175,7 @@ def test_disk_full_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, mon
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(np, "savez", disk_full)
-    with pytest.raises(train.TrainError) as stop:
+    with pytest.raises(loop.TrainError) as stop:
         run._stop_checkpoint("interrupted")
     message = str(stop.value)
     assert "the disk is full" in message and "No space left on device" in message

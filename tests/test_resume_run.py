@@ -11,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from fastpop import checkpoint, cli, resume
+from fastpop.commands import cli
+from fastpop.run import checkpoint, resume
 from tests.runs import (
     FAST,
     SIZE,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fastpop.collect.rollout import LockstepEnvs
 from fastpop.envs import make_vector_env
-from fastpop.rollout import LockstepEnvs
 
 
 # CartPole's episodes end by termination, Pendulum's by truncation at 200 steps.

@@ -11,9 +11,9 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import strategies
-from fastpop.cli import main
-from fastpop.inprocess import train_in_process
-from fastpop.learner import Learner, prepare
+from fastpop.commands.cli import main
+from fastpop.learn.learner import Learner, prepare
+from fastpop.run.inprocess import train_in_process
 from tests.runs import FAST, TD3_PENDULUM, completed_run
 
 SMALL = ["agent.hidden_sizes=[8,8]", "agent.batch_size=4", "replay.capacity=256"]

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop.build import build_env_spec, build_replay_spec
 from fastpop.collect import segments
 from fastpop.collect.segments import (
     Owner,
@@ -25,6 +24,7 @@ from fastpop.collect.segments import (
 )
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
 from fastpop.collect.workers import WorkerFailed, Workers
+from fastpop.config.build import build_env_spec, build_replay_spec
 from tests.runs import FAST, START_SECONDS, TD3_PENDULUM, assert_clean_stderr
 from tests.runs import segments as run_segments
 from tests.shm_leaks import leftovers, shm_entries
@@ -69,7 +69,7 @@ def test_on_arm_no_channel_is_created_or_attached_and_workers_refuse_to_start(mo
 def test_on_arm_a_process_mode_run_is_refused_before_its_directory_exists(
     monkeypatch, tmp_path, capsys
 ):
-    from fastpop.cli import main
+    from fastpop.commands.cli import main
 
     monkeypatch.setattr(segments.platform, "machine", lambda: "aarch64")
     out = tmp_path / "run"

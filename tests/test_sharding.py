@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from fastpop import cli
+from fastpop.commands import cli
 from fastpop.config import ConfigError, config_from_dict, load_config, save_config
 from tests import sharding_cases
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop import population, replay
-from fastpop.learner import Learner, prepare
+from fastpop import population
+from fastpop.learn.learner import Learner, prepare
+from fastpop.population import replay
 from fastpop.strategies import cem, diversity, shared_critic
 from fastpop.strategies.base import Evaluation
 from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl

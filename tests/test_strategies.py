@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop import population, replay, strategies
-from fastpop.learner import Learner, prepare
-from fastpop.lineage import Segment, ancestry
+from fastpop import population, strategies
+from fastpop.analysis.lineage import Segment, ancestry
+from fastpop.learn.learner import Learner, prepare
+from fastpop.population import replay
 from fastpop.strategies import pbt
 from fastpop.strategies.base import Evaluation, Selection
 from fastpop.strategies.branch_merge import make_branch_merge

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastpop import cli, metrics, trackers
 from fastpop import config as config_lib
-from fastpop.metrics import MEMBERS_FILE, MetricsWriter, read_jsonl
+from fastpop.commands import cli
+from fastpop.run import metrics, trackers
+from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 HPARAMS = [{"actor_lr": 1e-3, "discount": 0.99}, {"actor_lr": 3e-4, "discount": 0.98}]

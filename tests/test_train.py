@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from fastpop import checkpoint, cli, resume, train
 from fastpop import config as config_lib
-from fastpop import learner as learner_lib
+from fastpop.commands import cli
+from fastpop.learn import learner as learner_lib
+from fastpop.run import checkpoint, loop, resume
 from tests.runs import (
     DQN_CARTPOLE,
     ENDLESS,
@@ -100,7 +101,7 @@ GRID = "population.grid={actor_lr: [3.0e-4, 1.0e-3], policy_delay: [1, 2]}"
     ],
 )
 def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, extra):
-    overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
+    overrides = [*FAST, f"loop.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
     trainer = trainers(config, *overrides)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
     assert_clean_stderr(trainer.stderr)
@@ -189,7 +190,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
     trainer = trainers(
         TD3_PENDULUM,
         *FAST,
-        "train.total_env_steps=1500",
+        "loop.total_env_steps=1500",
         "eval.interval=750",
         "collect.ring_slots=4",
     )
@@ -212,7 +213,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
 
 
 def test_killed_evaluator_is_restarted_and_no_evaluation_is_lost(trainers):
-    trainer = trainers(TD3_PENDULUM, *FAST, "train.total_env_steps=1500", "eval.interval=750")
+    trainer = trainers(TD3_PENDULUM, *FAST, "loop.total_env_steps=1500", "eval.interval=750")
     trainer.wait_until_training()
     evaluator = worker_children(trainer.pid)[-1]
     os.kill(evaluator, signal.SIGKILL)
@@ -273,7 +274,7 @@ def test_ctrl_c_while_the_run_is_built_exits_130_and_creates_nothing(tmp_path, m
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train.Run, "__init__", interrupted)
+    monkeypatch.setattr(loop.Run, "__init__", interrupted)
     out = tmp_path / "run"
     assert cli.main(["train", str(TD3_PENDULUM), "--out", str(out)]) == 130
     assert capsys.readouterr().err == "stopping: interrupted\n"
@@ -302,7 +303,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
     monkeypatch.setattr(learner_lib.Learner, "update", update_with_a_dropped_interrupt)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run = train.Run(config, run_dir, log=lambda message: None)
+    run = loop.Run(config, run_dir, log=lambda message: None)
     summary = run.run()
     assert summary["stopped_by"] == "interrupted"
     assert len(calls) == 2
@@ -327,7 +328,7 @@ def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatc
     before = segments(os.getpid())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run = train.Run(config, run_dir, log=lambda message: None)
+    run = loop.Run(config, run_dir, log=lambda message: None)
     with pytest.raises(RuntimeError, match="learner blew up"):
         run.run()
     assert {p.name for p in workers_at_crash} >= {

@@ -13,7 +13,7 @@ import optax
 
 from fastpop.agents import losses
 from fastpop.agents.base import Agent, adam_step, hparams_from_values, select_tree
-from fastpop.networks import QNetwork
+from fastpop.agents.networks import QNetwork
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 

@@ -21,7 +21,7 @@ from fastpop.agents.base import (
     init_actor_critic,
     polyak,
 )
-from fastpop.networks import GaussianActor, TwinCritic
+from fastpop.agents.networks import GaussianActor, TwinCritic
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 

@@ -22,7 +22,7 @@ from fastpop.agents.base import (
     polyak,
     select_tree,
 )
-from fastpop.networks import DeterministicActor, TwinCritic
+from fastpop.agents.networks import DeterministicActor, TwinCritic
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
 
 

@@ -27,7 +27,7 @@ from fastpop.bench.common import (
     machine_description,
     write_json,
 )
-from fastpop.cli_args import fail, positive_int_arg
+from fastpop.commands.args import fail, positive_int_arg
 
 DEFAULT_CONFIG = Path("configs/td3_pbt_halfcheetah.yaml")
 REPLAY_SETTINGS = ("on", "off")
@@ -211,7 +211,7 @@ def result_record(args: argparse.Namespace, learner, rows: list[dict], fill: dic
     import numpy as np
 
     from fastpop import config as config_lib
-    from fastpop import replay
+    from fastpop.population import replay
 
     config = learner.config
     capacity, _ = config_lib.replay_layout(config)

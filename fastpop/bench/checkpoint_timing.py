@@ -1,7 +1,7 @@
 """Timed saves and restores of a learner's checkpoint, for `fastpop bench checkpoint`.
 
 Each round saves what a training run checkpoints (`Learner.saved_tree` and `saved_counters`,
-through `fastpop.checkpoint`), drops the files from the page cache (a resume in a new process long
+through `fastpop.run.checkpoint`), drops the files from the page cache (a resume in a new process long
 after the save reads them from the disk), restores them into the learner, and inserts one chunk
 of random rows, as a run does between two saves.
 """
@@ -17,18 +17,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-from fastpop import checkpoint
 from fastpop.bench.common import HostMemory
+from fastpop.run import checkpoint
 
 # `checkpoint.save` and `restore` are single calls: their phases are only visible inside them,
-# through these helpers of fastpop.checkpoint (name -> phase). The rest of a save is the npz
+# through these helpers of fastpop.run.checkpoint (name -> phase). The rest of a save is the npz
 # write (plus the manifest, renames and pruning), of a restore the npz read.
 SAVE_PHASES = {"_plain_leaves": "to_host", "_sha256": "checksum", "_fsync": "fsync"}
 RESTORE_PHASES = {"_sha256": "verify"}
 
 
 class PhaseTimer:
-    """Seconds spent in `fastpop.checkpoint`'s helpers `phases` (name -> phase) while the block
+    """Seconds spent in `fastpop.run.checkpoint`'s helpers `phases` (name -> phase) while the block
     runs, by wrapping them for its duration. A helper the module no longer has is an error, not
     a phase silently left out of the results."""
 
@@ -36,7 +36,7 @@ class PhaseTimer:
         missing = [name for name in phases if not hasattr(checkpoint, name)]
         if missing:
             raise RuntimeError(
-                f"fastpop.checkpoint has no {', '.join(missing)}; update the phases in {__name__}"
+                f"fastpop.run.checkpoint has no {', '.join(missing)}; update the phases in {__name__}"
             )
         self.phases = phases
         self.seconds = dict.fromkeys(phases.values(), 0.0)
@@ -75,7 +75,7 @@ def random_rows(learner, rng: np.random.Generator):
     """One insert's rows (population * envs_per_member lanes, chunk_len) with random values of
     the buffer's dtypes: uncompressed npz costs the same for any content, but a disk or VM that
     skips zero blocks would make all-zero buffers look cheaper than real ones."""
-    from fastpop import replay
+    from fastpop.population import replay
 
     config = learner.config
     lanes = config.population.size * config.collect.envs_per_member

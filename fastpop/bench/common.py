@@ -26,8 +26,8 @@ def build_learner(config):
     """The config's `Learner` (member states, replay; no collectors, no evaluator). A ConfigError
     names what cannot be built, as `fastpop train` would, before the replay is allocated."""
     from fastpop import config as config_lib
-    from fastpop.build import build_agent, build_env_spec
-    from fastpop.learner import Learner
+    from fastpop.config.build import build_agent, build_env_spec
+    from fastpop.learn.learner import Learner
 
     spec = build_env_spec(config)
     agent = build_agent(config, spec)

@@ -33,11 +33,12 @@ import jax
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population, replay
+from fastpop import population
 from fastpop.bench.common import build_learner, device_label, machine_description
 from fastpop.bench.device_report import table_row
 from fastpop.bench.process_mode import measure_process_mode, process_config
 from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
+from fastpop.population import replay
 
 ROUNDS = 3  # timed rounds per measurement, the four measurements alternating
 CAPACITY = 100_000  # replay transitions per member (the config default)
@@ -48,7 +49,7 @@ def bench_config(env_id, algo, size, per_member, backend, chunk_len, updates_per
     """The device-mode training config of one (P, E) measurement; `agent`: the agent section
     (hidden_sizes, batch_size; empty: the algorithm's defaults)."""
     from fastpop.agents import make_agent
-    from fastpop.brax_envs import brax_env_spec
+    from fastpop.envs.brax_envs import brax_env_spec
 
     batch = make_agent(algo, brax_env_spec(env_id, backend), **agent).batch_size
     env = {"id": env_id} | ({} if backend is None else {"backend": backend})
@@ -193,7 +194,7 @@ def calls_round(call, seconds: float, block_each: bool) -> dict:
 def measure(config: config_lib.Config, seconds: float, log, process=None) -> dict:
     """The four measurements of one (P, E), in alternating rounds; then, given `process` (a
     process-mode config), the same training in process mode (bench/process_mode.py)."""
-    from fastpop.brax_envs import make_brax_env
+    from fastpop.envs.brax_envs import make_brax_env
 
     size, per_member = config.population.size, config.collect.envs_per_member
     chunk_len, updates = config.collect.chunk_len, config.train.updates_per_call
@@ -287,7 +288,12 @@ def bench_device(
     gymnasium id trained in process mode beside each row (AUTO: the brax env's MuJoCo
     counterpart, where it has one; None: no process-mode rows)."""
     from fastpop.agents import make_agent
-    from fastpop.brax_envs import brax_env_spec, check_brax_id, mujoco_counterpart, resolve_backend
+    from fastpop.envs.brax_envs import (
+        brax_env_spec,
+        check_brax_id,
+        mujoco_counterpart,
+        resolve_backend,
+    )
 
     env_id = check_brax_id(env_id)
     backend = resolve_backend(env_id, backend)

@@ -58,7 +58,7 @@ def bench_pipeline(
 ) -> dict:
     from fastpop.bench.update import bench_update
     from fastpop.envs import env_spec
-    from fastpop.train import Run
+    from fastpop.run.loop import Run
 
     algo = "dqn" if env_spec(env_id).discrete else "td3"  # Atari ids: DQN's Nature CNN
     base = {

@@ -33,7 +33,7 @@ def process_config(
 ) -> config_lib.Config:
     """The process-mode config of one (P, E): one update per env step and member, learning
     from the first chunk, no warm-up steps, no evaluations."""
-    from fastpop.build import build_agent, build_env_spec
+    from fastpop.config.build import build_agent, build_env_spec
 
     data = {"name": "bench_device_process", "algo": algo, "env": {"id": env_id}, "agent": agent}
     probe = config_lib.config_from_dict(data)

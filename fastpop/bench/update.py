@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population, replay
+from fastpop import population
 from fastpop.agents import Agent, make_agent
 from fastpop.bench.common import device_label, two_panel_figure, write_json
+from fastpop.population import replay
 from fastpop.types import EnvSpec, Transition
 
 # The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from fastpop import population
-from fastpop.networks import GaussianActor
+from fastpop.agents.networks import GaussianActor
 from fastpop.types import EnvSpec
 
 BLOCK_STEPS = 256  # env steps of noise drawn per compiled call

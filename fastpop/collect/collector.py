@@ -22,7 +22,7 @@ import numpy as np
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
 
 if TYPE_CHECKING:
-    from fastpop.replay import ReplaySpec
+    from fastpop.population.replay import ReplaySpec
 
 
 class CollectorSpec(NamedTuple):
@@ -46,7 +46,9 @@ def force_cpu_jax() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-    if "jax" in sys.modules:  # imported already (unpickling a ReplaySpec imports fastpop.replay):
+    if (
+        "jax" in sys.modules
+    ):  # imported already (unpickling a ReplaySpec imports fastpop.population.replay):
         sys.modules["jax"].config.update("jax_platforms", "cpu")  # it read the variable then
 
 
@@ -109,9 +111,9 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     import jax
 
     from fastpop import config as config_lib
-    from fastpop.build import build_agent, build_env_spec
     from fastpop.collect.acting import make_acting
-    from fastpop.rollout import RowStream, lockstep_envs
+    from fastpop.collect.rollout import RowStream, lockstep_envs
+    from fastpop.config.build import build_agent, build_env_spec
 
     config = config_lib.config_from_dict(spec.config)
     envs_per_member = config.collect.envs_per_member

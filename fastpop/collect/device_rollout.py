@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fastpop import replay
+from fastpop.population import replay
 from fastpop.types import PRNGKey
 
 # act(obs (lanes, obs_dim), key, step index within the rollout) -> actions (lanes, action_dim)

@@ -84,7 +84,7 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> No
     import jax
 
     from fastpop import config as config_lib
-    from fastpop.build import build_agent
+    from fastpop.config.build import build_agent
 
     config = config_lib.config_from_dict(spec.config)
     atari = config_lib.atari_options(config)

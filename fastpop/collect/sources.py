@@ -23,8 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import population, sharding
+from fastpop import population
 from fastpop.collect import device_rollout, snapshot
+from fastpop.population import sharding
 
 
 class ProcessCollection:
@@ -58,7 +59,7 @@ class DeviceCollection:
     chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
 
     def __init__(self, config: config_lib.Config, learner):
-        from fastpop.brax_envs import make_brax_env
+        from fastpop.envs.brax_envs import make_brax_env
 
         self.config, self.learner = config, learner
         self.env = make_brax_env(config.env.id, config.env.backend)
@@ -233,7 +234,7 @@ def _evaluate(env, episode_length: int, agent, policy, hparams, key, episodes: i
 
 def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int) -> np.ndarray:
     """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh brax envs."""
-    from fastpop.brax_envs import make_brax_env
+    from fastpop.envs.brax_envs import make_brax_env
 
     env = make_brax_env(config.env.id, config.env.backend)
     run = jax.jit(
@@ -249,7 +250,7 @@ def env_state_bytes(config: config_lib.Config) -> int:
     and the P x eval.episodes evaluation lanes of device mode (0 in process mode)."""
     if config_lib.collection_mode(config) != "device":
         return 0
-    from fastpop.brax_envs import make_brax_env
+    from fastpop.envs.brax_envs import make_brax_env
 
     env = make_brax_env(config.env.id, config.env.backend)
     size = config.population.size

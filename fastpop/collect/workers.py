@@ -15,12 +15,12 @@ from collections import deque
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import replay
 from fastpop.collect import snapshot
 from fastpop.collect.collector import CollectorSpec, max_episodes_per_chunk, run_collector
 from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
+from fastpop.population import replay
 
 EVAL_SLOTS = 4
 STOP_TIMEOUT_SECONDS = 3.0

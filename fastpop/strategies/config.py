@@ -214,7 +214,7 @@ def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
 
 def check_devices(r: Reader, c: CheckedConfig) -> None:
     """population.devices: 1, a positive integer dividing population.size, or all (checked
-    against the machine when the learner starts, `fastpop.sharding.device_count`)."""
+    against the machine when the learner starts, `fastpop.population.sharding.device_count`)."""
     devices, size = c.population.devices, c.population.size
     if devices != "all" and (isinstance(devices, bool) or not isinstance(devices, int)):
         r.fail("population.devices", f"expected a positive integer or all, got {show(devices)}")

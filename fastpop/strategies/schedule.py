@@ -1,7 +1,7 @@
 """A fixed hyperparameter schedule: every member follows the same list of changes, given as plain
 data (`schedule.changes` in a config), with nothing copied between members.
 
-`fastpop pbt-replay` builds one from a PBT member's ancestry (fastpop.pbt_replay) to train a fresh
+`fastpop pbt-replay` builds one from a PBT member's ancestry (fastpop.commands.pbt_replay) to train a fresh
 member with the hparams PBT chose along that line, but not its copied weights: does the schedule
 alone explain the member's result?
 

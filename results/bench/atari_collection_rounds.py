@@ -51,7 +51,7 @@ def raw(env_id, seconds):
             "cpu": steps / (time.process_time() - cpu)}
 
 def envs(env_id, count, seconds, vector):
-    from fastpop.rollout import lockstep_envs
+    from fastpop.collect.rollout import lockstep_envs
     lockstep, stepped_by = lockstep_envs(env_id, count, 0, atari_vector=vector)
     lockstep.reset(0)
     steps, start, cpu = 0, time.perf_counter(), time.process_time()

@@ -47,7 +47,7 @@ def raw(env_id, seconds):
 
 def collect(env_id, pop, seconds):
     from fastpop.collect.workers import Workers
-    from fastpop.learner import Learner, prepare
+    from fastpop.learn.learner import Learner, prepare
     config = config_lib.config_from_dict({
         "name": "collection_rounds", "algo": "td3", "env": {"id": env_id},
         "population": {"size": pop}, "collect": {"warmup_steps": 0, "num_collectors": 1},

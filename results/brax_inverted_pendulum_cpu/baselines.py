@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import brax_envs
 from fastpop.collect import device_rollout
+from fastpop.envs import brax_envs
 
 GAINS = jnp.array([0.05, 3.0, 0.1, 0.3])  # force = clip(gains . obs, -1, 1)
 POLICIES = {

@@ -18,8 +18,8 @@ from pathlib import Path
 import jax
 
 from fastpop import config as config_lib
-from fastpop import train
 from fastpop.collect import sources
+from fastpop.run import loop
 
 PRESET = Path("configs/td3_brax_inverted_pendulum_cpu.yaml")
 
@@ -39,7 +39,7 @@ def main(overrides: list[str]) -> None:
         PRESET, ["population.seeds=4", "log.tensorboard=false", *overrides]
     )
     with tempfile.TemporaryDirectory() as out:
-        summary = train.Run(config, Path(out), log=lambda message: None).run()
+        summary = loop.Run(config, Path(out), log=lambda message: None).run()
     print(f"wall time {summary['wall_time']:.1f} s; {len(seconds)} evaluations in the loop:")
     print("  " + ", ".join(f"{s:.2f} s" for s in seconds) + f" (sum {sum(seconds):.1f} s)")
 

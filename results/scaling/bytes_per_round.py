@@ -7,8 +7,8 @@ import jax
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop import replay
-from fastpop.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.population import replay
 
 
 def tree_bytes(tree) -> int:

@@ -5,9 +5,9 @@ Why: `fastpop plot --aggregate --by run` stratifies a run's members by configura
 (members.json's config_index). In a random search or a PBT run every member is its own
 configuration (seeds = 1), so every stratum holds one member, every bootstrap resample is the
 data itself and the "95% CI" has zero width (see README.md, "A bug in the stock tool"). Here
-the groups are the same (`fastpop.sweep.load_groups(..., by="run")`), only the strata change,
+the groups are the same (`fastpop.analysis.sweep.load_groups(..., by="run")`), only the strata change,
 and the figures and table are drawn by fastpop's own plotting and table code
-(`fastpop.plot_aggregate`), so the numbers are comparable with the stock tool's.
+(`fastpop.analysis.plot_aggregate`), so the numbers are comparable with the stock tool's.
 
     python results/sweep_cpu/aggregate_arms.py RUN [RUN ...] --out DIR --minutes 1,2,3,4 [--gamma G]
 
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fastpop import aggregate, plot_aggregate
-from fastpop.sweep import load_groups
+from fastpop.analysis import aggregate, plot_aggregate
+from fastpop.analysis.sweep import load_groups
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Reading finished runs: plots, sweep tables, aggregate statistics with intervals, lineage."""

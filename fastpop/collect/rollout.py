@@ -1,0 +1,143 @@
+"""Host side of collection: turn vector-env steps into replay rows and finished episodes.
+
+Under gymnasium's next-step autoreset every env step yields exactly one row per env: the step
+after an episode ends is the reset step (its obs is the final observation, its action ignored).
+So all lanes advance in lockstep and chunks have a fixed size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fastpop.population import replay
+
+
+class RowStream:
+    """Accumulates rows for `num_lanes` envs and hands them out as fixed-size chunks."""
+
+    def __init__(self, spec: replay.ReplaySpec, num_lanes: int):
+        self.spec = spec
+        self.num_lanes = num_lanes
+        self._rows: list[tuple] = []
+        self._previous_done = np.zeros(num_lanes, bool)
+        self._previous_autoreset = np.ones(num_lanes, bool)  # first rows start episodes
+        self._returns = np.zeros(num_lanes)
+        self._lengths = np.zeros(num_lanes, np.int64)
+
+    def append(self, obs, action, reward, terminated, truncated) -> list[tuple[int, float, int]]:
+        """Record one step (obs is the observation the action was taken at).
+
+        Returns the episodes that finished at this step as (lane, return, length).
+        """
+        autoreset = self._previous_done
+        reward = np.where(autoreset, 0.0, reward).astype(np.float32)
+        terminated = np.asarray(terminated, bool) & ~autoreset
+        truncated = np.asarray(truncated, bool) & ~autoreset
+        self._rows.append(
+            (
+                replay.stored_obs(self.spec, obs),
+                action,
+                reward,
+                terminated,
+                truncated,
+                autoreset,
+                self._previous_autoreset,
+            )
+        )
+        self._previous_autoreset = autoreset
+        done = terminated | truncated
+        self._previous_done = done
+        self._returns += reward
+        self._lengths += ~autoreset
+        if not done.any():
+            return []
+        finished = [
+            (int(lane), float(self._returns[lane]), int(self._lengths[lane]))
+            for lane in np.flatnonzero(done)
+        ]
+        self._returns[done] = 0.0
+        self._lengths[done] = 0
+        return finished
+
+    def has_chunk(self) -> bool:
+        return len(self._rows) >= self.spec.chunk_len
+
+    def pop_chunk(self) -> replay.Rows:
+        """The oldest `chunk_len` rows as numpy arrays of shape (num_lanes, chunk_len, ...)."""
+        rows, self._rows = self._rows[: self.spec.chunk_len], self._rows[self.spec.chunk_len :]
+        fields = (np.stack(column, axis=1) for column in zip(*rows, strict=True))
+        chunk = replay.Rows(*fields)
+        return chunk._replace(
+            action=chunk.action.astype(self.spec.action_dtype),
+            obs=chunk.obs.astype(self.spec.obs_dtype),
+        )
+
+
+class LockstepEnvs:
+    """The environments of a next-step-autoreset `gymnasium.vector.SyncVectorEnv`, stepped as it
+    steps them (same calls in the same order: the same observations, rewards and flags) but
+    without merging their info dicts, which the collectors never read: that merge was about a
+    sixth of a collector's time per HalfCheetah step (results/bench/README.md)."""
+
+    def __init__(self, vector_env):
+        self.vector_env = vector_env
+        self.envs = vector_env.envs
+        self.action_space = vector_env.action_space  # batched and seeded, for warm-up actions
+        self._obs_dtype = vector_env.single_observation_space.dtype
+        self._autoreset = np.zeros(len(self.envs), bool)
+
+    def reset(self, seed: int):
+        """Observations of every env reset with seeds seed, seed + 1, ... (as the vector env)."""
+        self._autoreset[:] = False
+        obs = [env.reset(seed=seed + i)[0] for i, env in enumerate(self.envs)]
+        return np.stack(obs).astype(self._obs_dtype, copy=False)
+
+    def step(self, actions):
+        """(obs, reward, terminated, truncated), one per env; an env whose episode ended at the
+        previous step is reset instead (reward 0, flags False)."""
+        count = len(self.envs)
+        obs = [None] * count
+        reward = np.zeros(count)
+        terminated, truncated = np.zeros(count, bool), np.zeros(count, bool)
+        for i, env in enumerate(self.envs):
+            if self._autoreset[i]:
+                obs[i], _ = env.reset()
+            else:
+                obs[i], reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
+        self._autoreset = terminated | truncated
+        return np.stack(obs).astype(self._obs_dtype, copy=False), reward, terminated, truncated
+
+    def close(self) -> None:
+        self.vector_env.close()
+
+
+def lockstep_envs(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    *,
+    atari=None,
+    atari_vector: bool = True,
+    num_collectors: int = 1,
+):
+    """A collector's environments (reset(seed) them first) and what steps them (its stats): for an
+    Atari id with `atari_vector`, ale_py's vector env (`atari_vector.AtariLockstepEnvs`, its
+    share of the cores as threads) where it can run `atari` (`AtariOptions`); else gymnasium's
+    (`LockstepEnvs` over `envs.make_vector_env`)."""
+    from fastpop.envs import AtariOptions, check_env_id, make_vector_env
+    from fastpop.envs import atari_vector as ale_vector
+
+    env_id = check_env_id(env_id)
+    reason = "off (collect.atari_vector: false)"
+    if env_id.startswith("ALE/") and atari_vector:
+        reason = ale_vector.unavailable_reason(atari or AtariOptions())
+        if reason is None:
+            threads = ale_vector.default_threads(num_envs, num_collectors)
+            envs = ale_vector.AtariLockstepEnvs(
+                env_id, num_envs, seed, options=atari, num_threads=threads
+            )
+            return envs, f"ale_py AtariVectorEnv, {threads} thread(s)"
+    envs = LockstepEnvs(make_vector_env(env_id, num_envs, seed, atari=atari))
+    if env_id.startswith("ALE/"):
+        return envs, f"gymnasium (ale_py vector env: {reason})"
+    return envs, "gymnasium"

@@ -1,0 +1,251 @@
+"""`fastpop bench update | pipeline | checkpoint | device`: the parsers and handlers.
+
+The benchmarks themselves are imported only when one runs, so building the parser stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fastpop.agents import ALGORITHMS
+from fastpop.bench import checkpoint
+from fastpop.commands.args import comma_list, fail, one_of, positive_int, positive_int_arg
+
+IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    """Adds `bench` and its subcommands to the `fastpop` subcommands."""
+    parser = commands.add_parser("bench", help="benchmarks")
+    benchmarks = parser.add_subparsers(dest="bench", required=True)
+    add_update_parser(benchmarks)
+    add_pipeline_parser(benchmarks)
+    checkpoint.add_parser(benchmarks)
+    add_device_parser(benchmarks)
+    return parser
+
+
+def add_update_parser(benchmarks) -> None:
+    update = benchmarks.add_parser(
+        "update",
+        help="population-wide update step: vectorized vs sequential vs PyTorch",
+        description="Agent-updates/s of one population-wide update step on random data of the "
+        "paper's shapes (HalfCheetah for TD3/SAC, Atari for DQN). Writes "
+        "results/bench/update_<algo>_<device>.json and .png.",
+    )
+    update.add_argument(
+        "--algo",
+        type=one_of("algorithm", ALGORITHMS),
+        default="td3",
+        help=f"one of {', '.join(ALGORITHMS)} (default td3)",
+    )
+    update.add_argument(
+        "--pop",
+        type=comma_list(positive_int, "population size"),
+        default=[1, 2, 4, 8],
+        help="population sizes, comma-separated (default 1,2,4,8)",
+    )
+    update.add_argument(
+        "--impl",
+        type=comma_list(str, "implementation", IMPLEMENTATIONS),
+        default=list(IMPLEMENTATIONS),
+        help=f"implementations, comma-separated from {','.join(IMPLEMENTATIONS)} (default all)",
+    )
+    update.add_argument(
+        "--batch-size",
+        type=positive_int_arg("batch size"),
+        default=None,
+        help="transitions per update (default: the paper's, 256 for TD3/SAC, 32 for DQN)",
+    )
+    update.add_argument(
+        "--updates-per-call",
+        type=positive_int_arg("updates per call"),
+        default=10,
+        help="K: updates per compiled call (the scan length)",
+    )
+    update.add_argument(
+        "--min-seconds", type=float, default=2.0, help="timed seconds per measurement"
+    )
+    update.add_argument("--out", type=Path, default=Path("results/bench"))
+
+
+def add_pipeline_parser(benchmarks) -> None:
+    pipeline = benchmarks.add_parser(
+        "pipeline",
+        help="collection rate and learner utilisation of a real TD3 run",
+        description="Collector env steps/s against gymnasium's raw rate, and a real TD3 run's "
+        "agent-updates/s against the update benchmark at the same population. Writes "
+        "results/bench/pipeline_<env>_<device>.json.",
+    )
+    pipeline.add_argument("--env", default="HalfCheetah-v5")
+    pipeline.add_argument("--pop", type=positive_int_arg("population size"), default=4)
+    pipeline.add_argument(
+        "--collectors",
+        type=comma_list(positive_int, "collector count"),
+        default=[1, 2],
+        help="collector counts to measure (default 1,2)",
+    )
+    pipeline.add_argument(
+        "--seconds", type=float, default=10.0, help="timed seconds per collection measurement"
+    )
+    pipeline.add_argument(
+        "--train-seconds", type=float, default=120.0, help="wall seconds of the training run"
+    )
+    pipeline.add_argument("--out", type=Path, default=Path("results/bench"))
+
+
+def add_device_parser(benchmarks) -> None:
+    device = benchmarks.add_parser(
+        "device",
+        help="device mode: brax envs and the population update on one device",
+        description="env-steps/s and agent-updates/s of device-mode training (collect.mode: "
+        "device, one update per env step and member) for each population size and envs per "
+        "member, against the env stepped alone (the ceiling) and the update alone (bench "
+        "update's measurement at the env's shapes) and the same training in process mode on "
+        "the env's MuJoCo counterpart; compile seconds. Writes "
+        "results/bench/device_<env>_<device>.json and .png.",
+    )
+    device.add_argument("--env", default="brax/halfcheetah", help="a brax/<name> id")
+    device.add_argument(
+        "--pop",
+        type=comma_list(positive_int, "population size"),
+        default=[1, 4, 16],
+        help="population sizes P, comma-separated (default 1,4,16)",
+    )
+    device.add_argument(
+        "--envs-per-member",
+        type=comma_list(positive_int, "envs per member"),
+        default=[1, 4],
+        help="envs per member E, comma-separated (default 1,4)",
+    )
+    device.add_argument("--backend", default=None, help="brax backend (default: env.backend's)")
+    device.add_argument("--algo", type=one_of("algorithm", ("td3", "sac")), default="td3")
+    device.add_argument(
+        "--seconds", type=float, default=6.0, help="timed seconds per measurement (default 6)"
+    )
+    device.add_argument(
+        "--chunk-len", type=positive_int_arg("chunk length"), default=32, help="collect.chunk_len"
+    )
+    device.add_argument(
+        "--updates-per-call",
+        type=positive_int_arg("updates per call"),
+        default=None,
+        help="K of the update scan (default: the chunk length)",
+    )
+    device.add_argument(
+        "--hidden-sizes",
+        type=comma_list(positive_int, "hidden size"),
+        default=None,
+        help="agent.hidden_sizes, comma-separated (default: the algorithm's, 256,256)",
+    )
+    device.add_argument(
+        "--process-env",
+        default="auto",
+        help="a gymnasium id trained in process mode beside each row (collector processes, "
+        "same P, E, networks and update ratio); default auto: the brax env's MuJoCo "
+        "counterpart (brax/halfcheetah: HalfCheetah-v5); none: leave it out",
+    )
+    device.add_argument("--out", type=Path, default=Path("results/bench"))
+
+
+def run(args: argparse.Namespace) -> int:
+    """The `fastpop bench` handler: the exit code of the chosen benchmark."""
+    handlers = {
+        "update": run_update,
+        "pipeline": run_pipeline,
+        "checkpoint": checkpoint.run,
+        "device": run_device,
+    }
+    return handlers[args.bench](args)
+
+
+def run_update(args: argparse.Namespace) -> int:
+    from fastpop.bench.update import bench_update, write_results
+
+    result = bench_update(
+        args.algo,
+        args.pop,
+        args.impl,
+        updates_per_call=args.updates_per_call,
+        batch_size=args.batch_size,
+        min_seconds=args.min_seconds,
+    )
+    json_path, png_path = write_results(result, args.out)
+    print(
+        f"large matmul: {result['matmul_gflops_per_s']:.1f} GFLOP/s; "
+        f"{result['flops_per_update'] / 1e6:.1f} MFLOP per agent update"
+    )
+    print(f"wrote {json_path} and {png_path}")
+    return 0
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    from fastpop.bench.pipeline import bench_pipeline, write_pipeline_results
+    from fastpop.config import ConfigError
+
+    try:
+        result = bench_pipeline(
+            args.env, args.pop, args.collectors, args.seconds, args.train_seconds
+        )
+    except (ConfigError, ValueError) as error:
+        return fail(str(error))
+    print(f"wrote {write_pipeline_results(result, args.out)}")
+    return 0
+
+
+def device_command(args: argparse.Namespace) -> str:
+    """The `fastpop bench device` command these arguments stand for."""
+    import shlex
+
+    joined = lambda values: ",".join(map(str, values))
+    words = ["fastpop", "bench", "device", "--env", args.env, "--pop", joined(args.pop)]
+    words += ["--envs-per-member", joined(args.envs_per_member), "--algo", args.algo]
+    words += ["--seconds", f"{args.seconds:g}", "--chunk-len", str(args.chunk_len)]
+    optional = (
+        ("--backend", args.backend),
+        ("--updates-per-call", args.updates_per_call),
+        ("--hidden-sizes", args.hidden_sizes and joined(args.hidden_sizes)),
+        ("--process-env", args.process_env != "auto" and args.process_env),
+    )
+    words += [word for flag, value in optional if value for word in (flag, str(value))]
+    return shlex.join([*words, "--out", str(args.out)])
+
+
+def run_device(args: argparse.Namespace) -> int:
+    from fastpop.bench.device import bench_device
+    from fastpop.bench.device_report import table, write_results
+    from fastpop.config import ConfigError
+    from fastpop.envs.brax_envs import check_backend, is_brax_id
+
+    if not is_brax_id(args.env):
+        return fail(f"--env {args.env}: device mode steps brax environments (brax/<name>)")
+    agent = {} if args.hidden_sizes is None else {"hidden_sizes": args.hidden_sizes}
+    if args.process_env not in ("auto", "none"):  # refused before anything is measured
+        from fastpop.bench.process_mode import process_config
+
+        try:
+            process_config(args.process_env, args.algo, 1, 1, args.chunk_len, 1, agent)
+        except (ConfigError, ValueError) as error:
+            return fail(f"--process-env {args.process_env}: {error}")
+    try:
+        check_backend(args.backend)
+        result = bench_device(
+            args.env,
+            args.pop,
+            args.envs_per_member,
+            args.backend,
+            args.algo,
+            args.seconds,
+            args.chunk_len,
+            args.updates_per_call,
+            agent,
+            command=device_command(args),
+            process_env=None if args.process_env == "none" else args.process_env,
+        )
+    except (ConfigError, ValueError) as error:  # MissingExtra, UnknownEnvironment too
+        return fail(str(error))
+    json_path, png_path = write_results(result, args.out)
+    print(table(result))
+    print(f"wrote {json_path} and {png_path}")
+    return 0

@@ -1,0 +1,59 @@
+"""The run configuration: sections (frozen dataclasses), YAML loading, `--set` overrides and
+validation (`sections.py`), the env section (`env.py`) and the one front door that turns a
+config into a run's parts (`build.py`).
+
+Callers import the package (`from fastpop import config as config_lib`); this face re-exports
+what they use.
+"""
+
+from fastpop.config.env import (
+    COLLECTION_MODES,
+    EnvConfig,
+    collection_mode,
+)
+from fastpop.config.sections import (
+    CheckpointConfig,
+    CollectConfig,
+    Config,
+    EvalConfig,
+    LogConfig,
+    PopulationConfig,
+    ReplayConfig,
+    TrainConfig,
+    agent_config,
+    atari_options,
+    config_from_dict,
+    config_to_dict,
+    default_member_hparams,
+    load_config,
+    memory_estimate,
+    replay_layout,
+    save_config,
+)
+from fastpop.schema import (
+    ConfigError,
+)
+
+__all__ = [
+    "COLLECTION_MODES",
+    "CheckpointConfig",
+    "CollectConfig",
+    "Config",
+    "ConfigError",
+    "EnvConfig",
+    "EvalConfig",
+    "LogConfig",
+    "PopulationConfig",
+    "ReplayConfig",
+    "TrainConfig",
+    "agent_config",
+    "atari_options",
+    "collection_mode",
+    "config_from_dict",
+    "config_to_dict",
+    "default_member_hparams",
+    "load_config",
+    "memory_estimate",
+    "replay_layout",
+    "save_config",
+]

@@ -1,0 +1,396 @@
+"""Environment construction and the EnvSpec of a gymnasium environment's spaces.
+
+One factory for every task fastpop trains on: gymnasium ids (MuJoCo v5, classic control, ...)
+are made as registered; Atari games (ALE v5 ids, legacy ids like `PongNoFrameskip-v4`, or short
+names like `Pong`) get the DQN preprocessing of Mnih et al. (2015) / Machado et al. (2018) and
+frames stacked channel-last, (84, 84, 4) uint8, which the replay stores one frame per row.
+Brax ids (`brax/halfcheetah`) are checked and specified here too, and built by brax_envs.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import importlib.util
+import re
+
+import gymnasium as gym
+import numpy as np
+
+from fastpop.envs import brax_envs
+from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from fastpop.types import EnvSpec
+
+# ALE v5 games (ale-py 0.12), so that Atari ids are recognised (and suggested) even where
+# ale-py is not installed; games of a newer ale-py are added from its registry.
+_ATARI_GAMES = """
+Adventure AirRaid Alien Amidar Assault Asterix Asteroids Atlantis Atlantis2 Backgammon BankHeist
+BasicMath BattleZone BeamRider Berzerk Blackjack Bowling Boxing Breakout Carnival Casino Centipede
+ChopperCommand CrazyClimber Crossbow Darkchambers Defender DemonAttack DonkeyKong DoubleDunk
+Earthworld ElevatorAction Enduro Entombed Et FishingDerby FlagCapture Freeway Frogger Frostbite
+Galaxian Gopher Gravitar Hangman HauntedHouse Hero HumanCannonball IceHockey Jamesbond
+JourneyEscape Kaboom Kangaroo KeystoneKapers KingKong Klax Koolaid Krull KungFuMaster LaserGates
+LostLuggage MarioBros MiniatureGolf MontezumaRevenge MrDo MsPacman NameThisGame Othello Pacman
+Phoenix Pitfall Pitfall2 Pong Pooyan PrivateEye Qbert Riverraid RoadRunner Robotank Seaquest
+SirLancelot Skiing Solaris SpaceInvaders SpaceWar StarGunner Superman Surround Tennis Tetris
+TicTacToe3D TimePilot Trondead Turmoil Tutankham UpNDown Venture VideoCheckers VideoChess VideoCube
+VideoPinball WizardOfWor WordZapper YarsRevenge Zaxxon
+""".split()  # noqa: SIM905 (a list literal would take 104 lines)
+
+# `Pong`, `pong`, `space_invaders`, `PongNoFrameskip-v4`, `ALE/Pong-v5`: the game's name is
+# matched case-insensitively with underscores removed; any variant or version maps to v5.
+_ATARI_ID = re.compile(
+    r"^(?:ALE/)?(?P<game>[A-Za-z0-9_]+?)(?:NoFrameskip|Deterministic)?(?:-v\d+)?$"
+)
+
+# Entry-point module prefix -> (module it needs, what to install).
+_EXTRAS = (
+    ("gymnasium.envs.mujoco", "mujoco", "fastpop[mujoco]"),
+    ("gymnasium.envs.box2d", "Box2D", "gymnasium[box2d]"),
+)
+_ATARI_MODULES = ("ale_py", "cv2")
+
+
+@dataclasses.dataclass(frozen=True)
+class AtariOptions:
+    """Atari preprocessing. The defaults are the DQN Nature setup (Mnih et al. 2015) with the
+    episode conventions of Machado et al. (2018): no life-loss terminals, no FIRE on reset."""
+
+    noop_max: int = 30
+    """Each reset takes a random number of no-op actions in [1, noop_max] (0 turns it off)."""
+    frame_skip: int = 4
+    """Emulator frames per agent step (the action is repeated); the observation is the pixel-wise
+    max of the last two frames, which removes Atari sprite flicker."""
+    screen_size: int = 84
+    """Frames are converted to grayscale and resized to screen_size x screen_size."""
+    frame_stack: int = 4
+    """Frames stacked on the last observation axis, oldest first; at a reset the stack is filled
+    with copies of the reset frame (gymnasium's padding_type="reset", as the replay rebuilds it)."""
+    terminal_on_life_loss: bool = False
+    """Training only: losing a life is a `terminated` step (the game itself continues after the
+    following autoreset). Mnih et al. used it; Machado et al. recommend against it."""
+    clip_rewards: bool = True
+    """Training only: rewards are replaced by their sign. Evaluation always returns the raw game
+    score."""
+    fire_on_reset: bool = False
+    """Press FIRE after every reset (and after a lost life with terminal_on_life_loss) in games
+    whose action 1 is FIRE, e.g. Breakout, which otherwise wait for it; ignored in other games."""
+    repeat_action_probability: float = 0.0
+    """Sticky actions: the chance that the emulator repeats the previous action on each frame.
+    0.0 is the deterministic DQN Nature setting most published Atari numbers use; 0.25 is the
+    ALE v5 default recommended by Machado et al. for evaluating robustness."""
+    full_action_space: bool = False
+    """Use all 18 joystick actions instead of the game's minimal action set (Pong: 6)."""
+    max_episode_frames: int = 108_000
+    """Episodes are truncated after this many emulator frames (108,000 = 30 minutes of play,
+    27,000 agent steps at frame_skip 4)."""
+
+    def __post_init__(self):
+        for name in ("frame_skip", "screen_size", "frame_stack", "max_episode_frames"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AtariOptions.{name} must be >= 1, got {getattr(self, name)}")
+        if self.noop_max < 0:
+            raise ValueError(f"AtariOptions.noop_max must be >= 0, got {self.noop_max}")
+        if not 0.0 <= self.repeat_action_probability <= 1.0:
+            raise ValueError(
+                "AtariOptions.repeat_action_probability must be in [0, 1], "
+                f"got {self.repeat_action_probability}"
+            )
+
+
+def _module_available(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@functools.cache
+def _atari_games() -> dict[str, str]:
+    """Canonical ALE game names keyed by their lower-case, underscore-free form."""
+    games = set(_ATARI_GAMES)
+    try:
+        import ale_py  # registers the ALE/* ids with gymnasium
+    except ImportError:
+        pass
+    else:
+        gym.register_envs(ale_py)
+        games.update(
+            key[4:-3]
+            for key in gym.registry
+            if key.startswith("ALE/") and key.endswith("-v5") and "-ram" not in key
+        )
+    return {game.lower(): game for game in games}
+
+
+def _atari_game(env_id: str) -> str | None:
+    match = _ATARI_ID.match(env_id)
+    if match is None:
+        return None
+    return _atari_games().get(match["game"].replace("_", "").lower())
+
+
+def _is_atari_entry_point(spec: gym.envs.registration.EnvSpec) -> bool:
+    return isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
+
+
+def _suggestions(env_id: str) -> list[str]:
+    candidates = [
+        key
+        for key, spec in gym.registry.items()
+        if not key.startswith("ALE/") and not _is_atari_entry_point(spec)
+    ]
+    for game in _atari_games().values():
+        candidates += [game, f"ALE/{game}-v5", f"{game}NoFrameskip-v4"]
+    by_lower = {candidate.lower(): candidate for candidate in candidates}
+    matches = difflib.get_close_matches(env_id.lower(), by_lower, n=3, cutoff=0.6)
+    return [by_lower[match] for match in matches]
+
+
+def _require(env_id: str, module: str, extra: str) -> None:
+    if not _module_available(module):
+        raise MissingExtra(
+            f"environment {env_id!r} needs the {module!r} package, which is not installed; "
+            f"install {extra} (pip install '{extra}')"
+        )
+
+
+def check_env_id(env_id: str) -> str:
+    """The normalized id of an environment fastpop can make, or a user-facing error.
+
+    Registered gymnasium ids are returned as they are; Atari games in any spelling become
+    their ALE v5 id (`Pong`, `PongNoFrameskip-v4` -> `ALE/Pong-v5`), made with fastpop's own
+    frame skip and sticky-action settings (`AtariOptions`), not the variant's. Raises
+    `UnknownEnvironment` with close registered ids, or `MissingExtra` naming what to install.
+    Brax ids (`brax/<name>`) are checked by `brax_envs.check_brax_id`.
+    """
+    if brax_envs.is_brax_id(env_id):
+        return brax_envs.check_brax_id(env_id)
+    spec = gym.registry.get(env_id)
+    if spec is not None and not _is_atari_entry_point(spec):
+        for prefix, module, extra in _EXTRAS:
+            if isinstance(spec.entry_point, str) and spec.entry_point.startswith(prefix):
+                _require(env_id, module, extra)
+        return env_id
+    game = _atari_game(env_id)
+    if game is None and spec is not None:
+        raise UnknownEnvironment(
+            f"fastpop makes Atari games from screen pixels only, not {env_id!r}; "
+            f"did you mean {', '.join(_suggestions(env_id))}?"
+        )
+    if game is None:
+        close = _suggestions(env_id)
+        hint = (
+            f"did you mean {', '.join(close)}?"
+            if close
+            else "it is neither a registered gymnasium id nor an Atari game (e.g. 'Pong', "
+            "'ALE/Breakout-v5')"
+        )
+        raise UnknownEnvironment(f"unknown environment {env_id!r}; {hint}")
+    normalized = f"ALE/{game}-v5"
+    for module in _ATARI_MODULES:
+        _require(normalized, module, "fastpop[atari]")
+    return normalized
+
+
+class TerminalOnLifeLoss(gym.Wrapper):
+    """A lost life ends the (training) episode, but the game goes on.
+
+    gymnasium's `AtariPreprocessing(terminal_on_life_loss=True)` lets the following reset restart
+    the whole game, so an agent would never play its later lives. Here (as in Mnih et al. and
+    baselines' EpisodicLifeEnv) the reset after a lost life is one no-op step of the running game;
+    only a real game over (or truncation, or a reset not after a lost life) resets the game.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._lives = 0
+        self._life_lost = False
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        lives = self.env.unwrapped.ale.lives()
+        self._life_lost = not (terminated or truncated) and 0 < lives < self._lives
+        self._lives = lives
+        return obs, reward, terminated or self._life_lost, truncated, info
+
+    def reset(self, *, seed=None, options=None):
+        obs, info, game_over = None, {}, True
+        if self._life_lost and seed is None:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            game_over = terminated or truncated
+        if game_over:
+            obs, info = self.env.reset(seed=seed, options=options)
+        self._life_lost = False
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireOnReset(gym.Wrapper):
+    """Presses FIRE (action 1) after each reset, for games that wait for it to start."""
+
+    def reset(self, *, seed=None, options=None):
+        self.env.reset(seed=seed, options=options)
+        obs, _, terminated, truncated, info = self.env.step(1)
+        if terminated or truncated:
+            obs, info = self.env.reset(options=options)
+        return obs, info
+
+
+class ChannelLast(gym.ObservationWrapper):
+    """Moves the frame-stack axis of `FrameStackObservation` (first) to the end."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(
+            low=np.moveaxis(space.low, 0, -1),
+            high=np.moveaxis(space.high, 0, -1),
+            dtype=space.dtype,
+        )
+
+    def observation(self, observation):
+        return np.ascontiguousarray(np.moveaxis(observation, 0, -1))
+
+
+def _to_float32(observation: np.ndarray) -> np.ndarray:
+    return observation.astype(np.float32)
+
+
+def _reward_sign(reward) -> float:
+    return float(np.sign(reward))
+
+
+def _make_atari(
+    env_id: str, training: bool, options: AtariOptions, render_mode: str | None = None
+) -> gym.Env:
+    import ale_py
+
+    gym.register_envs(ale_py)
+    env = gym.make(
+        env_id,
+        obs_type="grayscale",  # the preprocessing reads the screen itself; skip the RGB copy
+        frameskip=1,  # AtariPreprocessing skips (and max-pools) frames instead
+        repeat_action_probability=options.repeat_action_probability,
+        full_action_space=options.full_action_space,
+        max_num_frames_per_episode=options.max_episode_frames,
+        render_mode=render_mode,  # rgb_array renders the colour screen, whatever obs_type is
+    )
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=options.noop_max,
+        frame_skip=options.frame_skip,
+        screen_size=options.screen_size,
+        terminal_on_life_loss=False,
+    )
+    # Below life-loss terminals and reward clipping: `info["episode"]` is a whole game's score.
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    if training and options.terminal_on_life_loss:
+        env = TerminalOnLifeLoss(env)
+    meanings = env.unwrapped.get_action_meanings()
+    if options.fire_on_reset and len(meanings) > 1 and meanings[1] == "FIRE":
+        env = FireOnReset(env)
+    if training and options.clip_rewards:
+        env = gym.wrappers.TransformReward(env, _reward_sign)
+    env = gym.wrappers.FrameStackObservation(env, options.frame_stack, padding_type="reset")
+    return ChannelLast(env)
+
+
+def make_env(
+    env_id: str,
+    seed: int,
+    *,
+    training: bool = True,
+    atari: AtariOptions | None = None,
+    render_mode: str | None = None,
+) -> gym.Env:
+    """One seeded environment (see `check_env_id` for the ids accepted).
+
+    `terminated` and `truncated` stay apart: time limits are truncations, a training life-loss
+    terminal is a termination. `info["episode"]` (return "r", length "l") arrives when a whole
+    episode ends and always holds the raw game score, even where training rewards are clipped.
+    `training` only matters for Atari (life-loss terminals and reward clipping, see
+    `AtariOptions`; `atari` is ignored for other environments). float64 observations (MuJoCo)
+    are cast to float32, the precision the networks compute in, halving replay memory.
+    The environment is reset once with `seed`, so later unseeded resets are deterministic too.
+    `render_mode` is gymnasium's (`"rgb_array"` for `fastpop eval --video`).
+    """
+    env_id = check_env_id(env_id)
+    if brax_envs.is_brax_id(env_id):
+        raise ValueError(f"{env_id} is stepped on the device: build it with make_brax_env")
+    if env_id.startswith("ALE/"):
+        env = _make_atari(env_id, training, atari or AtariOptions(), render_mode)
+    else:
+        env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, render_mode=render_mode))
+        space = env.observation_space
+        if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
+            float32_space = gym.spaces.Box(
+                space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32
+            )
+            env = gym.wrappers.TransformObservation(env, _to_float32, float32_space)
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    env.observation_space.seed(seed)
+    return env
+
+
+def env_spec_from_spaces(observation_space: gym.Space, action_space: gym.Space) -> EnvSpec:
+    """Shapes an agent needs, from one (non-vector) environment's spaces."""
+    obs_shape = tuple(observation_space.shape)
+    obs_dtype = np.dtype(observation_space.dtype)
+    if isinstance(action_space, gym.spaces.Discrete):
+        return EnvSpec(obs_shape, obs_dtype, num_actions=int(action_space.n))
+    if isinstance(action_space, gym.spaces.Box):
+        low, high = np.unique(action_space.low), np.unique(action_space.high)
+        if len(low) != 1 or len(high) != 1:
+            raise ValueError(
+                f"action bounds must be the same for every dimension, got low={action_space.low}"
+                f" high={action_space.high}"
+            )
+        return EnvSpec(
+            obs_shape,
+            obs_dtype,
+            action_dim=int(np.prod(action_space.shape)),
+            action_low=float(low[0]),
+            action_high=float(high[0]),
+        )
+    raise ValueError(f"unsupported action space {action_space}; use Box or Discrete")
+
+
+def env_spec(env_id: str, atari: AtariOptions | None = None, backend: str | None = None) -> EnvSpec:
+    """The EnvSpec of `make_env(env_id, ...)`, built from one throwaway environment; for a brax
+    id `brax_envs.brax_env_spec` (its environment on `backend` built once and kept)."""
+    if brax_envs.is_brax_id(env_id):
+        return brax_envs.brax_env_spec(check_env_id(env_id), backend)
+    env = make_env(env_id, seed=0, atari=atari)
+    try:
+        spec = env_spec_from_spaces(env.observation_space, env.action_space)
+    finally:
+        env.close()
+    if check_env_id(env_id).startswith("ALE/"):
+        spec = spec._replace(frame_stack=(atari or AtariOptions()).frame_stack)
+    return spec
+
+
+def make_vector_env(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    *,
+    training: bool = True,
+    atari: AtariOptions | None = None,
+) -> gym.vector.VectorEnv:
+    """Synchronous vector env with next-step autoreset (the replay's row convention).
+
+    Environment i is seeded with `seed + i` (also what `reset(seed=seed)` on the vector env
+    does), and the batched action space with `seed`, so a run is reproducible end to end.
+    """
+    env_id = check_env_id(env_id)
+    envs = gym.vector.SyncVectorEnv(
+        [
+            functools.partial(make_env, env_id, seed + i, training=training, atari=atari)
+            for i in range(num_envs)
+        ],
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+    envs.reset(seed=seed)
+    envs.action_space.seed(seed)
+    return envs

@@ -1,0 +1,218 @@
+"""The learner's one update protocol: how a population's member state is made, updated, read
+and changed between evaluation rounds, whatever the strategy.
+
+    init(key, hparams) -> (states, strategy state)      states in the training's own layout
+    update(states, buffers, member_hparams, key) -> (states, metrics with leaves (P, K))
+    adopt(stacked) -> layout, release(layout) -> stacked    for states and hparams
+    policies(states) -> stacked policy params               what collectors act with
+    members(states) -> the stacked per-member part          finiteness checks
+    between_rounds(Round) -> RoundResult                    the strategy's decision, applied
+    move(states, sources) -> states      member i continues from sources[i] (None: a gather)
+
+`executor_training` is the default: members trained independently by a population executor
+(vectorized or sequential) and a strategy that decides between rounds with a host-side
+`Selection` (independent, PBT, branch-merge), applied here as index gathers on device, followed
+by the reset of non-finite members. Strategies whose members share parameters (CEM-RL, DvD)
+bring a `Learning` (strategies.base) that `learning_training` adapts. A new way to train (on
+device environments) is a new `Training`, never a branch in the learner; members split over
+several devices are `make_training(..., mesh=...)` (fastpop.population.sharding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpop import population
+from fastpop.agents.base import Agent
+from fastpop.learn.replay_store import ReplayStore
+from fastpop.population import sharding
+from fastpop.strategies.base import (
+    Evaluation,
+    Selection,
+    Strategy,
+    reset_events,
+    reset_indices,
+)
+from fastpop.types import PRNGKey, PyTree
+
+
+class Round(NamedTuple):
+    """What a strategy sees and may change after one evaluation round."""
+
+    evaluation: Evaluation  # returns NaN for non-finite members; `finite` filled in
+    strategy_state: Any
+    states: Any  # the training's layout
+    hparams: PyTree  # stacked
+    replay: ReplayStore
+    key: PRNGKey
+
+
+class RoundResult(NamedTuple):
+    strategy_state: Any
+    states: Any
+    hparams: PyTree  # stacked, in force from now on
+    events: list[dict]  # lineage records
+    scalars: dict  # strategy metrics to log
+
+
+class Training(NamedTuple):
+    """One population's training (see the module docstring)."""
+
+    name: str
+    init: Callable[[PRNGKey, PyTree], tuple[Any, Any]]
+    update: Callable[[Any, Any, Any, PRNGKey], tuple[Any, dict]]
+    adopt: Callable[[PyTree], Any]
+    release: Callable[[Any], PyTree]
+    policies: Callable[[Any], PyTree]
+    members: Callable[[Any], PyTree]
+    between_rounds: Callable[[Round], RoundResult]
+    move: Callable[[Any, np.ndarray], Any] | None = None  # layout-aware member copies
+
+
+def continue_from(training: Training, states, sources) -> Any:
+    """Member i of the result continues from the state of member sources[i]."""
+    if training.move is not None:
+        return training.move(states, np.asarray(sources))
+    return training.adopt(population.gather(training.release(states), jnp.asarray(sources)))
+
+
+def member_hparams_list(hparams: PyTree) -> list[dict]:
+    """Stacked hparams -> one dict of Python numbers per member (as stored: float32, int32)."""
+    fields = {name: np.asarray(value).tolist() for name, value in hparams._asdict().items()}
+    size = len(next(iter(fields.values())))
+    return [{name: values[m] for name, values in fields.items()} for m in range(size)]
+
+
+def selected_hparams(hparams: PyTree, chosen: list[dict]) -> PyTree:
+    """Stacked hparams holding the values a strategy chose per member (dtypes kept)."""
+    return population.broadcast_hparams(
+        population.member(hparams, 0),
+        len(chosen),
+        **{name: [h[name] for h in chosen] for name in hparams._fields},
+    )
+
+
+def apply_selection(training: Training, states, hparams, selection: Selection, replay):
+    """A strategy's decision on device: member i continues from the state of sources[i] (one
+    index gather over the whole member state), with hparams[i], and with a copy of the source's
+    replay if the selection says so; nothing recompiles. Returns (states, hparams)."""
+    if selection.moves_state:
+        states = continue_from(training, states, selection.sources)
+    if selection.copy_replay:
+        replay.copy_members(selection.sources)
+    return states, selected_hparams(hparams, selection.hparams)
+
+
+def executor_training(
+    agent: Agent, strategy: Strategy, executor: population.Executor, move=None
+) -> Training:
+    """Independent members under an executor; the strategy decides with `Selection`s.
+    `move`: `Training.move` (None: a gather of the whole stacked state)."""
+    if executor.name == "sequential":  # stack the policies only, not every member's state
+        policies = lambda states: population.stack([agent.policy_params(s) for s in states])
+    else:
+        policies = lambda states: population.member_policies(agent, states)
+
+    def init(key, hparams):
+        return executor.adopt(population.init_population(agent, key, hparams)), strategy.init()
+
+    def between_rounds(round_: Round) -> RoundResult:
+        evaluation, states, hparams = round_.evaluation, round_.states, round_.hparams
+        strategy_state, selection = strategy.step(
+            round_.strategy_state, evaluation, member_hparams_list(hparams)
+        )
+        sources, events = np.arange(len(evaluation.returns)), []
+        if selection is not None:
+            states, hparams = apply_selection(training, states, hparams, selection, round_.replay)
+            sources, events = selection.sources, selection.events
+        # Members whose state is still not finite continue from the best finite member's,
+        # keeping their own hparams (a sweep keeps its configurations).
+        returns = evaluation.returns[sources]
+        indices = reset_indices(evaluation.finite[sources], returns)
+        resets = reset_events(strategy.name, evaluation, indices, returns)
+        if resets:
+            states = continue_from(training, states, indices)
+        in_force = member_hparams_list(hparams)
+        events = [{**e, "new_hparams": in_force[e["target"]]} for e in events + resets]
+        return RoundResult(strategy_state, states, hparams, events, {})
+
+    training = Training(
+        executor.name,
+        init,
+        executor.update,
+        executor.adopt,
+        executor.release,
+        policies,
+        executor.release,
+        between_rounds,
+        move,
+    )
+    return training
+
+
+def learning_training(agent: Agent, strategy: Strategy, sample_batch, num_updates: int, unroll):
+    """A shared-parameter strategy's own `Learning` (CEM-RL, DvD) as a `Training`: its state is
+    one tree (shared critic + stacked actors), updated by its own program."""
+    learning = strategy.learning
+    identity = lambda tree: tree
+
+    def between_rounds(round_: Round) -> RoundResult:
+        observations = lambda key: round_.replay.sample(key).obs
+        strategy_state, states, scalars, events = learning.step(
+            agent, round_.strategy_state, round_.evaluation, round_.states, observations, round_.key
+        )
+        return RoundResult(strategy_state, states, round_.hparams, events, scalars)
+
+    return Training(
+        strategy.name,
+        lambda key, hparams: learning.init_states(agent, key, hparams),
+        learning.make_update(agent, sample_batch, num_updates, unroll),
+        identity,
+        identity,
+        learning.policies,
+        learning.member_trees,
+        between_rounds,
+    )
+
+
+def make_training(
+    agent: Agent,
+    strategy: Strategy,
+    execution: str,
+    sample_batch,
+    num_updates: int,
+    shared_replay: bool,
+    unroll: int = 1,
+    mesh=None,
+) -> Training:
+    """The strategy's own training when it brings one, else `executor_training`; with a
+    `mesh`, members split over its devices (fastpop.population.sharding)."""
+    if strategy.learning is not None:
+        learning = learning_training(agent, strategy, sample_batch, num_updates, unroll)
+        return learning if mesh is None else sharding.sharded_learning(learning, mesh)
+    if mesh is not None:
+        executor = sharding.sharded_executor(
+            agent, sample_batch, num_updates, shared_replay, unroll, mesh
+        )
+        return executor_training(agent, strategy, executor, sharding.member_mover(mesh))
+    executor = population.make_executor(
+        execution, agent, sample_batch, num_updates, shared_replay, unroll
+    )
+    return executor_training(agent, strategy, executor)
+
+
+def finite_members(training: Training, states) -> np.ndarray:
+    """(P,) bool: the member's networks, targets and optimizer state are all finite."""
+    return sharding.to_host(population.finite_members(training.members(states)))
+
+
+def state_template(training: Training, hparams: PyTree) -> PyTree:
+    """Shapes and dtypes of the stacked member state, allocating nothing (checkpoint reads)."""
+    return jax.eval_shape(
+        lambda key: training.release(training.init(key, hparams)[0]), jax.random.key(0)
+    )

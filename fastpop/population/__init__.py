@@ -1,0 +1,52 @@
+"""The population axis: stacking members and the vectorized and sequential executors of an
+Agent (`executors.py`), members per compiled chunk (`chunking.py`, measured per machine and
+cached by `tuning_cache.py`), the member axis over several devices (`sharding.py`) and the
+device replay buffers the updates sample from (`replay.py`).
+
+Callers import the package (`from fastpop import population`); this face re-exports the
+executors' helpers they use.
+"""
+
+from fastpop.population.executors import (
+    EXECUTIONS,
+    Executor,
+    broadcast_hparams,
+    copy_member,
+    copy_tree,
+    finite_members,
+    gather,
+    init_population,
+    make_executor,
+    member,
+    member_policies,
+    member_update_loop,
+    population_act,
+    population_size,
+    scan_unroll,
+    sequential,
+    stack,
+    unstack,
+    vectorized,
+)
+
+__all__ = [
+    "EXECUTIONS",
+    "Executor",
+    "broadcast_hparams",
+    "copy_member",
+    "copy_tree",
+    "finite_members",
+    "gather",
+    "init_population",
+    "make_executor",
+    "member",
+    "member_policies",
+    "member_update_loop",
+    "population_act",
+    "population_size",
+    "scan_unroll",
+    "sequential",
+    "stack",
+    "unstack",
+    "vectorized",
+]

@@ -1,0 +1,242 @@
+"""Members per chunk: how the vectorized executor splits a population on a CPU.
+
+A chunk of c members is one compiled program, jit(vmap(scan)) over c members, called once per
+chunk on the stacked population, which it updates in place (states donated): no loop around
+the members inside the program (XLA:CPU runs convolutions inside loops very slowly), compile
+time independent of the number of chunks, and a chunk of one member is the member's own
+unbatched program, the sequential executor's.
+
+On a CPU the best chunk size depends on the CPU (its caches and cores) and the program's
+shapes, so `TunedUpdate` measures it the first time it meets a population size: a few
+interleaved rounds of each candidate on copies of the real states, compared with chunks of one
+member round by round (`pick_chunk`), cached in memory and, unless the rounds disagree (other
+load on the machine), on disk (fastpop.population.tuning_cache). Where it cannot matter it does not
+measure: a population of one, a population whose whole state fits in a CPU's L2 cache (one
+vmap), and programs with convolutions (one member at a time: vmapped per-member convolution
+weights become grouped convolutions, which XLA:CPU runs at about half the speed of separate
+ones).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fastpop.population import tuning_cache
+from fastpop.types import POP_AXIS
+
+log = logging.getLogger(__name__)
+
+# FASTPOP_MEMBERS_PER_CHUNK: unset or "auto": measure; an integer: at most that many members
+# per chunk, never measured; "rule": `fallback` members per chunk, never measured.
+CHUNK_ENV = "FASTPOP_MEMBERS_PER_CHUNK"
+LARGEST_CANDIDATE = 16  # beyond 16 members a chunk's state alone is far past any CPU's L2
+SMALL_POPULATION_BYTES = 2 * 2**20  # whole population state at most this: one vmap
+CALIBRATION_ROUNDS = 3
+# Part of the cache key: a change to how chunk sizes are measured or picked must change it, so
+# that choices made the old way are measured again.
+MEASUREMENT = "members_per_chunk: pick_chunk against chunks of 1, rotating rounds"
+STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
+
+
+def chunk_size(size: int, members_per_chunk: int | None) -> int:
+    """The largest divisor of `size` that is at most `members_per_chunk` (None: all)."""
+    if members_per_chunk is None or members_per_chunk >= size:
+        return size
+    return max(d for d in range(1, members_per_chunk + 1) if size % d == 0)
+
+
+def candidates(size: int) -> list[int]:
+    """Chunk sizes worth measuring: powers of two dividing `size` up to LARGEST_CANDIDATE, and
+    the whole population when it is no larger."""
+    powers = [c for c in (1, 2, 4, 8, 16) if c <= min(size, LARGEST_CANDIDATE) and size % c == 0]
+    return sorted(set(powers + ([size] if size <= LARGEST_CANDIDATE else [])))
+
+
+def population_size(tree) -> int:
+    return jax.tree.leaves(tree)[0].shape[0]
+
+
+def whole_population(member_loop, replay_axis):
+    """jit(vmap(scan)) over the whole population (a population of one: the member program)."""
+    batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
+
+    def update(states, replay, hparams, key):
+        size = population_size(hparams)
+        keys = jax.random.split(key, size)
+        if size > 1:
+            return batched(states, replay, hparams, keys)
+        one = lambda tree: jax.tree.map(lambda x: x[0], tree)
+        member_replay = replay if replay_axis is None else one(replay)
+        out = member_loop(one(states), member_replay, one(hparams), keys[0])
+        return jax.tree.map(lambda x: x[None], out)
+
+    return jax.jit(update, donate_argnums=0)
+
+
+def chunk_program(member_loop, replay_axis, chunk: int):
+    """jit: members [index * chunk, (index + 1) * chunk) updated in place (states donated)."""
+    batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
+
+    def update_chunk(states, replay, hparams, keys, index):
+        start = index * chunk
+        if chunk == 1:
+            take = lambda tree: jax.tree.map(
+                lambda x: jax.lax.dynamic_index_in_dim(x, start, keepdims=False), tree
+            )
+            put = lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, start, 0)
+            run, out_metrics = member_loop, lambda m: jax.tree.map(lambda x: x[None], m)
+        else:
+            take = lambda tree: jax.tree.map(
+                lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk), tree
+            )
+            put = lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0)
+            run, out_metrics = batched, lambda m: m
+        member_replay = replay if replay_axis is None else take(replay)
+        new_states, metrics = run(take(states), member_replay, take(hparams), take(keys))
+        return jax.tree.map(put, states, new_states), out_metrics(metrics)
+
+    return jax.jit(update_chunk, donate_argnums=0)
+
+
+class ChunkedUpdate:
+    """update(states, replay, hparams, key) -> (states, metrics (P, K)) in chunks of at most
+    `members_per_chunk` members (None: the whole population in one program)."""
+
+    def __init__(self, member_loop, replay_axis, members_per_chunk: int | None):
+        self.members_per_chunk = members_per_chunk
+        self.whole = whole_population(member_loop, replay_axis)
+        self.make_program = functools.partial(chunk_program, member_loop, replay_axis)
+        self.programs: dict[int, Callable] = {}
+
+    def chunk_for(self, states, replay, hparams, key) -> int:
+        return chunk_size(population_size(hparams), self.members_per_chunk)
+
+    def __call__(self, states, replay, hparams, key):
+        chunk = self.chunk_for(states, replay, hparams, key)
+        return self.run(chunk, states, replay, hparams, key)
+
+    def run(self, chunk, states, replay, hparams, key, members: int | None = None):
+        """Chunks of `chunk` members; with `members`, only the first that many (timing)."""
+        size = population_size(hparams)
+        if chunk == size:
+            return self.whole(states, replay, hparams, key)
+        if chunk not in self.programs:
+            self.programs[chunk] = self.make_program(chunk)
+        program, keys, metrics = self.programs[chunk], jax.random.split(key, size), []
+        for index in range((members or size) // chunk):
+            states, chunk_metrics = program(states, replay, hparams, keys, index)
+            metrics.append(chunk_metrics)
+        return states, jax.tree.map(lambda *m: jnp.concatenate(m), *metrics)
+
+    def _cache_size(self) -> int:
+        """Compiled variants in use, like jax.jit's (tests check that nothing recompiles)."""
+        return sum(program._cache_size() for program in [self.whole, *self.programs.values()])
+
+
+class TunedUpdate(ChunkedUpdate):
+    """A ChunkedUpdate whose chunk size is chosen per population size on first use (CPU).
+
+    `describe(states, replay, hparams, key)` -> (a summary of the program, its shapes, whether
+    it has convolutions), for the cache; `fallback`: members per chunk under
+    FASTPOP_MEMBERS_PER_CHUNK=rule.
+    """
+
+    def __init__(self, member_loop, replay_axis, describe, fallback: int | None):
+        super().__init__(member_loop, replay_axis, None)
+        self.describe = describe
+        self.fallback = fallback
+        self.chosen: dict[int, int] = {}  # population size -> members per chunk
+        self.how: dict[int, str] = {}  # population size -> how the size was chosen
+
+    def chunk_for(self, states, replay, hparams, key) -> int:
+        size = population_size(hparams)
+        if size not in self.chosen:
+            chunk, how = self._choose(size, states, replay, hparams, key)
+            self.chosen[size], self.how[size] = chunk, how
+            log.info("vectorized: %d members per chunk at P=%d (%s)", chunk, size, how)
+        return self.chosen[size]
+
+    def _choose(self, size, states, replay, hparams, key) -> tuple[int, str]:
+        setting = os.environ.get(CHUNK_ENV, "auto").strip().lower()
+        if setting.isdigit() and int(setting) > 0:
+            return chunk_size(size, int(setting)), f"{CHUNK_ENV}={setting}"
+        if size == 1:
+            return 1, "one member"
+        summary, shapes, convolutions = self.describe(states, replay, hparams, key)
+        if convolutions:
+            return 1, "convolutions: one member at a time"
+        state_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(states))
+        if state_bytes <= SMALL_POPULATION_BYTES:
+            return size, f"population state {state_bytes / 2**20:.2f} MiB: one vmap"
+        if setting == "rule":
+            return chunk_size(size, self.fallback), f"{CHUNK_ENV}=rule"
+        cache_key = tuning_cache.key(MEASUREMENT, summary, shapes, f"P={size}")
+        cached = tuning_cache.load(cache_key)
+        if cached is not None:
+            return int(cached["members_per_chunk"]), f"measured before ({tuning_cache.path()})"
+        rounds = self.calibrate(size, states, replay, hparams, key)
+        chunk, ratios, steady = pick_chunk(rounds)
+        # A measurement disturbed by other load is used by this process but not kept on disk.
+        entry = {"members_per_chunk": chunk, "time_vs_one_member": ratios, "what": summary}
+        tuning_cache.store(cache_key, {**entry, "population": size}, persist=steady)
+        timings = ", ".join(f"{c}: {ratio:.3f}" for c, ratio in sorted(ratios.items()))
+        noisy = "" if steady else "; rounds disagreed, not kept on disk"
+        return chunk, f"measured: time per member vs chunks of 1 {{{timings}}}{noisy}"
+
+    def calibrate(self, size, states, replay, hparams, key) -> dict[int, list[float]]:
+        """Seconds per member of each candidate chunk size in each round: the same members (the
+        first `largest candidate` of them) updated by each, on copies of the states, the
+        candidates taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call."""
+        sizes = candidates(size)
+        members = max(sizes)
+        work = jax.tree.map(jnp.copy, states)
+        rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
+        for round_index in range(CALIBRATION_ROUNDS + 1):
+            turn = round_index % len(sizes)  # each round in another order: drifting load
+            for chunk in sizes[turn:] + sizes[:turn]:  # does not favour one position
+                start = time.perf_counter()
+                work, _ = self.run(chunk, work, replay, hparams, key, members)
+                jax.block_until_ready(work)
+                if round_index > 0:  # round 0 compiles
+                    rounds[chunk].append((time.perf_counter() - start) / members)
+        return rounds
+
+
+def pick_chunk(rounds: dict[int, list[float]]) -> tuple[int, dict[int, float], bool]:
+    """The chunk size to use from timed rounds {chunk: [seconds per member in each round]}
+    (chunk 1 included): (chunk, median time relative to chunk 1, whether the rounds agree).
+
+    Chunks of one member run the sequential executor's program, so they are the safe choice: a
+    larger chunk is taken only if it beat chunks of 1 in every round (a candidate that was only
+    lucky to meet a quiet moment of a shared machine does not), and then the one with the lowest
+    median time relative to chunks of 1 in the same round."""
+    ratios = {
+        c: [t / one for t, one in zip(times, rounds[1], strict=True)] for c, times in rounds.items()
+    }
+    medians = {c: float(np.median(r)) for c, r in ratios.items()}
+    eligible = [c for c, r in ratios.items() if c == 1 or max(r) < 1.0]
+    steady = all(max(r) - min(r) <= STEADY_SPREAD for r in ratios.values())
+    return min(eligible, key=medians.get), medians, steady
+
+
+def has_convolutions(function, *abstract_args) -> bool:
+    """Whether `function` traced at these argument shapes runs any convolution."""
+    jaxpr = jax.make_jaxpr(function)(*abstract_args)
+    return "conv_general_dilated" in str(jaxpr)
+
+
+def abstract_member(tree):
+    """ShapeDtypeStructs of one member of a stacked tree."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), tree)
+
+
+def shapes_text(tree) -> str:
+    return str(jax.tree.map(lambda x: f"{x.dtype}{list(x.shape)}", tree))

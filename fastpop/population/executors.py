@@ -1,0 +1,267 @@
+"""Population execution: stacking helpers and the vectorized and sequential executors.
+
+A population is one pytree whose leaves carry a leading member axis (P, ...). The vectorized
+executor updates it with ONE compiled program, jit(vmap(scan over K updates)); the sequential
+executor jits the single-member program once and calls it per member from Python (the
+paper's baseline). Both draw the same per-member keys, so for the same data they produce the
+same states. On a CPU the vectorized program takes the population in chunks of members, sized
+for that CPU (fastpop.population.chunking): on accelerators it takes the whole population at once.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from fastpop.agents.base import Agent
+from fastpop.population import chunking
+from fastpop.population.chunking import chunk_size  # noqa: F401 (part of this module's interface)
+from fastpop.types import PRNGKey, PyTree, Transition
+
+# sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
+SampleFn = Callable[[PyTree, PRNGKey], Transition]
+
+EXECUTIONS = ("vectorized", "sequential")
+
+
+def stack(members: Sequence[PyTree]) -> PyTree:
+    """[tree_0, ..., tree_{P-1}] -> one tree with leaves (P, ...)."""
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *members)
+
+
+def unstack(population: PyTree) -> list[PyTree]:
+    """Inverse of `stack`."""
+    size = population_size(population)
+    return [member(population, i) for i in range(size)]
+
+
+def member(population: PyTree, index: int) -> PyTree:
+    return jax.tree.map(lambda leaf: leaf[index], population)
+
+
+def gather(population: PyTree, indices: jax.Array) -> PyTree:
+    """Member i of the result is member indices[i] of the input (PBT exploit, selection)."""
+    return jax.tree.map(lambda leaf: jnp.take(leaf, indices, axis=0), population)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def copy_member(population: PyTree, target: jax.Array, source: jax.Array) -> PyTree:
+    """Member `target` overwritten by member `source`, in place (the population is donated):
+    copying one replay buffer must not hold a second copy of every member's."""
+    return jax.tree.map(lambda leaf: leaf.at[target].set(leaf[source]), population)
+
+
+@jax.jit
+def finite_members(population: PyTree) -> jax.Array:
+    """(P,) bool: every floating-point value of the member is finite."""
+    checks = [
+        jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
+        for leaf in jax.tree.leaves(population)
+        if jnp.issubdtype(leaf.dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(checks), axis=0)
+
+
+def population_size(population: PyTree) -> int:
+    sizes = {leaf.shape[0] for leaf in jax.tree.leaves(population)}
+    if len(sizes) != 1:
+        raise ValueError(f"population leaves disagree on the member axis: sizes {sorted(sizes)}")
+    return sizes.pop()
+
+
+def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float]) -> PyTree:
+    """Stack `size` copies of one member's hparams, overriding fields with per-member values.
+
+    broadcast_hparams(agent.default_hparams(), 3, actor_lr=[1e-4, 3e-4, 1e-3])
+    """
+    fields = hparams._asdict()
+    unknown = set(per_member) - set(fields)
+    if unknown:
+        raise ValueError(f"unknown hparams {sorted(unknown)}; known: {sorted(fields)}")
+    stacked = {}
+    for name, value in fields.items():
+        values = per_member.get(name)
+        if values is None:
+            stacked[name] = jnp.broadcast_to(value, (size,))
+        elif len(values) != size:
+            raise ValueError(f"hparam {name!r} has {len(values)} values for {size} members")
+        else:
+            stacked[name] = jnp.asarray(values, value.dtype)
+    return type(hparams)(**stacked)
+
+
+def copy_tree(tree: PyTree) -> PyTree:
+    """A copy of every leaf (keeps a tree usable after a donating call consumed the original)."""
+    return jax.tree.map(jnp.copy, tree)
+
+
+def population_act(agent: Agent):
+    """agent.act for a population: params, obs (P, N, ...), keys and hparams stacked over
+    members; `explore` and `env_steps` shared by all."""
+    return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None))
+
+
+def member_policies(agent: Agent, states: PyTree) -> PyTree:
+    """The stacked policy parameters of every member (what collectors act with)."""
+    return jax.vmap(agent.policy_params)(states)
+
+
+def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
+    """Independently initialised members, stacked; member i uses split(key, P)[i]."""
+    keys = jax.random.split(key, population_size(hparams))
+    return jax.jit(jax.vmap(agent.init))(keys, hparams)
+
+
+def scan_unroll(obs_shape: tuple[int, ...], num_updates: int) -> int:
+    """How far to unroll the K-update scan.
+
+    XLA:CPU runs convolutions inside a while loop about 13x slower than the same convolutions
+    outside one (DQN's Nature CNN: 370 vs 28 ms per update, results/bench/README.md), so image
+    agents on CPU get a fully unrolled scan. Everything else keeps the rolled loop, which
+    compiles faster and runs as fast.
+    """
+    on_cpu = jax.default_backend() == "cpu"
+    return num_updates if on_cpu and len(obs_shape) == 3 else 1
+
+
+def member_update_loop(agent: Agent, sample_batch: SampleFn, num_updates: int, unroll: int = 1):
+    """K consecutive (sample, update) steps of one member, as one scan."""
+
+    def run(state, replay, hparams, key):
+        def one_update(state, step_key):
+            sample_key, update_key = jax.random.split(step_key)
+            batch = sample_batch(replay, sample_key)
+            return agent.update(state, batch, hparams, update_key)
+
+        keys = jax.random.split(key, num_updates)
+        return jax.lax.scan(one_update, state, keys, unroll=unroll)
+
+    return run
+
+
+class Executor(NamedTuple):
+    """How a population's update runs.
+
+    update(states, replay, hparams, key) -> (states, metrics with leaves (P, K))
+    adopt(tree) / release(layout): convert a stacked population tree to the executor's own
+    layout and back (identity for vectorized; a list of members for sequential, so that no
+    member is sliced out of a stacked array on every call).
+    """
+
+    name: str
+    update: Callable[[Any, Any, Any, PRNGKey], tuple[Any, dict]]
+    adopt: Callable[[PyTree], Any]
+    release: Callable[[Any], PyTree]
+
+
+def default_members_per_chunk() -> int | None:
+    """Members vmapped together on this backend when nothing is measured (None: the whole
+    population): accelerators take the whole population at once; on a CPU `make_executor`
+    measures the chunk size (fastpop.population.chunking) and falls back to this rule of thumb only when
+    told to (FASTPOP_MEMBERS_PER_CHUNK=rule).
+
+    On a CPU a population's activations quickly outgrow the caches (TD3 at P=32: 8 MiB per
+    256-wide layer), and the memory-bound parts of the update then cost more than the batched
+    matmuls save, so members are vmapped in cache-sized chunks, run one after another. Which
+    size is best differs between CPUs (results/bench/README.md), hence the measurement.
+    """
+    return 8 if jax.default_backend() == "cpu" else None
+
+
+def vectorized(
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
+    members_per_chunk: int | None = None,
+) -> Executor:
+    """jit(vmap(scan)): one compiled program updates every member; states are donated.
+
+    With `members_per_chunk` below the population size, one compiled program vmaps a chunk of
+    members and is called once per chunk, updating the stacked population in place (same
+    numbers; see `default_members_per_chunk`). A chunk of one member runs the member's own
+    (unbatched) program: P = 1 compiles to the sequential one.
+    """
+    member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
+    replay_axis = None if shared_replay else 0
+    identity = lambda tree: tree
+    if members_per_chunk is None:
+        update = chunking.whole_population(member_loop, replay_axis)
+    else:
+        update = chunking.ChunkedUpdate(member_loop, replay_axis, members_per_chunk)
+    return Executor("vectorized", update, identity, identity)
+
+
+def sequential(
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
+) -> Executor:
+    """The single-member program jitted once and called per member from Python."""
+    member_loop = jax.jit(
+        member_update_loop(agent, sample_batch, num_updates, unroll), donate_argnums=0
+    )
+
+    def update(states, replay, hparams, key):
+        keys = jax.random.split(key, len(states))
+        new_states, metrics = [], []
+        for i, state in enumerate(states):
+            member_replay = replay if shared_replay else replay[i]
+            state, member_metrics = member_loop(state, member_replay, hparams[i], keys[i])
+            new_states.append(state)
+            metrics.append(member_metrics)
+        return new_states, stack(metrics)
+
+    return Executor("sequential", update, unstack, stack)
+
+
+def tuned(
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
+) -> Executor:
+    """The vectorized executor with its members per chunk chosen for this CPU, per population
+    size on first use (measured, cached; see fastpop.population.chunking). Same numbers as `vectorized`."""
+    member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
+    replay_axis = None if shared_replay else 0
+
+    def describe(states, replay, hparams, key):
+        member_replay = replay if shared_replay else chunking.abstract_member(replay)
+        keys = jax.eval_shape(lambda k: jax.random.split(k, 1)[0], key)
+        batch = jax.eval_shape(sample_batch, member_replay, keys)
+        args = (chunking.abstract_member(states), batch, chunking.abstract_member(hparams), keys)
+        text = f"{agent.name} K={num_updates} unroll={unroll} shared={shared_replay}"
+        shapes = " ".join(map(chunking.shapes_text, args))
+        return text, shapes, chunking.has_convolutions(agent.update, *args)
+
+    update = chunking.TunedUpdate(member_loop, replay_axis, describe, default_members_per_chunk())
+    identity = lambda tree: tree
+    return Executor("vectorized", update, identity, identity)
+
+
+def make_executor(
+    execution: str,
+    agent: Agent,
+    sample_batch: SampleFn,
+    num_updates: int,
+    shared_replay: bool = False,
+    unroll: int = 1,
+) -> Executor:
+    """The executor by name. Vectorized on an accelerator: the whole population in one program;
+    on a CPU: `tuned` (members per chunk measured for this CPU)."""
+    if execution == "vectorized":
+        if jax.default_backend() != "cpu":
+            return vectorized(agent, sample_batch, num_updates, shared_replay, unroll)
+        return tuned(agent, sample_batch, num_updates, shared_replay, unroll)
+    if execution == "sequential":
+        return sequential(agent, sample_batch, num_updates, shared_replay, unroll)
+    raise ValueError(f"unknown execution {execution!r}; choose one of {', '.join(EXECUTIONS)}")

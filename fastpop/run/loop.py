@@ -1,0 +1,381 @@
+"""The training loop: collectors feed the device replay, the learner updates the population.
+
+    drain chunks -> replay.add -> rate limiter -> K-step population update -> publish params
+    every eval.interval env steps: snapshot -> evaluator process -> metrics.jsonl
+    every checkpoint interval and at every stop: the whole run -> checkpoints/ (run/run_state.py)
+
+Nothing here is algorithm-specific. The learner owns all device state; collector and evaluator
+processes (fastpop.collect) step CPU simulators and talk to it through shared memory.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from fastpop import config as config_lib
+from fastpop import strategies
+from fastpop.collect import snapshot
+from fastpop.collect.sources import make_collection
+from fastpop.collect.workers import WorkerFailed
+from fastpop.learn.learner import Learner, prepare
+from fastpop.run import checkpoint, run_state
+from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
+from fastpop.run.phases import PhaseWatch
+from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows, format_breakdown
+from fastpop.run.stop_signals import StopRequested, StopSignals
+from fastpop.run.trackers import check_trackers, open_trackers
+from fastpop.strategies.base import Evaluation
+
+CHECKPOINTS_DIR = "checkpoints"
+CONFIG_FILE = "config.yaml"  # the resolved config the run (or its latest resume) started with
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+__all__ = ["Run", "StopRequested", "TrainError"]
+
+
+class TrainError(RuntimeError):
+    """The run could not go on (a worker failed beyond its restarts); the message says why."""
+
+
+class Run:
+    """One training run: the loop, its clock, its outputs."""
+
+    learner_class = Learner  # a distributed run's learner reads only its own members
+
+    def __init__(self, config: config_lib.Config, run_dir: Path, log=print):
+        check_trackers(config.log)  # a missing wandb: refused before anything starts
+        self.config = config
+        self.run_dir = run_dir
+        self.log = log
+        self.spec, agent = prepare(config)
+        self.learner = self.learner_class(config, self.spec, agent)
+        self.collection = make_collection(config, self.learner)  # processes or device
+        self.strategy = self.learner.strategy
+        interval = self.strategy.evaluation_interval
+        self.progress = RunProgress(config.population.size, next_eval=interval)
+        self.pending = PendingEvaluations()
+        self.signals = StopSignals()
+        self.training_done = False  # no strategy steps on the final evaluation
+        self.checkpoint_dir = run_dir / CHECKPOINTS_DIR
+        self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
+        self.evaluator_restarts_seen = 0
+        self.last_progress = time.monotonic()
+        # Says what a call longer than a progress interval is doing (the first update compiles).
+        self.watch, self.updated = PhaseWatch(log, config.log.progress_interval_seconds), False
+
+    @property
+    def member_env_steps(self) -> int:
+        return self.learner.limiter.inserted
+
+    @property
+    def timers(self) -> dict:
+        return self.progress.timers
+
+    def elapsed(self) -> float:
+        return self.progress.elapsed()
+
+    def run(self) -> dict:
+        config = self.config
+        config_lib.save_config(config, self.run_dir / CONFIG_FILE)
+        purge_step = None
+        if self.resumed_from is None:
+            hparams = self.learner.all_member_hparams()
+            indices = strategies.member_configurations(config)  # config_index, seed_index
+            members = [{"member": m, **indices[m], "hparams": h} for m, h in enumerate(hparams)]
+            members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
+            (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
+        else:  # rows logged after the checkpoint are written again by this run
+            rewind_logs(self.run_dir, self.resumed_from["logs"])
+            purge_step = self.member_env_steps * config.population.size
+        stopped_by = "completed"
+        with (
+            self.signals,
+            self.watch,
+            self.open_metrics(purge_step) as metrics,
+            self.collection.open(
+                self.log, log_event=metrics.log_event, generation=self.progress.resumes
+            ) as workers,
+        ):
+            self.metrics, self.workers = metrics, workers
+            self._announce_resume()
+            try:
+                self.signals.in_loop = True
+                self._loop()
+                self._final_evaluation()
+            except (KeyboardInterrupt, StopRequested) as stop:
+                stopped_by = "terminated" if isinstance(stop, StopRequested) else "interrupted"
+                self.log(f"stopping: {stopped_by}")
+            except WorkerFailed:
+                self._stop_checkpoint("worker failed")
+                raise
+            except OSError as error:
+                raise self._write_failed(error) from None
+            self._stop_checkpoint(stopped_by)
+            self.worker_stats = workers.stop()
+            return self._summary(stopped_by)
+
+    def open_metrics(self, purge_step: int | None) -> MetricsWriter:
+        trackers = open_trackers(self.config, self.run_dir)
+        return MetricsWriter(self.run_dir, self.config.log.tensorboard, False, purge_step, trackers)
+
+    # --- checkpoints ---
+
+    def _checkpoint_due(self) -> bool:
+        every = self.config.checkpoint
+        seconds, steps = self.progress.last_checkpoint
+        return (
+            every.interval_seconds is not None
+            and self.elapsed() - seconds >= every.interval_seconds
+        ) or (
+            every.interval_env_steps is not None
+            and self.member_env_steps - steps >= every.interval_env_steps
+        )
+
+    def save_checkpoint(self, reason: str) -> Path:
+        """The whole run as it is now: see fastpop.run.run_state for what goes where."""
+        start = time.perf_counter()
+        with_replay = self.config.checkpoint.replay
+        with self.watch.phase(f"writing a checkpoint ({reason})"):
+            tree, metadata = run_state.capture(self, reason)
+            steps, keep = self.member_env_steps, self.config.checkpoint.keep
+            path = checkpoint.save(self.checkpoint_dir, steps, tree, metadata, keep)
+        seconds = time.perf_counter() - start
+        self.timers["checkpoints"] += seconds
+        self.progress.last_checkpoint = (self.elapsed(), self.member_env_steps)
+        size = sum(f.stat().st_size for f in path.iterdir())
+        self.metrics.log_event(
+            "checkpoint",
+            {"path": str(path), "reason": reason, "member_env_steps": self.member_env_steps}
+            | {"seconds": seconds, "bytes": size, "replay": with_replay},
+        )
+        self.log(f"checkpoint {path} ({reason}; {size / 1e6:,.1f} MB in {seconds:.1f}s)")
+        return path
+
+    def _stop_checkpoint(self, reason: str) -> None:
+        if self.signals.stopped_at_once:
+            self.log(f"stopped at once: no checkpoint written ({self._newest_checkpoint()})")
+            return
+        try:
+            self.save_checkpoint(reason)
+        except OSError as error:
+            raise self._write_failed(error) from None
+        except (KeyboardInterrupt, StopRequested):  # a repeated signal: stop at once
+            self.log(f"stopped at once: checkpoint abandoned ({self._newest_checkpoint()})")
+            return
+        if reason != "completed":
+            self.log(f"continue it with: fastpop resume {self.run_dir}")
+
+    def _newest_checkpoint(self) -> str:
+        newest = checkpoint.complete_checkpoints(self.checkpoint_dir)
+        return f"newest complete checkpoint: {newest[0]}" if newest else "no checkpoint yet"
+
+    def _write_failed(self, error: OSError) -> TrainError:
+        what = "the disk is full" if error.errno in DISK_FULL else "a write failed"
+        return TrainError(
+            f"stopping: {what} ({error}); {self._newest_checkpoint()} (intact; resume from "
+            f"it with `fastpop resume {self.run_dir}` once there is room)"
+        )
+
+    def checkpoint_template(self, metadata: dict) -> dict:
+        return run_state.template(self, metadata)
+
+    def restore(self, tree: dict, metadata: dict, path: Path) -> None:
+        """Continue from a checkpoint (before `run`)."""
+        run_state.apply(self, tree, metadata)
+        self.resumed_from = {"path": str(path), "logs": metadata["logs"], **metadata["run"]}
+
+    def _announce_resume(self) -> None:
+        resumed = self.resumed_from
+        if resumed is None:
+            return
+        replay = (
+            "replay restored"
+            if resumed["replay_saved"]
+            else "replay not saved (checkpoint.replay: false): the buffers refill from the "
+            f"collectors, learning waits for replay.min_size={self.config.replay.min_size}"
+        )
+        self.log(
+            f"resumed from {resumed['path']}: {self.member_env_steps:,} env steps per member, "
+            f"{self.learner.updates:,} updates, {resumed['elapsed']:.0f}s of wall time; {replay}"
+        )
+        self.metrics.log_event(
+            "resumed",
+            {"path": resumed["path"], "member_env_steps": self.member_env_steps}
+            | {"wall_time": resumed["elapsed"], "replay_restored": resumed["replay_saved"]},
+        )
+        for arrays in self.pending.in_order():  # results the previous process never received
+            self.workers.evaluate(arrays)
+
+    def _loop(self) -> None:
+        learner, total = self.learner, self.config.train.total_env_steps
+        max_seconds = self.config.train.max_wall_seconds or math.inf
+        while self.member_env_steps < total and self.elapsed() < max_seconds:
+            self.signals.check()
+            self.workers.check()
+            busy = self._collect()
+            waiting = self.strategy.waits_for_evaluation and bool(self.pending)
+            if learner.can_update() and not waiting:
+                start = time.perf_counter()
+                if self.progress.learning_started_at is None:
+                    self.progress.learning_started_at = self.elapsed()
+                first = "compiling the population update (its first call)"
+                with self.watch.phase("population update" if self.updated else first):
+                    learner.update()
+                    self.workers.publish_from(learner)
+                self.updated = True
+                self.timers["update"] += time.perf_counter() - start
+                busy = True
+            self._receive_evaluations(timeout=0.01 if waiting else 0.0)
+            self._progress()
+            if self._checkpoint_due():
+                self.save_checkpoint("interval")
+            if not busy:
+                start = time.perf_counter()
+                time.sleep(0.001)
+                self.timers["idle"] += time.perf_counter() - start
+
+    def _collect(self) -> bool:
+        """Moves complete chunks (one per collector) into the replay while the limiter allows;
+        device mode: one chunk per pass, inserted and learned from in one compiled call."""
+        moved, limit = 0, self.workers.chunks_per_pass
+        while (
+            self.learner.limiter.can_insert()
+            and self.member_env_steps < self.config.train.total_env_steps
+            and (limit is None or moved < limit)
+        ):
+            start = time.perf_counter()
+            episodes = self.workers.feed(self.learner)
+            self.timers["transport"] += time.perf_counter() - start  # snapshots timed apart
+            if episodes is None:
+                break
+            self._note_learning_started()
+            for episode in episodes:
+                self.progress.training_returns[episode.member].append(episode.episode_return)
+            moved += 1
+            if self.member_env_steps >= self.progress.next_eval:
+                self._snapshot_for_evaluation()
+                self.progress.next_eval += self.strategy.evaluation_interval
+        return moved > 0
+
+    def _note_learning_started(self) -> None:
+        if self.progress.learning_started_at is None and self.learner.updates:
+            self.progress.learning_started_at = self.elapsed()
+
+    def _snapshot_for_evaluation(self) -> None:
+        start = time.perf_counter()
+        progress = self.progress
+        meta = snapshot.SnapshotMeta(
+            progress.eval_index,
+            self.member_env_steps * self.config.population.size,
+            self.learner.updates,
+            self.elapsed(),
+        )
+        with self.watch.phase("evaluation snapshot"):
+            arrays = snapshot.encode(self.learner.policy_leaves(), meta)
+            self.workers.evaluate(arrays)
+        self.pending.add(arrays, self.learner.all_member_hparams())
+        progress.snapshot_env_steps = self.member_env_steps
+        progress.eval_index += 1
+        self.timers["evaluation_snapshots"] += time.perf_counter() - start
+
+    def _resend_lost_snapshots(self) -> None:
+        """After an evaluator restart, hand every unanswered snapshot to the new one (those still
+        in the ring are evaluated twice; the second result is ignored)."""
+        if self.workers.evaluator_restarts == self.evaluator_restarts_seen:
+            return
+        self.evaluator_restarts_seen = self.workers.evaluator_restarts
+        for arrays in self.pending.in_order():
+            self.workers.evaluate(arrays)
+
+    def _receive_evaluations(self, timeout: float = 0.0) -> None:
+        self._resend_lost_snapshots()
+        for result in self.workers.evaluations(timeout):
+            hparams = self.pending.take(result["eval_index"])
+            if hparams is None:
+                continue  # a duplicate after an evaluator restart
+            self.progress.latest_returns = np.array(result["return_mean"])
+            rows = evaluation_rows(result, hparams, self.config.eval.episodes)
+            self.metrics.log_evaluation(rows)
+            if not self.training_done:
+                with self.watch.phase(f"{self.strategy.name} strategy step"):
+                    self._strategy_step(result)
+
+    def _strategy_step(self, result: dict) -> None:
+        """Hand the round to the strategy; apply its selection on device and log its lineage."""
+        learner = self.learner
+        returns = np.array(result["return_mean"], np.float64)
+        finite = learner.finite_members()
+        for member in np.flatnonzero(~finite):
+            self.metrics.log_event("non_finite_member", {"member": int(member)})
+        member_steps = result["env_steps"] // len(returns)
+        evaluation = Evaluation(result["eval_index"], member_steps, returns, finite)
+        events, scalars = learner.strategy_step(evaluation)
+        if events or scalars:
+            self.workers.publish_from(learner)
+        now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
+        self.metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
+        if scalars:
+            self.metrics.log_scalars(result["env_steps"], scalars)
+
+    def _final_evaluation(self) -> None:
+        """Evaluate the final policies (unless the last interval snapshot was taken at the final
+        env step count) and wait for all."""
+        self.training_done = True
+        if self.progress.snapshot_env_steps < self.member_env_steps:
+            self._snapshot_for_evaluation()
+        deadline = time.monotonic() + 600
+        with self.watch.phase("waiting for the final evaluation"):
+            while self.pending and time.monotonic() < deadline:
+                self.signals.check()
+                self.workers.check()
+                self._receive_evaluations(timeout=0.1)
+
+    def _progress(self) -> None:
+        now = time.monotonic()
+        if now - self.last_progress < self.config.log.progress_interval_seconds:
+            return
+        self.last_progress = now
+        learner, size = self.learner, self.config.population.size
+        elapsed = self.elapsed()
+        env_steps = self.member_env_steps * size
+        fraction = self.member_env_steps / self.config.train.total_env_steps
+        seconds_left = elapsed * (1 - fraction) / fraction if fraction > 0 else math.inf
+        if self.config.train.max_wall_seconds is not None:
+            seconds_left = min(seconds_left, self.config.train.max_wall_seconds - elapsed)
+        left = f"~{seconds_left:.0f}s left" if math.isfinite(seconds_left) else "starting"
+        returns = self.progress.latest_returns
+        if np.all(np.isnan(returns)):
+            training = self.progress.training_returns
+            returns = np.array([np.mean(r) if r else np.nan for r in training])
+        finite = returns[np.isfinite(returns)]
+        best = f"{finite.max():.1f}" if finite.size else "-"
+        middle = f"{median(finite.tolist()):.1f}" if finite.size else "-"
+        self.log(
+            f"[{elapsed:6.0f}s] {env_steps:,} env steps ({env_steps / elapsed:,.0f}/s) | "
+            f"{learner.updates:,} updates/member ({learner.updates * size / elapsed:,.0f} "
+            f"agent-updates/s) | return best {best} median {middle} | {left}"
+        )
+        if learner.last_metrics:
+            self.metrics.log_scalars(env_steps, learner.last_metrics)
+
+    def _summary(self, stopped_by: str) -> dict:
+        limiter = self.learner.limiter
+        summary = {
+            "stopped_by": stopped_by,
+            "wall_time": self.elapsed(),
+            "member_env_steps": self.member_env_steps,
+            "updates_per_member": self.learner.updates,
+            "learning_started_at": self.progress.learning_started_at,
+            "samples_per_insert_target": limiter.samples_per_insert,
+            "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
+            "collect_mode": config_lib.collection_mode(self.config),
+            "learner_seconds": self.timers,
+            "workers": self.worker_stats,
+        }
+        self.log(format_breakdown(summary))
+        return summary

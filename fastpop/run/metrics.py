@@ -1,0 +1,379 @@
+"""Run metrics: one JSONL row per member per evaluation, TensorBoard scalars, an event log.
+
+A run directory receives
+  metrics.jsonl  one row per member per evaluation round (schema below), flushed every round
+  scalars.jsonl  learner scalars (losses, rates) as {"step": ..., name: value, ...}
+  events.jsonl   collector restarts, non-finite members, other notes
+  lineage.jsonl  strategy events: who copied whom, when, old -> new hparams, the deciding returns
+  events.out.tfevents.*  the same evaluation and learner scalars for TensorBoard
+
+Trackers (`Tracker`: TensorBoard's HParams view, Weights & Biases; fastpop.run.trackers) receive the
+same calls; one that fails is dropped with a warning and an event, and the run goes on.
+
+Everything written is plain JSON. NaN and infinities have no JSON spelling, so they are written
+as null and read back as NaN (an infinite return is not a result anyone needs to keep).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+METRICS_FILE = "metrics.jsonl"
+SCALARS_FILE = "scalars.jsonl"
+EVENTS_FILE = "events.jsonl"
+LINEAGE_FILE = "lineage.jsonl"
+MEMBERS_FILE = "members.json"  # the strategy and each member's initial hparams, in member order
+
+# Fields every evaluation row carries (the writer adds `eval_index`, shared by one round, when
+# absent). wall_time: seconds since run start, compilation and collection included; env_steps:
+# over the whole population; member_env_steps, updates: this member's; hparams: name -> value.
+ROW_FIELDS = ("wall_time", "env_steps", "member_env_steps", "updates", "member")
+ROW_FIELDS += ("return_mean", "return_std", "episodes", "hparams")
+
+_warned_no_tensorboard = False
+
+
+def _plain(value: Any, field: str) -> Any:
+    """`value` as JSON-ready plain data; numpy/JAX scalars unwrapped, non-finite floats -> None."""
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v, f"{field}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v, f"{field}[{i}]") for i, v in enumerate(value)]
+    if hasattr(value, "tolist"):  # numpy / JAX arrays and scalars
+        return _plain(value.tolist(), field)
+    raise TypeError(f"metrics field {field!r}: {type(value).__name__} is not plain data")
+
+
+def _nan_for_null(value: Any) -> Any:
+    if value is None:
+        return math.nan
+    if isinstance(value, dict):
+        return {k: _nan_for_null(v) for k, v in value.items()}
+    return value
+
+
+def _drop_partial_tail(path: Path) -> None:
+    """Cut an unterminated last line (a crash mid-write) so appended rows start on a new line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+# Logs that follow the run's state: a resume rewinds them to their length at the checkpoint, so
+# the resumed run writes each row exactly once. events.jsonl (restarts, stops, resumes) is a
+# record of what happened and is never rewound.
+REWOUND_FILES = (METRICS_FILE, SCALARS_FILE, LINEAGE_FILE)
+
+
+def rewind_logs(run_dir: Path, lengths: dict[str, int]) -> dict[str, int]:
+    """Cut each of `REWOUND_FILES` back to its length in `lengths`; returns the bytes cut."""
+    cut = {}
+    for name in REWOUND_FILES:
+        path = Path(run_dir) / name
+        if path.exists() and path.stat().st_size > lengths.get(name, 0):
+            cut[name] = path.stat().st_size - lengths.get(name, 0)
+            with path.open("r+b") as f:
+                f.truncate(lengths.get(name, 0))
+    return cut
+
+
+def _open_tensorboard(run_dir: Path, purge_step: int | None = None):
+    global _warned_no_tensorboard
+    try:
+        from tensorboardX import SummaryWriter
+    except ImportError:
+        if not _warned_no_tensorboard:
+            _warned_no_tensorboard = True
+            warnings.warn(
+                "tensorboardX is not installed: writing metrics.jsonl only "
+                "(pip install tensorboardX for TensorBoard event files)",
+                stacklevel=3,
+            )
+        return None
+    return SummaryWriter(logdir=str(run_dir), purge_step=purge_step)
+
+
+class Tracker(Protocol):
+    """Another destination for what a `MetricsWriter` logs (rows as written to the files)."""
+
+    def log_evaluation(self, rows: list[dict]) -> None: ...
+    def log_scalars(self, step: int, values: dict) -> None: ...
+    def log_lineage(self, events: list[dict]) -> None: ...
+    def close(self, failed: bool) -> None: ...
+
+
+class MetricsWriter:
+    """Appends evaluation rows, learner scalars and events to a run directory.
+
+    Each `log_*` call is written and flushed before it returns, so a crash loses nothing already
+    logged; with `fsync=True` it also survives a machine crash. Reopening an existing run directory
+    (resume) appends, and evaluation rounds continue from the last `eval_index`.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        fsync: bool = False,
+        purge_step: int | None = None,
+        trackers: Sequence[Tracker] = (),
+    ):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        names = (METRICS_FILE, SCALARS_FILE, EVENTS_FILE, LINEAGE_FILE)
+        paths = [self.run_dir / name for name in names]
+        for path in paths:
+            _drop_partial_tail(path)
+        previous = read_metrics(paths[0]) if paths[0].exists() else []
+        self.next_eval_index = 1 + max((int(r.get("eval_index", -1)) for r in previous), default=-1)
+        self._files = [p.open("a", encoding="utf-8") for p in paths]
+        self._metrics, self._scalars, self._events, self._lineage = self._files
+        # purge_step: TensorBoard hides what an earlier writer logged from this step on (a
+        # resume repeats those steps).
+        self._tensorboard = _open_tensorboard(self.run_dir, purge_step) if tensorboard else None
+        self._trackers = list(trackers)
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, exc_type, *exc_info) -> None:
+        self.close(failed=exc_type is not None)
+
+    def _track(self, method: str, *args) -> None:
+        """`method(*args)` on every tracker; a failing one is dropped (the files stay whole)."""
+        for tracker in list(self._trackers):
+            try:
+                getattr(tracker, method)(*args)
+            except Exception as error:
+                self._trackers.remove(tracker)
+                name = type(tracker).__name__
+                warnings.warn(f"{name} failed and is dropped: {error!r}", stacklevel=3)
+                if method != "close":
+                    with contextlib.suppress(Exception):
+                        tracker.close(True)
+                with contextlib.suppress(OSError):  # a full disk is reported by the files
+                    self.log_event("tracker_failed", {"tracker": name, "error": repr(error)})
+
+    def _append(self, file, rows: Iterable[dict]) -> None:
+        lines = [json.dumps(_plain(row, "row"), allow_nan=False) + "\n" for row in rows]
+        file.write("".join(lines))
+        file.flush()
+        if self.fsync:
+            os.fsync(file.fileno())
+
+    def lengths(self) -> dict[str, int]:
+        """Bytes written so far to each of `REWOUND_FILES` (for a checkpoint)."""
+        files = {METRICS_FILE: self._metrics, SCALARS_FILE: self._scalars}
+        files[LINEAGE_FILE] = self._lineage
+        return {name: file.tell() for name, file in files.items()}
+
+    def log_evaluation(self, rows: list[dict]) -> None:
+        """Write one evaluation round: one row per member (schema: `ROW_FIELDS` + extras)."""
+        if not rows:
+            return
+        for row in rows:
+            missing = [name for name in ROW_FIELDS if name not in row]
+            if missing:
+                raise ValueError(
+                    f"evaluation row for member {row.get('member', '?')} lacks {missing}; "
+                    f"every row needs {list(ROW_FIELDS)}"
+                )
+        rows = [{"eval_index": self.next_eval_index, **row} for row in rows]
+        self._append(self._metrics, rows)
+        self.next_eval_index = 1 + max(int(row["eval_index"]) for row in rows)
+        if self._tensorboard is not None:
+            step, scalars = evaluation_scalars(rows)
+            for tag, value in scalars.items():
+                self._tensorboard.add_scalar(tag, value, step)
+            self._tensorboard.flush()
+        self._track("log_evaluation", _plain(rows, "rows"))
+
+    def log_scalars(self, step: int, values: dict[str, float]) -> None:
+        """Learner scalars (`learner/critic_loss`, ...) to scalars.jsonl and TensorBoard."""
+        self._append(self._scalars, [{"step": int(step), **values}])
+        if self._tensorboard is not None:
+            for name, value in values.items():
+                if _is_number(value):
+                    self._tensorboard.add_scalar(name, float(value), int(step))
+        self._track("log_scalars", int(step), _plain(values, "scalars"))
+
+    scalars = log_scalars
+
+    def log_event(self, kind: str, payload: dict) -> None:
+        """Append `{"kind": kind, "time": unix seconds, **payload}` to events.jsonl."""
+        if "kind" in payload:
+            raise ValueError(f"event payload must not have a 'kind' key (event kind {kind!r})")
+        self._append(self._events, [{"kind": kind, "time": time.time(), **payload}])
+
+    def log_lineage(self, events: list[dict]) -> None:
+        """Strategy events (`target`, `source`, `old_hparams`, `new_hparams`, ...) to
+        lineage.jsonl; TensorBoard gets each target's source and new hparams at `env_steps`."""
+        if not events:
+            return
+        self._append(self._lineage, events)
+        if self._tensorboard is not None:
+            for event in events:
+                step, scalars = lineage_scalars(event)
+                for tag, value in scalars.items():
+                    self._tensorboard.add_scalar(tag, value, step)
+            self._tensorboard.flush()
+        self._track("log_lineage", _plain(events, "lineage"))
+
+    def close(self, failed: bool = False) -> None:
+        """Close the trackers (`failed`: the run stopped on an error), then the files."""
+        self._track("close", failed)
+        self._trackers = []
+        for file in self._files:
+            # Every row is flushed when logged, so a close can only fail by retrying a write
+            # that already failed (a full disk), and that error has been raised once already.
+            with contextlib.suppress(OSError):
+                file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+
+def evaluation_scalars(rows: list[dict]) -> tuple[int, dict[str, float]]:
+    """One evaluation round as tagged scalars (`member_3/return_mean`, `member_3/hparams/actor_lr`,
+    `population/best_return`) at its step: the population's env steps."""
+    step, scalars = max(int(row["env_steps"]) for row in rows), {}
+    for row in rows:
+        prefix = f"member_{int(row['member'])}"
+        for name, value in row.items():
+            if name not in ("member", "env_steps", "eval_index", "hparams") and _is_number(value):
+                scalars[f"{prefix}/{name}"] = float(value)
+        for name, value in row["hparams"].items():
+            if _is_number(value):
+                scalars[f"{prefix}/hparams/{name}"] = float(value)
+    returns = finite_returns(rows)
+    if returns:
+        scalars["population/best_return"] = max(returns)
+        scalars["population/median_return"] = median(returns)
+    return step, scalars
+
+
+def lineage_scalars(event: dict) -> tuple[int, dict[str, float]]:
+    """One strategy event as its target's scalars (source member, new hparams) at its step."""
+    prefix = f"member_{int(event['target'])}"
+    scalars = {f"{prefix}/lineage/source": float(event["source"])}
+    for name, value in event.get("new_hparams", {}).items():
+        if _is_number(value):
+            scalars[f"{prefix}/lineage/hparams/{name}"] = float(value)
+    return int(event["env_steps"]), scalars
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        return not isinstance(value, bool | str) and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def median(values: list[float]) -> float:
+    """Median of finite values; NaN when there are none."""
+    values = sorted(values)
+    n = len(values)
+    return (values[(n - 1) // 2] + values[n // 2]) / 2 if values else math.nan
+
+
+def finite_returns(rows: Iterable[dict]) -> list[float]:
+    return [float(r["return_mean"]) for r in rows if _is_number(r["return_mean"])]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Rows of a JSONL file; an unparsable LAST line (a crash mid-write) is ignored."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object ({error})") from error
+    return rows
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Evaluation rows of a metrics.jsonl (or of the run directory holding one); null -> NaN."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    return [{k: _nan_for_null(v) for k, v in row.items()} for row in read_jsonl(path)]
+
+
+def evaluation_rounds(rows: list[dict]) -> list[list[dict]]:
+    """Rows grouped into evaluation rounds, in order.
+
+    Members of one round share `eval_index`; rows without one are grouped by equal `env_steps`.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        key = ("eval", row["eval_index"]) if "eval_index" in row else ("steps", row["env_steps"])
+        groups.setdefault(key, []).append(row)
+    return sorted(
+        groups.values(),
+        key=lambda group: (max(r["env_steps"] for r in group), max(r["wall_time"] for r in group)),
+    )
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Headline numbers of a run: the best member at the last evaluation round and totals."""
+    if not rows:
+        raise ValueError("no evaluation rows to summarize")
+    rounds = evaluation_rounds(rows)
+    last_round = rounds[-1]
+    best = max(
+        (r for r in last_round if _is_number(r["return_mean"])),
+        key=lambda r: r["return_mean"],
+        default=None,
+    )
+    last_by_member = {int(row["member"]): row for group in rounds for row in group}
+    best_by_member: dict[int, float] = {}
+    for row in rows:
+        if _is_number(row["return_mean"]):
+            member = int(row["member"])
+            best_by_member[member] = max(best_by_member.get(member, -math.inf), row["return_mean"])
+    ranking = sorted(
+        last_by_member.values(),
+        key=lambda r: -r["return_mean"] if _is_number(r["return_mean"]) else math.inf,
+    )
+    return {
+        "best_member": None if best is None else int(best["member"]),
+        "best_return": math.nan if best is None else float(best["return_mean"]),
+        "best_hparams": None if best is None else best["hparams"],
+        "median_return": median(finite_returns(last_round)),
+        "member_returns": {m: float(r["return_mean"]) for m, r in sorted(last_by_member.items())},
+        # Members (their configurations) from best to worst at their last evaluation.
+        "ranking": [
+            {
+                "member": int(r["member"]),
+                "final_return": float(r["return_mean"]),
+                "best_return": best_by_member.get(int(r["member"]), math.nan),
+                "hparams": r["hparams"],
+            }
+            for r in ranking
+        ],
+        "evaluations": len(rounds),
+        "env_steps": max(int(r["env_steps"]) for r in rows),
+        "wall_time": max(float(r["wall_time"]) for r in rows),
+    }
