@@ -17,6 +17,7 @@ from fastpop.config import (
     default_member_hparams,
     load_config,
     save_config,
+    sections,
 )
 from fastpop.types import EnvSpec
 
@@ -297,9 +298,9 @@ def test_memory_estimate_shared_buffer_holds_every_members_capacity():
 
 
 def test_schema_conventions():
-    assert config.ALGORITHMS == agents.ALGORITHMS
+    assert sections.ALGORITHMS == agents.ALGORITHMS
     # Every field of every config dataclass has a docstring right under it.
-    tree = ast.parse(inspect.getsource(config))
+    tree = ast.parse(inspect.getsource(sections))
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
             body = node.body
