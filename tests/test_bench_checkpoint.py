@@ -12,6 +12,7 @@ import pytest
 
 from fastpop.bench import checkpoint as bench_checkpoint
 from fastpop.bench.checkpoint_timing import trees_equal
+from fastpop.commands import bench as bench_commands
 
 CONFIG = Path(__file__).parents[1] / "configs" / "td3_pendulum_cpu.yaml"
 TINY = [
@@ -29,8 +30,8 @@ TINY = [
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fastpop")
-    bench_checkpoint.add_parser(parser.add_subparsers(dest="bench"))
-    return bench_checkpoint.run(parser.parse_args(["checkpoint", *argv]))
+    bench_commands.add_checkpoint_parser(parser.add_subparsers(dest="bench"))
+    return bench_commands.run_checkpoint(parser.parse_args(["checkpoint", *argv]))
 
 
 def test_tiny_benchmark_writes_sizes_times_and_round_trips(tmp_path, capsys):

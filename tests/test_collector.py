@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-# Unpickling a CollectorSpec imports fastpop.population.replay, hence JAX, before `run_collector` runs.
+# Unpickling a CollectorSpec imports population/replay.py, hence JAX, before `run_collector` runs.
 SCRIPT = """
 import pickle, jax
 from fastpop.collect.collector import force_cpu_jax

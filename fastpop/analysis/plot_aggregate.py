@@ -5,7 +5,7 @@ For each group of members (a configuration across runs, or a whole run; `fastpop
   aggregate_steps_vs_return.png     the same against env steps per member
   performance_profile.png           fraction of members above each return, at the latest
                                     minute every group reached
-each with 95% stratified bootstrap confidence bands (`fastpop.analysis.aggregate`), and with `--table`
+each with 95% stratified bootstrap confidence bands (`aggregate.py`), and with `--table`
 a markdown table of IQM, mean, median and optimality gap with their intervals at chosen minutes.
 A curve spans the time where every member of its group has an evaluation (its shortest run).
 """

@@ -1,6 +1,6 @@
 """The members of one or several runs as learning curves, grouped for aggregate statistics.
 
-Each member of a run is one trained agent ("a run" in the statistics of `fastpop.analysis.aggregate`).
+Each member of a run is one trained agent ("a run" in the statistics of `aggregate.py`).
 `load_groups` reads run directories and groups their members either by configuration
 (`members.json`'s `config_index`: configuration c of every run together, one stratum per run
 directory) or by run (one group per directory, one stratum per configuration in it). Scores on

@@ -16,71 +16,20 @@ import platform
 import shlex
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
-from fastpop.bench.checkpoint_timing import fill_replay, measure_setting, tree_bytes
+from fastpop.bench.checkpoint_timing import measure_setting
 from fastpop.bench.common import (
     available_host_bytes,
-    build_learner,
     device_label,
     machine_description,
     write_json,
 )
-from fastpop.commands.args import fail, positive_int_arg
 
 DEFAULT_CONFIG = Path("configs/td3_pbt_halfcheetah.yaml")
 REPLAY_SETTINGS = ("on", "off")
 # Left free on the checkpoint's disk beyond what the benchmark writes.
 DISK_RESERVE_BYTES = 1 << 30
-
-
-def add_parser(bench) -> argparse.ArgumentParser:
-    """Adds `checkpoint` to the `fastpop bench` subcommands."""
-    parser = bench.add_parser(
-        "checkpoint",
-        help="bytes and seconds of saving and restoring a run's checkpoint",
-        description="Size on disk and save / restore seconds of the checkpoint a training run "
-        "writes for CONFIG (learner states, hparams, strategy state; replay buffers with "
-        "--replay on), with buffers full of random rows; no training. Writes "
-        "results/bench/checkpoint_<config name>_<device>.json.",
-    )
-    parser.add_argument(
-        "config",
-        type=Path,
-        nargs="?",
-        default=DEFAULT_CONFIG,
-        help=f"YAML preset (default {DEFAULT_CONFIG})",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override one config value (repeatable), e.g. replay.capacity=100000",
-    )
-    parser.add_argument(
-        "--replay",
-        default="on,off",
-        help="checkpoints with (on) and / or without (off) the replay buffers, comma-separated "
-        "(default on,off)",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=positive_int_arg("repeats"),
-        default=3,
-        help="saves and restores per setting; median and min are reported (default 3)",
-    )
-    parser.add_argument(
-        "--dir",
-        type=Path,
-        default=None,
-        help="where checkpoints are written (the write time depends on this disk); default: "
-        "a temporary directory under the system's, removed afterwards",
-    )
-    parser.add_argument("--out", type=Path, default=Path("results/bench"))
-    return parser
 
 
 def parse_replay_settings(text: str) -> list[str]:
@@ -153,39 +102,6 @@ def format_table(result: dict) -> str:
 
 def write_results(result: dict, out_dir: Path) -> Path:
     return write_json(result, out_dir / f"checkpoint_{result['config']}_{result['device']}.json")
-
-
-def run(args: argparse.Namespace) -> int:
-    """The `fastpop bench checkpoint` handler: 0, 2 on bad input, 1 if a restore differs."""
-    from fastpop import config as config_lib
-
-    try:
-        settings = parse_replay_settings(args.replay)
-        config = config_lib.load_config(args.config, args.overrides)
-        if args.dir is not None and args.dir.exists() and not args.dir.is_dir():
-            raise ValueError(f"--dir {args.dir}: exists and is not a directory")
-        learner = build_learner(config)
-        # Shapes only: refuse before the (slow) fill what the disk or the memory cannot hold.
-        largest = max(tree_bytes(learner.saved_tree(s == "on")) for s in settings)
-        if args.dir is not None:
-            args.dir.mkdir(parents=True, exist_ok=True)
-        parent = args.dir if args.dir is not None else Path(tempfile.gettempdir())
-        free = check_disk(parent, 2 * largest)
-        check_host_memory(largest)
-    except (config_lib.ConfigError, ValueError) as error:
-        return fail(str(error))
-    start = time.perf_counter()
-    inserts = fill_replay(learner, config.seed)
-    fill = {"inserts": inserts, "seconds": time.perf_counter() - start}  # every lane full
-    rows = measure_settings(learner, settings, args.repeats, parent)
-    result = result_record(args, learner, rows, fill, free)
-    print(format_table(result))
-    print(f"wrote {write_results(result, args.out)}")
-    return (
-        0
-        if all(row["round_trip_equal"] for row in rows)
-        else fail("a restored learner differs from the saved one", code=1)
-    )
 
 
 def measure_settings(learner, settings: list[str], repeats: int, parent: Path) -> list[dict]:

@@ -1,7 +1,7 @@
 """Timed saves and restores of a learner's checkpoint, for `fastpop bench checkpoint`.
 
 Each round saves what a training run checkpoints (`Learner.saved_tree` and `saved_counters`,
-through `fastpop.run.checkpoint`), drops the files from the page cache (a resume in a new process long
+through `run/checkpoint.py`), drops the files from the page cache (a resume in a new process long
 after the save reads them from the disk), restores them into the learner, and inserts one chunk
 of random rows, as a run does between two saves.
 """
@@ -36,7 +36,7 @@ class PhaseTimer:
         missing = [name for name in phases if not hasattr(checkpoint, name)]
         if missing:
             raise RuntimeError(
-                f"fastpop.run.checkpoint has no {', '.join(missing)}; update the phases in {__name__}"
+                f"run/checkpoint.py has no {', '.join(missing)}; update the phases in {__name__}"
             )
         self.phases = phases
         self.seconds = dict.fromkeys(phases.values(), 0.0)

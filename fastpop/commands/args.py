@@ -1,6 +1,6 @@
 """Argument types and the error exit shared by the `fastpop` commands.
 
-Kept apart from `fastpop.commands.cli` so that command modules (`fastpop.commands.evaluate`, `fastpop.bench.*`)
+Kept apart from `cli.py` so that the command modules (`evaluate.py`, `bench.py`, ...)
 can use them without importing the command line that imports them.
 """
 

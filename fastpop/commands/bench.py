@@ -6,10 +6,14 @@ The benchmarks themselves are imported only when one runs, so building the parse
 from __future__ import annotations
 
 import argparse
+import tempfile
+import time
 from pathlib import Path
 
 from fastpop.agents import ALGORITHMS
 from fastpop.bench import checkpoint
+from fastpop.bench.checkpoint_timing import fill_replay, tree_bytes
+from fastpop.bench.common import build_learner
 from fastpop.commands.args import comma_list, fail, one_of, positive_int, positive_int_arg
 
 IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
@@ -21,7 +25,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     benchmarks = parser.add_subparsers(dest="bench", required=True)
     add_update_parser(benchmarks)
     add_pipeline_parser(benchmarks)
-    checkpoint.add_parser(benchmarks)
+    add_checkpoint_parser(benchmarks)
     add_device_parser(benchmarks)
     return parser
 
@@ -154,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     handlers = {
         "update": run_update,
         "pipeline": run_pipeline,
-        "checkpoint": checkpoint.run,
+        "checkpoint": run_checkpoint,
         "device": run_device,
     }
     return handlers[args.bench](args)
@@ -249,3 +253,84 @@ def run_device(args: argparse.Namespace) -> int:
     print(table(result))
     print(f"wrote {json_path} and {png_path}")
     return 0
+
+
+def add_checkpoint_parser(bench) -> argparse.ArgumentParser:
+    """Adds `checkpoint` to the `fastpop bench` subcommands."""
+    parser = bench.add_parser(
+        "checkpoint",
+        help="bytes and seconds of saving and restoring a run's checkpoint",
+        description="Size on disk and save / restore seconds of the checkpoint a training run "
+        "writes for CONFIG (learner states, hparams, strategy state; replay buffers with "
+        "--replay on), with buffers full of random rows; no training. Writes "
+        "results/bench/checkpoint_<config name>_<device>.json.",
+    )
+    parser.add_argument(
+        "config",
+        type=Path,
+        nargs="?",
+        default=checkpoint.DEFAULT_CONFIG,
+        help=f"YAML preset (default {checkpoint.DEFAULT_CONFIG})",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable), e.g. replay.capacity=100000",
+    )
+    parser.add_argument(
+        "--replay",
+        default="on,off",
+        help="checkpoints with (on) and / or without (off) the replay buffers, comma-separated "
+        "(default on,off)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int_arg("repeats"),
+        default=3,
+        help="saves and restores per setting; median and min are reported (default 3)",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="where checkpoints are written (the write time depends on this disk); default: "
+        "a temporary directory under the system's, removed afterwards",
+    )
+    parser.add_argument("--out", type=Path, default=Path("results/bench"))
+    return parser
+
+
+def run_checkpoint(args: argparse.Namespace) -> int:
+    """The `fastpop bench checkpoint` handler: 0, 2 on bad input, 1 if a restore differs."""
+    from fastpop import config as config_lib
+
+    try:
+        settings = checkpoint.parse_replay_settings(args.replay)
+        config = config_lib.load_config(args.config, args.overrides)
+        if args.dir is not None and args.dir.exists() and not args.dir.is_dir():
+            raise ValueError(f"--dir {args.dir}: exists and is not a directory")
+        learner = build_learner(config)
+        # Shapes only: refuse before the (slow) fill what the disk or the memory cannot hold.
+        largest = max(tree_bytes(learner.saved_tree(s == "on")) for s in settings)
+        if args.dir is not None:
+            args.dir.mkdir(parents=True, exist_ok=True)
+        parent = args.dir if args.dir is not None else Path(tempfile.gettempdir())
+        free = checkpoint.check_disk(parent, 2 * largest)
+        checkpoint.check_host_memory(largest)
+    except (config_lib.ConfigError, ValueError) as error:
+        return fail(str(error))
+    start = time.perf_counter()
+    inserts = fill_replay(learner, config.seed)
+    fill = {"inserts": inserts, "seconds": time.perf_counter() - start}  # every lane full
+    rows = checkpoint.measure_settings(learner, settings, args.repeats, parent)
+    result = checkpoint.result_record(args, learner, rows, fill, free)
+    print(checkpoint.format_table(result))
+    print(f"wrote {checkpoint.write_results(result, args.out)}")
+    return (
+        0
+        if all(row["round_trip_equal"] for row in rows)
+        else fail("a restored learner differs from the saved one", code=1)
+    )

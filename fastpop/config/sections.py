@@ -114,7 +114,7 @@ class CollectConfig:
     compiled loop on the device (num_collectors, ring_slots, max_restarts unused). null: device
     for brax ids, processes for the rest (each env runs in one mode only): `collection_mode`."""
     atari_vector: bool = True
-    """Atari: collectors step ale_py's AtariVectorEnv (fastpop/envs/atari_vector.py), else gymnasium."""
+    """Atari: collectors step ale_py's AtariVectorEnv (envs/atari_vector.py), else gymnasium."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,7 +392,7 @@ def replay_layout(config: Config) -> tuple[int, int]:
 
 
 def memory_estimate(config: Config, env_spec, available_bytes: int | None = None):
-    """`fastpop.population.replay.memory_estimate` of this config's buffers (see `replay_layout`)."""
+    """`population.replay.memory_estimate` of this config's buffers (see `replay_layout`)."""
     from fastpop.population import replay
 
     capacity, lanes = replay_layout(config)

@@ -8,7 +8,7 @@ only, with the config cut down to them (`local_config`). Rows become global arra
 
 The loop's decisions must be the same on every process, since each compiled call over the
 member arrays is made by all of them: `LockstepWorkers.check`, called once per pass of the loop,
-exchanges one small payload per process (fastpop.distributed.lockstep.Lockstep) and fixes for that pass
+exchanges one small payload per process (lockstep.Lockstep) and fixes for that pass
 whether a chunk goes in (every process has one), which evaluation round is complete (every
 process's returns for its members, joined in member order), the clock (process 0's), a stop
 (Ctrl-C or SIGTERM on any process) and a worker failure (on any process). Everything else the

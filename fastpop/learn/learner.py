@@ -3,7 +3,7 @@ bookkeeping around it (rate limiter, update counter, the strategy's state).
 
 `Run` (fastpop.run.loop) drives it: `insert` collected rows, `update` when `can_update`,
 `policy_leaves` for the workers, `strategy_step` after each evaluation round. How members are
-trained and changed between rounds is the strategy's `Training` (fastpop.learn.update_protocol); where rows
+trained and changed between rounds is the strategy's `Training` (update_protocol.py); where rows
 live is the `ReplayStore`: the learner itself does not depend on either's kind.
 """
 

@@ -14,7 +14,7 @@ A copied buffer goes on receiving rows from its own member's environments, whose
 not continue the source's: the first row written after a copy is marked as an episode start, so
 no sampled transition and no frame stack crosses the join (see `replay.sample`).
 
-With a `mesh` (population.devices > 1, fastpop.population.sharding) stacked buffers are split over its
+With a `mesh` (population.devices > 1, population/sharding.py) stacked buffers are split over its
 devices by member, and each member's rows are put on the device that holds the member before
 they are added; a shared buffer is replicated on every device.
 """

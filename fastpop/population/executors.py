@@ -5,7 +5,7 @@ executor updates it with ONE compiled program, jit(vmap(scan over K updates)); t
 executor jits the single-member program once and calls it per member from Python (the
 paper's baseline). Both draw the same per-member keys, so for the same data they produce the
 same states. On a CPU the vectorized program takes the population in chunks of members, sized
-for that CPU (fastpop.population.chunking): on accelerators it takes the whole population at once.
+for that CPU (chunking.py): on accelerators it takes the whole population at once.
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class Executor(NamedTuple):
 def default_members_per_chunk() -> int | None:
     """Members vmapped together on this backend when nothing is measured (None: the whole
     population): accelerators take the whole population at once; on a CPU `make_executor`
-    measures the chunk size (fastpop.population.chunking) and falls back to this rule of thumb only when
+    measures the chunk size (chunking.py) and falls back to this rule of thumb only when
     told to (FASTPOP_MEMBERS_PER_CHUNK=rule).
 
     On a CPU a population's activations quickly outgrow the caches (TD3 at P=32: 8 MiB per
@@ -230,7 +230,7 @@ def tuned(
     unroll: int = 1,
 ) -> Executor:
     """The vectorized executor with its members per chunk chosen for this CPU, per population
-    size on first use (measured, cached; see fastpop.population.chunking). Same numbers as `vectorized`."""
+    size on first use (measured, cached; see chunking.py). Same numbers as `vectorized`."""
     member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
     replay_axis = None if shared_replay else 0
 

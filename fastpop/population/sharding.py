@@ -22,7 +22,7 @@ Between rounds, `move_members` copies only the members that change (PBT exploit,
 resets, replay copies): one gather of the changed members' rows and a scatter into their
 targets, placed back on the mesh, never the whole population on one device.
 
-Several processes (`--distributed`, fastpop.distributed.multihost) keep this layout: the mesh spans every
+Several processes (`--distributed`, distributed/multihost.py) keep this layout: the mesh spans every
 process's devices, process by process, so each process holds a contiguous block of members;
 rows become arrays with `jax.make_array_from_process_local_data`, and host reads of sharded
 arrays go through `to_host` (an all-gather, in lock step) or `local_members` (this process's

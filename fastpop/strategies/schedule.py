@@ -1,9 +1,9 @@
 """A fixed hyperparameter schedule: every member follows the same list of changes, given as plain
 data (`schedule.changes` in a config), with nothing copied between members.
 
-`fastpop pbt-replay` builds one from a PBT member's ancestry (fastpop.commands.pbt_replay) to train a fresh
-member with the hparams PBT chose along that line, but not its copied weights: does the schedule
-alone explain the member's result?
+`fastpop pbt-replay` builds one from a PBT member's ancestry (commands/pbt_replay.py) to train a
+fresh member with the hparams PBT chose along that line, but not its copied weights: does the
+schedule alone explain the member's result?
 
 A change `{member_env_steps: S, hparams: {...}}` is applied after the first evaluation round taken
 at or after S env steps per member (strategies decide between rounds): with `wait`, the learner
