@@ -17,6 +17,7 @@ pytest.importorskip("brax")
 from fastpop import config as config_lib
 from fastpop.population import replay
 from fastpop.run import loop
+from fastpop.run.parts import build_run
 from fastpop.run.resume import resume_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ def run(tmp_path: Path, name: str, *overrides: str) -> Path:
     config = config_lib.load_config(PRESET, [*SHORT, *overrides])
     run_dir = tmp_path / name
     run_dir.mkdir()
-    loop.Run(config, run_dir, log=lambda message: None).run()
+    loop.Run(build_run(config), run_dir, log=lambda message: None).run()
     return run_dir
 
 
@@ -103,7 +104,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     config = config_lib.load_config(PRESET, overrides)
     run_dir = tmp_path / algo
     run_dir.mkdir()
-    trained = loop.Run(config, run_dir, log=lambda message: None)
+    trained = loop.Run(build_run(config), run_dir, log=lambda message: None)
     trained.run()
     final = rows(run_dir)
     assert len(final) == 2 and all(r["member_env_steps"] >= steps for r in final)  # whole chunks
@@ -151,15 +152,14 @@ def test_every_strategy_runs_in_device_mode(tmp_path, strategy):
 
 
 def test_memory_estimate_counts_the_device_environments(monkeypatch):
-    from fastpop.collect.sources import env_state_bytes
-    from fastpop.learn.learner import prepare
     from fastpop.population import replay
+    from fastpop.run.parts import env_state_bytes
 
     config = config_lib.load_config(PRESET, SHORT)
     gym = config_lib.load_config(REPO / "configs" / "td3_pendulum_cpu.yaml")
     assert env_state_bytes(gym) == 0 and env_state_bytes(config) > 0
-    replay_bytes = config_lib.memory_estimate(config, prepare(config)[0]).bytes_needed
+    replay_bytes = config_lib.memory_estimate(config, build_run(config).env_spec).bytes_needed
     # Room for the replay but not for the env states as well: refused, naming both.
     monkeypatch.setattr(replay, "default_available_bytes", lambda: replay_bytes + 1)
     with pytest.raises(config_lib.ConfigError, match="device environments' states need"):
-        prepare(config)
+        build_run(config)

@@ -10,6 +10,7 @@ from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.learn import learner as learner_lib
 from fastpop.run import loop
+from fastpop.run.parts import build_run
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import format_breakdown
 from tests.runs import FAST, TD3_PENDULUM
@@ -59,7 +60,7 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     lines: list[str] = []
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    summary = loop.Run(config, run_dir, log=lines.append).run()
+    summary = loop.Run(build_run(config), run_dir, log=lines.append).run()
     assert summary["stopped_by"] == "completed" and len(calls) > 1
     phase = "compiling the population update (its first call)"
     reports = [line for line in lines if line.startswith(f"{phase} ... ")]
@@ -89,7 +90,7 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
     monkeypatch.setattr(snapshot, "encode", slow_encode)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    summary = loop.Run(config, run_dir, log=lambda line: None).run()
+    summary = loop.Run(build_run(config), run_dir, log=lambda line: None).run()
     timers, in_loop = summary["learner_seconds"], 3  # at 128, 256 and 384 member env steps
     assert len(encoded) >= in_loop
     assert timers["evaluation_snapshots"] >= in_loop * SLOW_SNAPSHOT_SECONDS

@@ -22,6 +22,7 @@ from fastpop import config as config_lib
 from fastpop.commands import cli
 from fastpop.learn import learner as learner_lib
 from fastpop.run import checkpoint, loop, resume
+from fastpop.run.parts import build_run
 from tests.runs import (
     DQN_CARTPOLE,
     ENDLESS,
@@ -303,7 +304,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
     monkeypatch.setattr(learner_lib.Learner, "update", update_with_a_dropped_interrupt)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run = loop.Run(config, run_dir, log=lambda message: None)
+    run = loop.Run(build_run(config), run_dir, log=lambda message: None)
     summary = run.run()
     assert summary["stopped_by"] == "interrupted"
     assert len(calls) == 2
@@ -328,7 +329,7 @@ def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatc
     before = segments(os.getpid())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run = loop.Run(config, run_dir, log=lambda message: None)
+    run = loop.Run(build_run(config), run_dir, log=lambda message: None)
     with pytest.raises(RuntimeError, match="learner blew up"):
         run.run()
     assert {p.name for p in workers_at_crash} >= {
