@@ -27,7 +27,7 @@ SMALL = [
     "replay.capacity=256",
     "replay.min_size=16",
     "collect.chunk_len=8",
-    "loop.updates_per_call=2",
+    "train.updates_per_call=2",
     "replay.samples_per_insert=1",
 ]
 CHUNKS = 8  # chunks of collected rows fed to each learner; the interruption falls after half
@@ -145,7 +145,7 @@ def test_without_saved_replay_learning_waits_for_the_buffers_to_refill(tmp_path)
 
 def test_resume_refuses_unsafe_changes_and_names_what_may_change():
     saved = config_lib.config_to_dict(config_lib.load_config(None, SMALL))
-    config = run_state.resume_config(saved, ["loop.total_env_steps=50000"], "checkpoint")
+    config = run_state.resume_config(saved, ["train.total_env_steps=50000"], "checkpoint")
     assert config.train.total_env_steps == 50000
     for override, name in [
         ("population.size=8", "population.size"),
@@ -154,7 +154,7 @@ def test_resume_refuses_unsafe_changes_and_names_what_may_change():
     ]:
         with pytest.raises(ConfigError, match=f"--set {name}: cannot change on resume") as info:
             run_state.resume_config(saved, [override], "checkpoint")
-        assert "loop.total_env_steps" in str(info.value)
+        assert "train.total_env_steps" in str(info.value)
 
 
 # --- a Run's checkpoints without its processes ---

@@ -102,7 +102,7 @@ GRID = "population.grid={actor_lr: [3.0e-4, 1.0e-3], policy_delay: [1, 2]}"
     ],
 )
 def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, extra):
-    overrides = [*FAST, f"loop.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
+    overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
     trainer = trainers(config, *overrides)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
     assert_clean_stderr(trainer.stderr)
@@ -191,7 +191,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
     trainer = trainers(
         TD3_PENDULUM,
         *FAST,
-        "loop.total_env_steps=1500",
+        "train.total_env_steps=1500",
         "eval.interval=750",
         "collect.ring_slots=4",
     )
@@ -214,7 +214,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
 
 
 def test_killed_evaluator_is_restarted_and_no_evaluation_is_lost(trainers):
-    trainer = trainers(TD3_PENDULUM, *FAST, "loop.total_env_steps=1500", "eval.interval=750")
+    trainer = trainers(TD3_PENDULUM, *FAST, "train.total_env_steps=1500", "eval.interval=750")
     trainer.wait_until_training()
     evaluator = worker_children(trainer.pid)[-1]
     os.kill(evaluator, signal.SIGKILL)
