@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop.learn.learner import prepare
 from fastpop.population import sharding
+from fastpop.run.parts import build_run, make_collection
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 from tests.test_resume import SMALL, host, learner_for, rows_for
@@ -155,11 +155,11 @@ def check_device_mode() -> None:
     """Device mode over 2 devices: each device steps its own members' env lanes; the states,
     buffers and env lanes equal one device's after the same chunks (each made, inserted and
     learned from in one call)."""
-    from fastpop.collect.sources import DeviceCollection
-
     sharded = learner_for(*DEVICE_MODE, "population.devices=2")
     reference = learner_for(*DEVICE_MODE)
-    collections = [DeviceCollection(learner.config, learner) for learner in (sharded, reference)]
+    collections = [
+        make_collection(build_run(learner.config), learner) for learner in (sharded, reference)
+    ]
     for _ in range(CHUNKS):
         for learner, collection in zip((sharded, reference), collections, strict=True):
             collection.feed(learner)
@@ -203,7 +203,7 @@ def check_all_must_divide() -> None:
     prepared, naming the fix."""
     config = config_lib.load_config(None, [*SMALL, "population.size=6", "population.devices=all"])
     try:
-        prepare(config)
+        build_run(config)
     except ConfigError as error:
         assert "population.size: 6 members do not split evenly over the 4 devices" in str(error)
         assert "population.devices to a divisor of 6" in str(error)

@@ -17,6 +17,7 @@ pytest.importorskip("brax")
 from fastpop import config as config_lib
 from fastpop.population import replay
 from fastpop.run import loop
+from fastpop.run.parts import build_run
 from fastpop.run.resume import resume_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,7 +31,7 @@ SHORT = [  # small and quick: the equivalence tests compare rows, not learning
     "replay.min_size=256",
     "collect.warmup_steps=256",
     "collect.chunk_len=16",
-    "loop.updates_per_call=16",
+    "train.updates_per_call=16",
     "eval.interval=512",
     "eval.episodes=2",
     "env.episode_length=100",
@@ -43,7 +44,7 @@ def run(tmp_path: Path, name: str, *overrides: str) -> Path:
     config = config_lib.load_config(PRESET, [*SHORT, *overrides])
     run_dir = tmp_path / name
     run_dir.mkdir()
-    loop.Run(config, run_dir, log=lambda message: None).run()
+    loop.Run(build_run(config), run_dir, log=lambda message: None).run()
     return run_dir
 
 
@@ -55,9 +56,9 @@ def rows(run_dir: Path) -> list[dict]:
 def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectorized(
     tmp_path, capsys
 ):
-    whole = run(tmp_path, "whole", "loop.total_env_steps=2048")
-    first = run(tmp_path, "resumed", "loop.total_env_steps=1024")
-    resumed = resume_run(first, ["loop.total_env_steps=2048"], log=lambda message: None)
+    whole = run(tmp_path, "whole", "train.total_env_steps=2048")
+    first = run(tmp_path, "resumed", "train.total_env_steps=1024")
+    resumed = resume_run(first, ["train.total_env_steps=2048"], log=lambda message: None)
     resumed.run()
     assert len(rows(whole)) == 2 * 4  # two members, an evaluation every 512 steps
     assert rows(first) == rows(whole)  # deterministic, and the resume continues exactly
@@ -69,7 +70,7 @@ def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectoriz
         r"member 0 \(checkpoint \d+, 2,048 env steps/member\): return", capsys.readouterr().out
     )
     sequential = run(
-        tmp_path, "sequential", "loop.total_env_steps=1024", "population.execution=sequential"
+        tmp_path, "sequential", "train.total_env_steps=1024", "population.execution=sequential"
     )
     expected, actual = rows(whole)[:4], rows(sequential)
     returns = lambda rows: [r["return_mean"] for r in rows]
@@ -94,7 +95,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     overrides = [
         f"algo={algo}",
         "population.size=2",
-        f"loop.total_env_steps={steps}",
+        f"train.total_env_steps={steps}",
         f"eval.interval={steps}",
         "eval.episodes=2",
         "log.tensorboard=false",
@@ -103,7 +104,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     config = config_lib.load_config(PRESET, overrides)
     run_dir = tmp_path / algo
     run_dir.mkdir()
-    trained = loop.Run(config, run_dir, log=lambda message: None)
+    trained = loop.Run(build_run(config), run_dir, log=lambda message: None)
     trained.run()
     final = rows(run_dir)
     assert len(final) == 2 and all(r["member_env_steps"] >= steps for r in final)  # whole chunks
@@ -140,7 +141,7 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_runs_in_device_mode(tmp_path, strategy):
-    run_dir = run(tmp_path, strategy, "loop.total_env_steps=1024", *STRATEGIES[strategy])
+    run_dir = run(tmp_path, strategy, "train.total_env_steps=1024", *STRATEGIES[strategy])
     evaluated = rows(run_dir)
     size = len({r["member"] for r in evaluated})
     assert len(evaluated) == 2 * size  # every (evaluation, member) row once
@@ -151,15 +152,14 @@ def test_every_strategy_runs_in_device_mode(tmp_path, strategy):
 
 
 def test_memory_estimate_counts_the_device_environments(monkeypatch):
-    from fastpop.collect.sources import env_state_bytes
-    from fastpop.learn.learner import prepare
     from fastpop.population import replay
+    from fastpop.run.parts import env_state_bytes
 
     config = config_lib.load_config(PRESET, SHORT)
     gym = config_lib.load_config(REPO / "configs" / "td3_pendulum_cpu.yaml")
     assert env_state_bytes(gym) == 0 and env_state_bytes(config) > 0
-    replay_bytes = config_lib.memory_estimate(config, prepare(config)[0]).bytes_needed
+    replay_bytes = config_lib.memory_estimate(config, build_run(config).env_spec).bytes_needed
     # Room for the replay but not for the env states as well: refused, naming both.
     monkeypatch.setattr(replay, "default_available_bytes", lambda: replay_bytes + 1)
     with pytest.raises(config_lib.ConfigError, match="device environments' states need"):
-        prepare(config)
+        build_run(config)

@@ -17,8 +17,9 @@ from fastpop import population
 from fastpop.collect.evaluator import evaluate_population
 from fastpop.commands import evaluate
 from fastpop.commands import video as fastpop_video
-from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.learner import Learner
 from fastpop.run import checkpoint
+from fastpop.run.parts import build_learner
 
 # Its module fixture is expensive: one worker runs it once for every test here.
 pytestmark = pytest.mark.xdist_group("eval")
@@ -35,7 +36,9 @@ TINY = [
 
 def tiny_learner(*overrides) -> Learner:
     config = config_lib.load_config(None, [*TINY, *overrides])
-    return Learner(config, *prepare(config))
+    learner = build_learner(config)
+    learner.config = config  # what the tests read the learner's settings from
+    return learner
 
 
 def save_run(run_dir, learner, steps=(100,), latest_returns=(-1000.0, -200.0)) -> None:

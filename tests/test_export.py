@@ -19,8 +19,8 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop.commands import cli, evaluate, export
-from fastpop.learn.learner import Learner, prepare
 from fastpop.run import checkpoint
+from fastpop.run.parts import build_learner
 
 # Its module fixture is expensive: one worker runs it once for every test here.
 pytestmark = pytest.mark.xdist_group("export")
@@ -45,7 +45,7 @@ if importlib.util.find_spec("ale_py") is not None:  # uint8 frames, a frame stac
 def save_run(run_dir: Path, *overrides: str, latest_returns=(-5.0, -1.0, -3.0)) -> Path:
     """A run directory holding one checkpoint of a freshly initialised population."""
     config = config_lib.load_config(None, [*TINY, *overrides])
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     checkpoint.save(
         run_dir / "checkpoints",
         100,

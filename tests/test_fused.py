@@ -14,7 +14,8 @@ pytest.importorskip("brax")
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.sources import DeviceCollection
-from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.learner import Learner
+from fastpop.run.parts import build_run, make_collection
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
 SMALL = [
@@ -33,6 +34,12 @@ SMALL = [
 CHUNKS = 8
 
 
+def learner_and_collection(config) -> tuple[Learner, DeviceCollection]:
+    parts = build_run(config)
+    learner = Learner(parts.learner_parts())
+    return learner, make_collection(parts, learner)
+
+
 def one_call_at_a_time(learner: Learner, collection: DeviceCollection) -> int:
     """What `collection.feed(learner)` does, as separate calls; returns the update calls."""
     collection.key, key = jax.random.split(collection.key)
@@ -49,9 +56,8 @@ def one_call_at_a_time(learner: Learner, collection: DeviceCollection) -> int:
 
 def test_one_program_per_chunk_equals_the_calls_made_one_at_a_time():
     config = config_lib.load_config(PRESET, SMALL)
-    fused, stepped = (Learner(config, *prepare(config)) for _ in range(2))
-    fused_collection = DeviceCollection(config, fused)
-    stepped_collection = DeviceCollection(config, stepped)
+    fused, fused_collection = learner_and_collection(config)
+    stepped, stepped_collection = learner_and_collection(config)
     calls_made = []
     for _ in range(CHUNKS):
         fused_collection.feed(fused)
@@ -81,8 +87,7 @@ def test_the_program_runs_every_call_the_rows_allow_and_no_more():
     samples_per_insert = 5.0
     overrides = [*SMALL, f"replay.samples_per_insert={samples_per_insert}"]
     config = config_lib.load_config(PRESET, overrides)
-    learner = Learner(config, *prepare(config))
-    collection = DeviceCollection(config, learner)
+    learner, collection = learner_and_collection(config)
     limiter = learner.limiter
     for _ in range(6):
         collection.feed(learner)
@@ -96,8 +101,9 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     """open() compiles the evaluation program in a thread while the loop trains; evaluating a
     snapshot with it gives the jitted call's returns, bit for bit."""
     config = config_lib.load_config(PRESET, [*SMALL, "eval.episodes=2"])
-    learner = Learner(config, *prepare(config))
-    collection = DeviceCollection(config, learner).open(print, log_event=None, generation=0)
+    learner, collection = learner_and_collection(config)
+    running = collection.running(learner, log_event=None, generation=0)
+    running.__enter__()
     for _ in range(3):
         collection.feed(learner)
     meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)

@@ -10,6 +10,7 @@ from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.learn import learner as learner_lib
 from fastpop.run import loop
+from fastpop.run.parts import build_run
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import format_breakdown
 from tests.runs import FAST, TD3_PENDULUM
@@ -44,7 +45,7 @@ def test_nested_phases_report_the_inner_one_and_the_thread_stops():
 def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     """A run whose first update takes 1.5 s (as compiling does on a CPU) with progress lines
     every 0.2 s: the log says the update is compiling, and for how long, while it runs."""
-    overrides = [*FAST, "loop.total_env_steps=384", "eval.interval=10000"]
+    overrides = [*FAST, "train.total_env_steps=384", "eval.interval=10000"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
     real_update = learner_lib.Learner.update
     calls = []
@@ -59,7 +60,7 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     lines: list[str] = []
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    summary = loop.Run(config, run_dir, log=lines.append).run()
+    summary = loop.Run(build_run(config), run_dir, log=lines.append).run()
     assert summary["stopped_by"] == "completed" and len(calls) > 1
     phase = "compiling the population update (its first call)"
     reports = [line for line in lines if line.startswith(f"{phase} ... ")]
@@ -77,7 +78,7 @@ SLOW_SNAPSHOT_SECONDS = 1.0  # well above what moving this run's rows takes (~0.
 def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeypatch):
     """Snapshots are taken in the pass that moves rows into the replay: their seconds go to
     evaluation_snapshots only (transport counted them too, so the phases summed past the wall)."""
-    overrides = [*FAST, "loop.total_env_steps=384", "eval.interval=128"]
+    overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
     real_encode, encoded = snapshot.encode, []
 
@@ -89,7 +90,7 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
     monkeypatch.setattr(snapshot, "encode", slow_encode)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    summary = loop.Run(config, run_dir, log=lambda line: None).run()
+    summary = loop.Run(build_run(config), run_dir, log=lambda line: None).run()
     timers, in_loop = summary["learner_seconds"], 3  # at 128, 256 and 384 member env steps
     assert len(encoded) >= in_loop
     assert timers["evaluation_snapshots"] >= in_loop * SLOW_SNAPSHOT_SECONDS

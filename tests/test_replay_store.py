@@ -11,9 +11,9 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import population
-from fastpop.learn.learner import Learner, prepare
 from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import replay
+from fastpop.run.parts import build_learner
 from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.types import EnvSpec
 
@@ -92,7 +92,7 @@ def test_the_learner_waits_until_every_buffer_holds_a_transition():
             "agent.hidden_sizes=[8,8]",
         ],
     )
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     layout = replay.row_layout(learner.replay_spec, (4, 1))
     rows = replay.Rows(*(np.zeros(x.shape, x.dtype) for x in layout))
     learner.insert(rows._replace(episode_start=np.ones((4, 1), bool)))

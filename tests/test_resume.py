@@ -13,10 +13,11 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop.commands import cli
-from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.learner import Learner
 from fastpop.population import replay
 from fastpop.run import checkpoint, loop, resume, run_state
 from fastpop.run.metrics import MetricsWriter
+from fastpop.run.parts import build_learner, build_run
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 
@@ -26,7 +27,7 @@ SMALL = [
     "replay.capacity=256",
     "replay.min_size=16",
     "collect.chunk_len=8",
-    "loop.updates_per_call=2",
+    "train.updates_per_call=2",
     "replay.samples_per_insert=1",
 ]
 CHUNKS = 8  # chunks of collected rows fed to each learner; the interruption falls after half
@@ -34,7 +35,9 @@ CHUNKS = 8  # chunks of collected rows fed to each learner; the interruption fal
 
 def learner_for(*overrides: str) -> Learner:
     config = config_lib.load_config(None, [*SMALL, *overrides])
-    return Learner(config, *prepare(config))
+    learner = build_learner(config)
+    learner.config = config  # what the tests read the learner's settings from
+    return learner
 
 
 def rows_for(learner: Learner, chunk: int) -> replay.Rows:
@@ -142,7 +145,7 @@ def test_without_saved_replay_learning_waits_for_the_buffers_to_refill(tmp_path)
 
 def test_resume_refuses_unsafe_changes_and_names_what_may_change():
     saved = config_lib.config_to_dict(config_lib.load_config(None, SMALL))
-    config = run_state.resume_config(saved, ["loop.total_env_steps=50000"], "checkpoint")
+    config = run_state.resume_config(saved, ["train.total_env_steps=50000"], "checkpoint")
     assert config.train.total_env_steps == 50000
     for override, name in [
         ("population.size=8", "population.size"),
@@ -151,7 +154,7 @@ def test_resume_refuses_unsafe_changes_and_names_what_may_change():
     ]:
         with pytest.raises(ConfigError, match=f"--set {name}: cannot change on resume") as info:
             run_state.resume_config(saved, [override], "checkpoint")
-        assert "loop.total_env_steps" in str(info.value)
+        assert "train.total_env_steps" in str(info.value)
 
 
 # --- a Run's checkpoints without its processes ---
@@ -160,7 +163,7 @@ def test_resume_refuses_unsafe_changes_and_names_what_may_change():
 def run_with_checkpoint(run_dir):
     """A Run (no workers started) with some collected rows and one checkpoint written."""
     config = config_lib.load_config(None, [*SMALL, "log.tensorboard=false"])
-    run = loop.Run(config, run_dir, log=lambda *_: None)
+    run = loop.Run(build_run(config), run_dir, log=lambda *_: None)
     run.metrics = MetricsWriter(run_dir, tensorboard=False)
     run.learner.insert(rows_for(run.learner, 0))
     run.save_checkpoint("interval")

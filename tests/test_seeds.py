@@ -12,8 +12,8 @@ import pytest
 from fastpop import config as config_lib
 from fastpop import strategies
 from fastpop.commands.cli import main
-from fastpop.learn.learner import Learner, prepare
 from fastpop.run.inprocess import train_in_process
+from fastpop.run.parts import build_learner
 from tests.runs import FAST, TD3_PENDULUM, completed_run
 
 SMALL = ["agent.hidden_sizes=[8,8]", "agent.batch_size=4", "replay.capacity=256"]
@@ -101,7 +101,7 @@ def test_two_seeds_of_one_configuration_differ_in_init_and_experience():
         "collect.chunk_len=16",
         "train.updates_per_call=4",
     )
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     hparams = learner.all_member_hparams()
     assert hparams[0] == hparams[1] != hparams[2] == hparams[3]
     weights = [

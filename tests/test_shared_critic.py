@@ -12,8 +12,9 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import population
-from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.learner import Learner
 from fastpop.population import replay
+from fastpop.run.parts import build_learner
 from fastpop.strategies import cem, diversity, shared_critic
 from fastpop.strategies.base import Evaluation
 from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
@@ -86,7 +87,7 @@ def shared_learner(strategy: str, size: int, *overrides: str) -> Learner:
     config = config_lib.load_config(
         None, [*SMALL, f"strategy={strategy}", f"population.size={size}", *overrides]
     )
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     rng = np.random.default_rng(0)
     layout = replay.row_layout(learner.replay_spec, (size, 8))
     for chunk in range(3):

@@ -10,8 +10,9 @@ import pytest
 from fastpop import config as config_lib
 from fastpop import population, strategies
 from fastpop.analysis.lineage import Segment, ancestry
-from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.learner import Learner
 from fastpop.population import replay
+from fastpop.run.parts import build_learner
 from fastpop.strategies import pbt
 from fastpop.strategies.base import Evaluation, Selection
 from fastpop.strategies.branch_merge import make_branch_merge
@@ -61,7 +62,7 @@ def test_grid_with_repeats_and_priors_together():
 
 def test_learner_starts_members_with_their_hparams():
     config = load("population.grid={actor_lr: [1.0e-4, 1.0e-3], policy_delay: [1, 3]}")
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     assert learner.hparams.actor_lr.dtype == np.float32
     assert learner.hparams.policy_delay.dtype == np.int32
     assert [(h["actor_lr"], h["policy_delay"]) for h in learner.all_member_hparams()] == [
@@ -168,7 +169,7 @@ def test_pbt_replaces_every_non_finite_member_and_is_deterministic():
 def filled_learner(*overrides: str) -> Learner:
     """A learner whose members and buffers all differ (different data, a few updates)."""
     config = load("collect.chunk_len=8", "train.updates_per_call=2", *overrides)
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     rng = np.random.default_rng(0)
     size = config.population.size
     layout = replay.row_layout(learner.replay_spec, (size, config.collect.chunk_len))

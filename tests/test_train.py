@@ -22,6 +22,7 @@ from fastpop import config as config_lib
 from fastpop.commands import cli
 from fastpop.learn import learner as learner_lib
 from fastpop.run import checkpoint, loop, resume
+from fastpop.run.parts import build_run
 from tests.runs import (
     DQN_CARTPOLE,
     ENDLESS,
@@ -101,7 +102,7 @@ GRID = "population.grid={actor_lr: [3.0e-4, 1.0e-3], policy_delay: [1, 2]}"
     ],
 )
 def test_train_end_to_end(trainers, tmp_path, config, steps, member_steps, extra):
-    overrides = [*FAST, f"loop.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
+    overrides = [*FAST, f"train.total_env_steps={steps[0]}", f"eval.interval={steps[1]}", *extra]
     trainer = trainers(config, *overrides)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
     assert_clean_stderr(trainer.stderr)
@@ -190,7 +191,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
     trainer = trainers(
         TD3_PENDULUM,
         *FAST,
-        "loop.total_env_steps=1500",
+        "train.total_env_steps=1500",
         "eval.interval=750",
         "collect.ring_slots=4",
     )
@@ -213,7 +214,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
 
 
 def test_killed_evaluator_is_restarted_and_no_evaluation_is_lost(trainers):
-    trainer = trainers(TD3_PENDULUM, *FAST, "loop.total_env_steps=1500", "eval.interval=750")
+    trainer = trainers(TD3_PENDULUM, *FAST, "train.total_env_steps=1500", "eval.interval=750")
     trainer.wait_until_training()
     evaluator = worker_children(trainer.pid)[-1]
     os.kill(evaluator, signal.SIGKILL)
@@ -303,7 +304,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
     monkeypatch.setattr(learner_lib.Learner, "update", update_with_a_dropped_interrupt)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run = loop.Run(config, run_dir, log=lambda message: None)
+    run = loop.Run(build_run(config), run_dir, log=lambda message: None)
     summary = run.run()
     assert summary["stopped_by"] == "interrupted"
     assert len(calls) == 2
@@ -328,7 +329,7 @@ def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatc
     before = segments(os.getpid())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    run = loop.Run(config, run_dir, log=lambda message: None)
+    run = loop.Run(build_run(config), run_dir, log=lambda message: None)
     with pytest.raises(RuntimeError, match="learner blew up"):
         run.run()
     assert {p.name for p in workers_at_crash} >= {

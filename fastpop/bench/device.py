@@ -34,7 +34,7 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop import population
-from fastpop.bench.common import build_learner, device_label, machine_description
+from fastpop.bench.common import device_label, machine_description
 from fastpop.bench.device_report import table_row
 from fastpop.bench.process_mode import measure_process_mode, process_config
 from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
@@ -77,11 +77,13 @@ class Fused:
     per chunk that makes the rows, inserts them and runs the update calls they allow."""
 
     def __init__(self, config: config_lib.Config):
-        from fastpop.collect.sources import DeviceCollection
+        from fastpop.learn.learner import Learner
+        from fastpop.run.parts import build_run, make_collection
 
         start = time.perf_counter()
-        self.learner = learner = build_learner(config)
-        self.collection = collection = DeviceCollection(config, learner)
+        parts = build_run(config)
+        self.learner = learner = Learner(parts.learner_parts())
+        self.collection = collection = make_collection(parts, learner)
         jax.block_until_ready((learner.states, collection.lanes))
         self.compile = {"build": time.perf_counter() - start}
         # The first call compiles and has no updates (learning starts after its rows): the
@@ -105,7 +107,7 @@ class Fused:
         while time.perf_counter() - start < seconds:
             self.collection.feed(learner)
         jax.block_until_ready(self.feed())  # one more pass, counted
-        size = learner.config.population.size
+        size = learner.size
         return {
             "seconds": time.perf_counter() - start,
             "env_steps": (limiter.inserted - inserted) * size,
@@ -114,11 +116,14 @@ class Fused:
 
     def collect(self):
         """One chunk of rows, not inserted (the collection alone)."""
-        return self.collection.next_chunk()[0]
+        learner = self.learner
+        return self.collection.next_chunk(
+            learner.states, learner.hparams, learner.member_env_steps
+        )[0]
 
     def programs_compiled(self) -> dict:
         """Compiled variants of the per-chunk programs (1 each: no recompiles)."""
-        (fused,) = self.learner._fused.values()
+        fused = self.collection._fused
         return {"fused": fused._cache_size(), "rollout": self.collection._chunk._cache_size()}
 
 

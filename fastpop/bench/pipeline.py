@@ -59,6 +59,7 @@ def bench_pipeline(
     from fastpop.bench.update import bench_update
     from fastpop.envs import env_spec
     from fastpop.run.loop import Run
+    from fastpop.run.parts import build_run
 
     algo = "dqn" if env_spec(env_id).discrete else "td3"  # Atari ids: DQN's Nature CNN
     base = {
@@ -102,7 +103,7 @@ def bench_pipeline(
         }
     )
     with tempfile.TemporaryDirectory() as run_dir:
-        run = Run(config, Path(run_dir), log=lambda line: None)
+        run = Run(build_run(config), Path(run_dir), log=lambda line: None)
         summary = run.run()
     learning_seconds = summary["wall_time"] - summary["learning_started_at"]
     run_rate = summary["updates_per_member"] * population_size / learning_seconds

@@ -98,7 +98,7 @@ class RunLoopPasses:
             self.one_pass()
         self.until_insert()
         jax.block_until_ready(learner.states)
-        size = learner.config.population.size
+        size = learner.size
         return {
             "seconds": time.perf_counter() - start,
             "env_steps": (limiter.inserted - inserted) * size,

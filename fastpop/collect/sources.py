@@ -5,85 +5,170 @@
     DeviceCollection    brax environments stepped on the device by the same policy the learner
                         trains; rows never leave it, no worker process is started
 
-Both open a context with the interface the run loop uses: `feed(learner)` (rows into the learner;
-device mode also runs the updates they allow, in the same compiled call), `chunks_per_pass`,
-`publish_from(learner)`,
-`evaluate(snapshot)`, `evaluations(timeout)`, `check()`, `stop()`, `evaluator_restarts`; and both
-save and restore what they hold for a checkpoint (`saved()` / `restore(tree)`).
+Both are a `Collection`, the interface the run loop uses (a distributed run's, in
+fastpop.distributed.multihost, is a third).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import config as config_lib
 from fastpop import population
-from fastpop.collect import device_rollout, snapshot
-from fastpop.population import sharding
+from fastpop.collect import device_rollout, fused, snapshot
+from fastpop.config.sections import CollectConfig
+from fastpop.learn.learner import Learner
+from fastpop.learn.update_protocol import Training
+from fastpop.population import replay, sharding
+from fastpop.types import EnvSpec
+
+
+class Collection(Protocol):
+    """What the run loop drives: rows into the learner, snapshots to evaluate, results back.
+
+    `running` is the context in which it works (processes started, programs compiling); the
+    learner is the one it feeds, already restored. What it holds for a checkpoint is `saved()`
+    (an empty dict: nothing), put back by `restore` before it runs."""
+
+    chunks_per_pass: int | None  # chunks the loop moves per pass (None: every one ready)
+
+    @property
+    def evaluator_restarts(self) -> int: ...
+
+    def running(
+        self, learner: Learner, log_event: Callable, generation: int
+    ) -> contextlib.AbstractContextManager: ...
+
+    def check(self) -> None:
+        """Once per pass of the loop: raise if collection cannot go on."""
+
+    def feed(self, learner: Learner) -> list | None:
+        """One chunk into the learner: its finished episodes, or None when none was ready."""
+
+    def publish(self, learner: Learner) -> None:
+        """The learner's policies changed: collect with them from now on."""
+
+    def evaluate(self, arrays: dict) -> None: ...
+
+    def evaluations(self, timeout: float = 0.0) -> list[dict]: ...
+
+    def stop(self) -> dict: ...
+
+    def saved(self) -> dict: ...
+
+    def restore(self, tree: dict) -> None: ...
 
 
 class ProcessCollection:
-    """Collector and evaluator processes (fastpop.collect.workers); nothing to checkpoint: a
-    resumed run starts new processes with new seeds."""
+    """Collector and evaluator processes (fastpop.collect.workers), started by `running`. The
+    processes rebuild their envs and agents from the config (agents do not cross the spawn
+    boundary). Nothing to checkpoint: a resumed run starts new processes with new seeds."""
 
-    def __init__(self, config: config_lib.Config, learner):
-        self.config, self.learner = config, learner
+    chunks_per_pass = None  # the loop drains every chunk that is ready
+
+    def __init__(self, config, replay_spec: replay.ReplaySpec, log=print):
+        self.config, self.replay_spec, self.log = config, replay_spec, log
+        self.workers = None  # while running
+
+    @contextlib.contextmanager
+    def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
+        from fastpop.collect.workers import Workers
+
+        leaves = learner.policy_leaves()
+        config, spec, log = self.config, self.replay_spec, self.log
+        with Workers(config, leaves, spec, log, log_event=log_event, generation=generation) as w:
+            self.workers = w
+            yield
+
+    @property
+    def evaluator_restarts(self) -> int:
+        return self.workers.evaluator_restarts
+
+    def check(self) -> None:
+        self.workers.check()
+
+    def feed(self, learner: Learner) -> list | None:
+        return self.workers.feed(learner)
+
+    def publish(self, learner: Learner) -> None:
+        self.workers.publish_from(learner)
+
+    def evaluate(self, arrays: dict) -> None:
+        self.workers.evaluate(arrays)
+
+    def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        return self.workers.evaluations(timeout)
+
+    def stop(self) -> dict:
+        return self.workers.stop()
 
     def saved(self) -> dict:
         return {}
 
     def restore(self, tree: dict) -> None:
-        pass
+        if tree:
+            raise ValueError("process collection restores nothing: a checkpoint held env lanes")
 
-    def open(self, log, log_event, generation: int):
-        from fastpop.collect.workers import Workers
 
-        learner = self.learner
-        leaves, spec = learner.policy_leaves(), learner.replay_spec
-        return Workers(self.config, leaves, spec, log, log_event=log_event, generation=generation)
+class DeviceParts(NamedTuple):
+    """What device collection is made of (fastpop.run.parts.RunParts.device_parts)."""
+
+    env: Any  # the brax env
+    episode_length: int
+    collect: CollectConfig
+    eval_episodes: int
+    population_size: int
+    seed: int
+    agent: Any
+    env_spec: EnvSpec
+    training: Training  # its `policies` and `update`, for the program per chunk
+    mesh: Any  # None: one device
 
 
 class DeviceCollection:
     """P members x E brax envs stepped on the device, one jitted call per chunk of rows (env
     states donated), acting with each member's current exploration; evaluation on a separate
     batch of envs with the snapshot's policy held constant. With population.devices > 1 each
-    device steps the envs of its own members."""
+    device steps the envs of its own members. The learner's state it acts with comes in as
+    arguments (`feed`, `next_chunk`)."""
 
     evaluator_restarts = 0  # nothing to restart
     chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
 
-    def __init__(self, config: config_lib.Config, learner):
-        from fastpop.envs.brax_envs import make_brax_env
-
-        self.config, self.learner = config, learner
-        self.env = make_brax_env(config.env.id, config.env.backend)
-        self.episode_length = config.env.episode_length
-        size, per_member = config.population.size, config.collect.envs_per_member
-        key = jax.random.fold_in(jax.random.key(config.seed), 0xDE1)
+    def __init__(self, parts: DeviceParts, policy_template):
+        """policy_template: shapes of the learner's `policy_tree` (what a snapshot decodes to)."""
+        self.parts = parts
+        self.env, self.episode_length = parts.env, parts.episode_length
+        key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
         self.key, lanes_key = jax.random.split(key)
-        init = functools.partial(device_rollout.init, self.env, lanes=size * per_member)
+        lanes = parts.population_size * parts.collect.envs_per_member
+        init = functools.partial(device_rollout.init, self.env, lanes=lanes)
         # Lanes are member-major: split over the learner's mesh like the members they serve
         # (their scalars, a key, on every device).
         self._placement = None
-        if learner.mesh is not None:
-            split, everywhere = sharding.members(learner.mesh), sharding.replicated(learner.mesh)
+        if parts.mesh is not None:
+            split, everywhere = sharding.members(parts.mesh), sharding.replicated(parts.mesh)
             shapes = jax.eval_shape(init, lanes_key)
             self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
         self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
+        self._fused = None  # the program per chunk, made at the first `feed`
         self._evaluate = jax.jit(self._evaluate_members)
         self._evaluate_program: Future | None = None
         self._results: list[dict] = []
         # What an evaluation snapshot decodes to: host arrays of the policy tree's shapes.
-        tree = jax.eval_shape(lambda: learner.policy_tree())
-        self._snapshot = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-        self._treedef = jax.tree.structure(tree)
+        self._snapshot = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy_template
+        )
+        self._treedef = jax.tree.structure(policy_template)
 
     # --- checkpoints ---
 
@@ -100,42 +185,47 @@ class DeviceCollection:
 
     # --- the run loop's interface ---
 
-    def open(self, log, log_event, generation: int) -> DeviceCollection:
-        """Starts compiling the evaluation program in a thread: the first evaluation would
+    @contextlib.contextmanager
+    def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
+        """Compiles the evaluation program in a thread meanwhile: the first evaluation would
         otherwise stop the loop for as long (~5 s for the inverted pendulum on the CPU)."""
         if self._evaluate_program is None:
             compiler = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
             self._evaluate_program = compiler.submit(self._compile_evaluation)
             compiler.shutdown(wait=False)  # the thread ends with the compilation
-        return self
-
-    def __enter__(self) -> DeviceCollection:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
+        yield
 
     def check(self) -> None:
-        pass
+        """Nothing runs beside the loop that could fail: every step happens in `feed`."""
 
-    def publish_from(self, learner) -> None:
+    def publish(self, learner: Learner) -> None:
         """Nothing to send: the next chunk acts with the learner's device state itself."""
 
-    def feed(self, learner) -> list:
+    def stop(self) -> dict:
+        return {}  # no worker processes, no stats of theirs
+
+    def feed(self, learner: Learner) -> list:
         """One chunk of every lane, inserted, and the updates it allows, as one compiled call
-        (`Learner.collect_and_update`). No episodes are reported: their returns would have to
-        cross to the host every chunk."""
+        (fastpop.collect.fused) over the learner's state; env lanes, buffers and member states
+        are donated. No episodes are reported: their returns would have to cross to the host
+        every chunk."""
+        if self._fused is None:
+            rollout = self._rollout_chunk
+            self._fused = fused.compile_fused(learner.training, learner.add_rows, rollout)
         self.key, key = jax.random.split(self.key)
-        self.lanes = learner.collect_and_update(self._rollout_chunk, self.lanes, key)
+        plan = learner.plan_chunk(self.parts.collect.envs_per_member)
+        state = learner.device_state()
+        self.lanes, state, metrics = self._fused(self.lanes, *state[:3], key, *state[3:], plan)
+        learner.adopt_chunk(state, plan, metrics)
         return []
 
-    def next_chunk(self):
-        """The next `chunk_len` rows of every lane as device arrays, without inserting them
+    def next_chunk(self, states, hparams, member_steps: int):
+        """The next `chunk_len` rows of every lane as device arrays, acting with the members'
+        `states` and `hparams` after `member_steps` env steps each, without inserting them
         (what `fastpop bench device` times as collection alone)."""
-        learner = self.learner
         self.key, key = jax.random.split(self.key)
-        steps = jnp.int32(learner.limiter.inserted)
-        self.lanes, rows = self._chunk(self.lanes, key, learner.states, learner.hparams, steps)
+        steps = jnp.int32(member_steps)
+        self.lanes, rows = self._chunk(self.lanes, key, states, hparams, steps)
         return rows, []
 
     def evaluate(self, arrays: dict) -> None:
@@ -160,11 +250,8 @@ class DeviceCollection:
         results, self._results = self._results, []
         return results
 
-    def stop(self) -> dict:
-        return {}
-
     def _evaluation_key(self, meta: snapshot.SnapshotMeta):
-        return jax.random.fold_in(jax.random.key(self.config.seed), 7919 * (meta.eval_index + 1))
+        return jax.random.fold_in(jax.random.key(self.parts.seed), 7919 * (meta.eval_index + 1))
 
     def _compile_evaluation(self):
         """The evaluation program for a decoded snapshot, as `evaluate` passes it (so it runs
@@ -174,8 +261,8 @@ class DeviceCollection:
         return self._evaluate.lower(policy, hparams, key).compile()
 
     def _evaluation_program(self):
-        """The program compiled in the background, or, where that failed (or open() was not
-        called), the jitted call, which raises the same error here in the loop."""
+        """The program compiled in the background, or, where that failed (or it was not
+        `running`), the jitted call, which raises the same error here in the loop."""
         if self._evaluate_program is not None:
             try:
                 return self._evaluate_program.result()
@@ -186,12 +273,12 @@ class DeviceCollection:
     # --- compiled programs ---
 
     def _rollout_chunk(self, lanes, key, states, hparams, member_steps):
-        config = self.config
-        policy = self.learner.training.policies(states)  # inside the jit: no host work per chunk
-        size, per_member = config.population.size, config.collect.envs_per_member
-        act = population.population_act(self.learner.agent)
-        warmup_env_steps = -(-config.collect.warmup_steps // per_member)
-        spec = self.learner.agent_spec
+        parts = self.parts
+        policy = parts.training.policies(states)  # inside the jit: no host work per chunk
+        size, per_member = parts.population_size, parts.collect.envs_per_member
+        act = population.population_act(parts.agent)
+        warmup_env_steps = -(-parts.collect.warmup_steps // per_member)
+        spec = parts.env_spec
 
         def lane_act(obs, step_key, index):
             env_steps = member_steps // per_member + index  # per env, as collectors count
@@ -206,15 +293,13 @@ class DeviceCollection:
             return jnp.where(env_steps < warmup_env_steps, warmup, actions).astype(jnp.float32)
 
         lanes, rows, _ = device_rollout.rollout(
-            self.env, self.episode_length, lanes, lane_act, key, config.collect.chunk_len
+            self.env, self.episode_length, lanes, lane_act, key, parts.collect.chunk_len
         )
         return lanes, rows
 
     def _evaluate_members(self, policy, hparams, key):
-        episodes = self.config.eval.episodes
-        return _evaluate(
-            self.env, self.episode_length, self.learner.agent, policy, hparams, key, episodes
-        )
+        episodes, agent = self.parts.eval_episodes, self.parts.agent
+        return _evaluate(self.env, self.episode_length, agent, policy, hparams, key, episodes)
 
 
 def _evaluate(env, episode_length: int, agent, policy, hparams, key, episodes: int):
@@ -245,22 +330,7 @@ def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int)
     return np.asarray(run(policy, hparams, jax.random.key(seed)))
 
 
-def env_state_bytes(config: config_lib.Config) -> int:
-    """Device bytes of the env states a run holds besides its replay: the P x E training lanes
-    and the P x eval.episodes evaluation lanes of device mode (0 in process mode)."""
-    if config_lib.collection_mode(config) != "device":
-        return 0
-    from fastpop.envs.brax_envs import make_brax_env
-
-    env = make_brax_env(config.env.id, config.env.backend)
-    size = config.population.size
-    lanes = size * (config.collect.envs_per_member + config.eval.episodes)
+def env_state_bytes(env, lanes: int) -> int:
+    """Device bytes of the states of `lanes` lanes of `env` (fastpop.run.parts plans them)."""
     shapes = jax.eval_shape(lambda key: device_rollout.init(env, key, lanes), jax.random.key(0))
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
-
-
-def make_collection(config: config_lib.Config, learner):
-    """The config's collection mode (`collect.mode`, resolved per env id)."""
-    if config_lib.collection_mode(config) == "device":
-        return DeviceCollection(config, learner)
-    return ProcessCollection(config, learner)

@@ -150,6 +150,7 @@ def train_config(config, run_dir: Path, overwrite: bool) -> int:
     there is refused (exit 2) unless `overwrite`."""
     from fastpop.config import ConfigError
     from fastpop.run.loop import Run
+    from fastpop.run.parts import build_run
     from fastpop.run.resume import lock_run_directory
 
     try:
@@ -160,7 +161,7 @@ def train_config(config, run_dir: Path, overwrite: bool) -> int:
             )
         if overwrite and run_dir.exists():
             os.close(lock_run_directory(run_dir))  # never delete a live run
-        run = Run(config, run_dir)  # refuses what cannot run before anything is written
+        run = Run(build_run(config), run_dir)  # refuses what cannot run before anything is written
         if overwrite and run_dir.exists():
             import shutil
 

@@ -255,7 +255,7 @@ def _template(config):
     from fastpop import strategies
     from fastpop.config.build import build_agent, build_env_spec
     from fastpop.learn import update_protocol
-    from fastpop.learn.learner import initial_hparams, make_training
+    from fastpop.run.parts import initial_hparams, make_training
 
     try:
         spec = build_env_spec(config)

@@ -106,13 +106,14 @@ def train(args, arguments: dict, execute) -> int:
         from fastpop.config import load_config
         from fastpop.distributed.multihost import DistributedRun
         from fastpop.population import sharding
+        from fastpop.run.parts import build_run
 
         try:
             config = load_config(args.config, args.overrides)
             lockstep.check_config(config)
             sharding.device_count(config)
             run_dir = args.out or Path("results/runs") / config.name
-            run = DistributedRun(config, run_dir)
+            run = DistributedRun(build_run(config), run_dir)
         except (ConfigError, ValueError) as error:
             return fail(str(error))
         problem, descriptor = _owner_verdict(run, run_dir, args.overwrite)
@@ -145,6 +146,7 @@ def _resumed_run(run_dir: Path, overrides: list[str]):
     from fastpop.population import sharding
     from fastpop.run import run_state
     from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE
+    from fastpop.run.parts import build_run
     from fastpop.run.resume import _check_config_file
 
     directory = Path(run_dir) / CHECKPOINTS_DIR
@@ -162,7 +164,7 @@ def _resumed_run(run_dir: Path, overrides: list[str]):
     config = run_state.resume_config(saved, overrides, str(checkpoints.path(steps[0])))
     lockstep.check_config(config)
     sharding.device_count(config)
-    run = DistributedRun(config, Path(run_dir))
+    run = DistributedRun(build_run(config), Path(run_dir))
     run.restore_latest(run.log)
     if run.member_env_steps >= config.train.total_env_steps:
         raise ConfigError(

@@ -8,7 +8,8 @@ only, with the config cut down to them (`local_config`). Rows become global arra
 
 The loop's decisions must be the same on every process, since each compiled call over the
 member arrays is made by all of them: `LockstepWorkers.check`, called once per pass of the loop,
-exchanges one small payload per process (lockstep.Lockstep) and fixes for that pass
+exchanges one small payload per process (fastpop.distributed.lockstep.Lockstep) and fixes for
+that pass
 whether a chunk goes in (every process has one), which evaluation round is complete (every
 process's returns for its members, joined in member order), the clock (process 0's), a stop
 (Ctrl-C or SIGTERM on any process) and a worker failure (on any process). Everything else the
@@ -23,8 +24,9 @@ writes only its own events under <run>/processes/<i>/. Checkpoints are written b
 
 from __future__ import annotations
 
-import time
+import contextlib
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import jax
@@ -34,11 +36,11 @@ from fastpop import config as config_lib
 from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.distributed.checkpoint_sharded import ShardedCheckpoints
 from fastpop.distributed.lockstep import WATCHDOG, Lockstep, ProcessLost, lost_from
-from fastpop.learn.learner import Learner
-from fastpop.population import sharding
-from fastpop.run import run_state
-from fastpop.run.loop import Run
+from fastpop.learn.learner import Learner, LearnerParts
+from fastpop.population import replay, sharding
+from fastpop.run.loop import CHECKPOINTS_DIR, Run
 from fastpop.run.metrics import MetricsWriter
+from fastpop.run.parts import RunParts, RunPieces
 from fastpop.run.stop_signals import StopSignals, stop_exception
 
 PROCESSES_DIR = "processes"
@@ -63,16 +65,16 @@ class HostLearner(Learner):
     """The learner of one process: host reads give this process's members, inserted rows are
     this process's members' rows."""
 
-    def __init__(self, config, spec, agent):
-        super().__init__(config, spec, agent)
-        self.local_size = config.population.size // jax.process_count()
+    def __init__(self, parts: LearnerParts):
+        super().__init__(parts)
+        self.local_size = self.size // jax.process_count()
         self.first_member = jax.process_index() * self.local_size
 
     def _local(self, leaf) -> np.ndarray:
         if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
             return sharding.local_members(leaf)
         leaf = np.asarray(leaf)
-        if leaf.ndim and leaf.shape[0] == self.config.population.size:
+        if leaf.ndim and leaf.shape[0] == self.size:
             return leaf[self.first_member : self.first_member + self.local_size]
         return leaf
 
@@ -122,14 +124,27 @@ class AgreedSignals(StopSignals):
         pass
 
 
-class LockstepWorkers:
-    """This process's `Workers`, behind the run loop's interface, with the loop's decisions made
-    together with the other processes (module docstring)."""
+class LockstepCollection:
+    """This process's collector and evaluator processes (`Workers`, of its own members: see
+    `local_config`), with the loop's decisions made together with the other processes (module
+    docstring). A `Collection` (fastpop.collect.sources); nothing to checkpoint."""
 
     chunks_per_pass = 1  # one agreed chunk per pass
 
-    def __init__(self, run: DistributedRun, workers: Workers):
-        self.run, self.workers, self.lockstep = run, workers, run.lockstep
+    def __init__(
+        self,
+        lockstep: Lockstep,
+        config: config_lib.Config,
+        replay_spec: replay.ReplaySpec,
+        log,
+        signals: StopSignals,
+        local_elapsed: Callable[[], float],
+    ):
+        """config: this process's (`local_config`); local_elapsed: this process's run clock."""
+        self.lockstep, self.config, self.replay_spec, self.log = lockstep, config, replay_spec, log
+        self.signals, self.local_elapsed = signals, local_elapsed
+        self.workers: Workers | None = None  # while running
+        self.agreed_elapsed: float | None = None  # process 0's clock at the latest pass
         self.held = None  # (rows, episodes) of a chunk waiting for the other processes'
         self.chunk_agreed = False
         self.expected: list[int] = []  # eval indices handed to the evaluator, oldest first
@@ -141,22 +156,34 @@ class LockstepWorkers:
     def evaluator_restarts(self) -> int:
         return self.workers.evaluator_restarts
 
-    def __enter__(self) -> LockstepWorkers:
-        self.workers.__enter__()
-        try:
+    @contextlib.contextmanager
+    def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
+        leaves, config, spec = learner.policy_leaves(), self.config, self.replay_spec
+        workers = Workers(
+            config, leaves, spec, self.log, log_event=log_event, generation=generation
+        )
+        with workers:
+            self.workers = workers
             self.check()  # the processes start the loop together, on one clock
-        except BaseException:
-            self.workers.__exit__(None, None, None)
-            raise
-        return self
+            yield
 
-    def __exit__(self, *exc) -> None:
-        self.workers.__exit__(*exc)
+    def abandon(self) -> None:
+        """Another process is lost (the watchdog's thread): no worker process, no segment left
+        behind."""
+        if self.workers is not None:
+            self.workers.__exit__(None, None, None)
 
     def stop(self) -> dict:
         return self.workers.stop()
 
-    def publish_from(self, learner) -> None:
+    def saved(self) -> dict:
+        return {}
+
+    def restore(self, tree: dict) -> None:
+        if tree:
+            raise ValueError("a distributed run restores no collection state")
+
+    def publish(self, learner) -> None:
         self.workers.publish(learner.policy_leaves())
 
     def evaluate(self, arrays: dict) -> None:
@@ -187,9 +214,9 @@ class LockstepWorkers:
         want = self.expected[0] if self.expected else None
         mine = self.results.get(want)
         payload = {
-            "signal": self.run.signals.signal,
+            "signal": self.signals.signal,
             "failure": self.failure,
-            "elapsed": self.run.progress.elapsed(),
+            "elapsed": self.local_elapsed(),
             "chunk": self.held is not None,
             "result": None if mine is None else [mine["return_mean"], mine["return_std"]],
         }
@@ -200,7 +227,7 @@ class LockstepWorkers:
         signals = [theirs["signal"] for theirs in everyone if theirs["signal"] is not None]
         if signals:
             raise stop_exception(signals[0])
-        self.run.agreed_elapsed = everyone[0]["elapsed"]
+        self.agreed_elapsed = everyone[0]["elapsed"]
         self.chunk_agreed = all(theirs["chunk"] for theirs in everyone)
         if all(theirs["result"] is not None for theirs in everyone):
             self.agreed.append(
@@ -229,52 +256,57 @@ class LockstepWorkers:
         return agreed
 
 
-class DistributedCollection:
-    """Process-mode collection of this process's members (fastpop.collect.sources)."""
+class AgreedCheckpoints:
+    """Every process's shards of each checkpoint (`ShardedCheckpoints`, opened when first used:
+    a run that never writes one leaves no manager behind)."""
 
-    def __init__(self, run: DistributedRun):
-        self.run = run
+    def __init__(self, directory: Path, keep: int, agree):
+        self.directory, self.keep, self.agree = directory, keep, agree
+        self.store: ShardedCheckpoints | None = None
 
-    def saved(self) -> dict:
-        return {}
+    def _opened(self) -> ShardedCheckpoints:
+        if self.store is None:
+            self.store = ShardedCheckpoints(self.directory, self.keep, self.agree)
+        return self.store
 
-    def restore(self, tree: dict) -> None:
-        pass
+    def save(self, step: int, tree, metadata: dict) -> Path:
+        store = self._opened()
+        if step in store.steps():  # the same step again: the newer state wins
+            store.manager.delete(step)
+        return store.save(step, tree, metadata)
 
-    def open(self, log, log_event, generation: int) -> LockstepWorkers:
-        run = self.run
-        config = local_config(run.config, jax.process_index(), jax.process_count())
-        leaves, spec = run.learner.policy_leaves(), run.learner.replay_spec
-        workers = Workers(config, leaves, spec, log, log_event=log_event, generation=generation)
-        return LockstepWorkers(run, workers)
+    def describe(self, path: Path) -> tuple[dict, str]:
+        return {"processes": jax.process_count()}, "every process's shards"
+
+    def restore_latest(self, template, warn):
+        return self._opened().restore_latest(template, warn)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
 
 
 class DistributedRun(Run):
-    """`Run` on one process of several (module docstring)."""
+    """`Run` on one process of several (module docstring): the plain run made of this process's
+    pieces (its members' learner and collection, agreed stops, sharded checkpoints)."""
 
-    learner_class = HostLearner
-
-    def __init__(self, config, run_dir: Path, log=print):
+    def __init__(self, parts: RunParts, run_dir: Path, log=print):
         process = jax.process_index()
         if process:
             log = lambda message, log=log: log(f"[process {process}] {message}")
-        super().__init__(config, run_dir, log)
+        config = parts.config
         self.lockstep = Lockstep()
-        self.signals = AgreedSignals()
-        self.collection = DistributedCollection(self)
-        self.agreed_elapsed: float | None = None
-        self._checkpoints: ShardedCheckpoints | None = None  # made when first used
+        signals = AgreedSignals()
+        local = local_config(config, process, jax.process_count())
+        collection = LockstepCollection(
+            self.lockstep, local, parts.replay_spec, log, signals, lambda: self.progress.elapsed()
+        )
+        directory = run_dir / CHECKPOINTS_DIR
+        checkpoints = AgreedCheckpoints(directory, config.checkpoint.keep, self.lockstep.exchange)
+        learner = HostLearner(parts.learner_parts())
+        super().__init__(parts, run_dir, log, RunPieces(learner, collection, signals, checkpoints))
         if process:  # its own files only; the run directory is process 0's
             self.run_dir = Path(run_dir) / PROCESSES_DIR / str(process)
-
-    @property
-    def checkpoints(self) -> ShardedCheckpoints:
-        if self._checkpoints is None:
-            keep = self.config.checkpoint.keep
-            self._checkpoints = ShardedCheckpoints(
-                self.checkpoint_dir, keep, self.lockstep.exchange
-            )
-        return self._checkpoints
 
     def run(self) -> dict:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -290,8 +322,7 @@ class DistributedRun(Run):
             self._note_lost(lost)
             raise lost from None
         finally:
-            if self._checkpoints is not None:
-                self._checkpoints.close()
+            self.checkpoints.close()
 
     def _note_lost(self, error: ProcessLost) -> None:
         with MetricsWriter(self.run_dir, tensorboard=False) as events:
@@ -299,42 +330,15 @@ class DistributedRun(Run):
 
     def _emergency(self, error: ProcessLost) -> None:
         """The watchdog's (another thread's) last acts while this loop waits on the lost one."""
-        workers = getattr(self, "workers", None)
-        if workers is not None:
-            workers.__exit__(None, None, None)  # no worker process, no segment left behind
+        self.collection.abandon()
         self._note_lost(error)
 
     def elapsed(self) -> float:
         """The clock every process agreed on at the latest pass of the loop."""
-        if self.agreed_elapsed is None:
-            return super().elapsed()
-        return self.agreed_elapsed
+        agreed = self.collection.agreed_elapsed
+        return super().elapsed() if agreed is None else agreed
 
     def open_metrics(self, purge_step):
         if jax.process_index() == 0:
             return super().open_metrics(purge_step)
         return HostEvents(self.run_dir, tensorboard=False)
-
-    def save_checkpoint(self, reason: str) -> Path:
-        start = time.perf_counter()
-        with self.watch.phase(f"writing a checkpoint ({reason})"):
-            tree, metadata = run_state.capture(self, reason)
-            steps = self.member_env_steps
-            if steps in self.checkpoints.steps():  # the same step again: the newer state wins
-                self.checkpoints.manager.delete(steps)
-            path = self.checkpoints.save(steps, tree, metadata)
-        seconds = time.perf_counter() - start
-        self.timers["checkpoints"] += seconds
-        self.progress.last_checkpoint = (self.elapsed(), self.member_env_steps)
-        self.metrics.log_event(
-            "checkpoint",
-            {"path": str(path), "reason": reason, "member_env_steps": steps, "seconds": seconds}
-            | {"processes": jax.process_count(), "replay": self.config.checkpoint.replay},
-        )
-        self.log(f"checkpoint {path} ({reason}; every process's shards in {seconds:.1f}s)")
-        return path
-
-    def restore_latest(self, warn=print) -> Path:
-        tree, metadata, path = self.checkpoints.restore_latest(self.checkpoint_template, warn)
-        self.restore(tree, metadata, path)
-        return path

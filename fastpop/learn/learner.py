@@ -2,153 +2,86 @@
 bookkeeping around it (rate limiter, update counter, the strategy's state).
 
 `Run` (fastpop.run.loop) drives it: `insert` collected rows, `update` when `can_update`,
-`policy_leaves` for the workers, `strategy_step` after each evaluation round. How members are
-trained and changed between rounds is the strategy's `Training` (update_protocol.py); where rows
-live is the `ReplayStore`: the learner itself does not depend on either's kind.
+`policy_leaves` for the workers, `strategy_step` after each evaluation round; device mode's
+collection runs one program per chunk over its `device_state` (`plan_chunk`, `adopt_chunk`).
+How members are trained and changed between rounds is the strategy's `Training`
+(fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the learner itself does
+not depend on either's kind. Its parts are built once, by fastpop.run.parts.
 """
 
 from __future__ import annotations
 
-import functools
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import config as config_lib
-from fastpop import population, strategies
-from fastpop.collect.segments import memory_order_problem
-from fastpop.collect.sources import env_state_bytes
-from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.learn import update_protocol
-from fastpop.learn.rate_limiter import InProgramLimiter, RateLimiter
-from fastpop.learn.replay_store import ReplayStore, layout_for
-from fastpop.population import sharding
-from fastpop.strategies.base import Evaluation
+from fastpop.learn.rate_limiter import RateLimiter
+from fastpop.learn.replay_store import ReplayStore
+from fastpop.population import replay
+from fastpop.strategies.base import Evaluation, Strategy
 from fastpop.strategies.codec import join_strategy_state, split_strategy_state
+from fastpop.types import EnvSpec, PRNGKey, PyTree
 
 
-def prepare(config: config_lib.Config):
-    """Everything that can refuse a config, checked before any process or file exists:
-    (env spec, agent)."""
-    processes = config_lib.collection_mode(config) == "processes"
-    if processes and (problem := memory_order_problem()) is not None:
-        raise config_lib.ConfigError(f"{problem} (or step brax envs with collect.mode: device)")
-    spec = build_env_spec(config)
-    agent = build_agent(config, spec)
-    estimate = config_lib.memory_estimate(config, spec)
-    if not estimate.fits:
-        raise config_lib.ConfigError(estimate.message)
-    env_bytes = env_state_bytes(config)  # device mode: env states live beside the replay
-    if estimate.bytes_needed + env_bytes > estimate.bytes_available:
-        raise config_lib.ConfigError(
-            f"{estimate.message}, and the device environments' states need "
-            f"{env_bytes / 2**20:,.1f} MiB more: lower population.size or "
-            "collect.envs_per_member"
-        )
-    sharding.device_count(config)  # population.devices: enough devices, an even split
-    return spec, agent
+class LearnerParts(NamedTuple):
+    """What a learner is made of, decided once by `fastpop.run.parts.build_run`."""
+
+    agent: Any
+    env_spec: EnvSpec
+    replay_spec: replay.ReplaySpec
+    replay_layout: str  # replay_store.LAYOUTS
+    population_size: int
+    strategy: Strategy
+    training: update_protocol.Training
+    limiter: RateLimiter
+    mesh: Any  # jax.sharding.Mesh, or None: one device
+    hparams: PyTree  # every member's initial hparams, stacked
+    seed: int
+    updates_per_call: int
 
 
-def initial_hparams(config: config_lib.Config, agent):
-    """Stacked hparams of every member: the config's values and the strategy's overrides."""
-    overrides = strategies.member_overrides(config)
-    return population.broadcast_hparams(
-        config_lib.default_member_hparams(config, agent),
-        config.population.size,
-        **{name: [o[name] for o in overrides] for name in (overrides[0] if overrides else {})},
-    )
+class DeviceState(NamedTuple):
+    """The learner's device arrays a compiled program reads and returns (device mode's one
+    program per chunk: fastpop.collect.fused)."""
+
+    buffers: Any
+    states: Any
+    key: PRNGKey
+    hparams: PyTree
+    member_hparams: Any
 
 
-def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch, mesh=None):
-    """The strategy's `Training` under the config's execution and replay layout, with its
-    members split over `mesh` (population.devices > 1)."""
-    updates = config.train.updates_per_call
-    unroll = population.scan_unroll(spec.obs_shape, updates)
-    return update_protocol.make_training(
-        agent,
-        strategy,
-        config.population.execution,
-        sample_batch,
-        updates,
-        config.replay.shared,
-        unroll,
-        mesh,
-    )
+class ChunkPlan(NamedTuple):
+    """The host's part of one device-mode chunk, fixed before its program runs."""
 
-
-def make_limiter(config: config_lib.Config, agent) -> RateLimiter:
-    """Device mode keeps samples_per_insert exactly inside its one program per chunk; process
-    mode lets collection and learning drift apart by the tolerance."""
-    kind = InProgramLimiter if config_lib.collection_mode(config) == "device" else RateLimiter
-    return kind(
-        config.replay.samples_per_insert,
-        config.replay.min_size,
-        config.replay.tolerance,
-        samples_per_call=config.train.updates_per_call * agent.batch_size,
-        insert_size=config.collect.chunk_len * config.collect.envs_per_member,
-    )
-
-
-def fused_iteration(
-    training,
-    add_rows,
-    collect,
-    lanes,
-    buffers,
-    states,
-    key,
-    collect_key,
-    hparams,
-    member_hparams,
-    joins,
-    env_steps,
-    calls,
-):
-    """One chunk of device collection, its insert and `calls` update calls as one program:
-    collect(lanes, key, states, hparams, env_steps) -> (lanes, rows) acts with the states as
-    they are before this chunk's updates (what process mode's collectors do with the last
-    published params). The update keys are split from `key` as `Learner.update` splits them,
-    so the numbers equal the same calls made one at a time. Metrics: the last call's (NaN
-    when there was none)."""
-    lanes, rows = collect(lanes, collect_key, states, hparams, env_steps)
-    buffers = add_rows(buffers, rows, joins)
-
-    def one_call(_, carry):
-        states, key, _ = carry
-        key, update_key = jax.random.split(key)
-        states, metrics = update_protocol.update(states, buffers, member_hparams, update_key)
-        return states, key, metrics
-
-    shapes = jax.eval_shape(update_protocol.update, states, buffers, member_hparams, key)[1]
-    metrics = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
-    states, key, metrics = jax.lax.fori_loop(0, calls, one_call, (states, key, metrics))
-    return lanes, buffers, states, key, metrics
+    env_steps: np.int32  # per member, before the chunk: what its exploration acts at
+    joins: np.ndarray  # (P,) bool: members whose buffer was just copied
+    calls: np.int32  # update calls the chunk's rows allow
 
 
 class Learner:
     """Device state (member states, replay) and the host-side bookkeeping around it."""
 
-    def __init__(self, config: config_lib.Config, spec, agent):
-        self.config = config
-        self.agent, self.agent_spec = agent, spec
-        size = config.population.size
-        self.hparams = initial_hparams(config, agent)
-        self.replay_spec = build_replay_spec(config, spec)
-        layout = layout_for(config.replay.shared, config.population.execution)
-        self.mesh = sharding.mesh_for(config)  # None: one device
-        self.replay = ReplayStore(self.replay_spec, layout, size, agent.batch_size, self.mesh)
-        self.strategy = strategies.make_strategy(config)
-        self.training = make_training(
-            config, spec, agent, self.strategy, self.replay.sample_batch, self.mesh
+    def __init__(self, parts: LearnerParts):
+        self.agent, self.agent_spec = parts.agent, parts.env_spec
+        self.size, self.updates_per_call = parts.population_size, parts.updates_per_call
+        self.hparams = parts.hparams
+        self.replay_spec = parts.replay_spec
+        self.mesh = parts.mesh  # None: one device
+        self.replay = ReplayStore(
+            parts.replay_spec, parts.replay_layout, self.size, parts.agent.batch_size, self.mesh
         )
-        self.key, init_key = jax.random.split(jax.random.key(config.seed))
+        self.strategy = parts.strategy
+        self.training = parts.training
+        self.key, init_key = jax.random.split(jax.random.key(parts.seed))
         self.states, self.strategy_state = self.training.init(init_key, self.hparams)
         self.member_hparams = self.training.adopt(self.hparams)
-        self.limiter = make_limiter(config, agent)
+        self.limiter = parts.limiter
         self.updates = 0
         self._metrics: dict | None = None
-        self._fused: dict = {}  # collect function -> its compiled fused iteration
 
     @property
     def buffers(self):
@@ -204,11 +137,20 @@ class Learner:
 
     # --- the loop's calls ---
 
+    @property
+    def member_env_steps(self) -> int:
+        """Env steps inserted per member so far: the run's clock of progress."""
+        return self.limiter.inserted
+
     def policy_tree(self) -> tuple:
         """What collectors and the evaluator act with: stacked policy params and hparams, and
         the env steps per member so far (see `collect.collector.policy_template`)."""
         policy = self.training.policies(self.states)
         return policy, self.hparams, np.asarray(self.limiter.inserted, np.int32)
+
+    def policy_template(self):
+        """`policy_tree`'s shapes and dtypes, allocating nothing (what a snapshot decodes to)."""
+        return jax.eval_shape(self.policy_tree)
 
     def policy_leaves(self) -> list[np.ndarray]:
         """`policy_tree` as host arrays, in leaf order (shared memory, snapshots)."""
@@ -229,42 +171,44 @@ class Learner:
             self.states, self.replay.buffers, self.member_hparams, update_key
         )
         self.limiter.record_sample()
-        self.updates += self.config.train.updates_per_call
+        self.updates += self.updates_per_call
         self._metrics = metrics  # read (a device-to-host copy) only when logged
 
-    def collect_and_update(self, collect, lanes, collect_key):
-        """Device mode: the next chunk of rows, their insert and every update call they allow
-        (`InProgramLimiter.calls_due`) in one compiled call (`fused_iteration`); env lanes and
-        buffers are donated. Returns the lanes after the chunk."""
+    # --- device mode: one program per chunk (fastpop.collect.fused) ---
+
+    def plan_chunk(self, lanes_per_member: int) -> ChunkPlan:
+        """Records the insert of the next chunk of rows (made on the device) and fixes what its
+        program needs: the env steps before it, the join marks (cleared here) and the update
+        calls the rows allow (`InProgramLimiter.calls_due`)."""
         limiter = self.limiter
         env_steps = np.int32(limiter.inserted)
         joins = self.replay.take_joins()
         limiter.record_insert()
-        rows_per_lane = (
-            limiter.inserted - limiter.refill_from
-        ) // self.config.collect.envs_per_member
+        rows_per_lane = (limiter.inserted - limiter.refill_from) // lanes_per_member
         calls = limiter.calls_due() if rows_per_lane >= 2 else 0  # a transition is two rows
-        program = self._fused.get(collect)
-        if program is None:
-            fused = functools.partial(fused_iteration, self.training, self.replay.add_rows, collect)
-            program = self._fused[collect] = jax.jit(fused, donate_argnums=(0, 1, 2))
-        lanes, self.replay.buffers, self.states, self.key, metrics = program(
-            lanes,
-            self.replay.buffers,
-            self.states,
-            self.key,
-            collect_key,
-            self.hparams,
-            self.member_hparams,
-            joins,
-            env_steps,
-            np.int32(calls),
+        return ChunkPlan(env_steps, joins, np.int32(calls))
+
+    @property
+    def add_rows(self):
+        """`insert` as a pure function of (buffers, rows, joins), for a program that makes its
+        own rows: `ReplayStore.add_rows`."""
+        return self.replay.add_rows
+
+    def device_state(self) -> DeviceState:
+        """The arrays a chunk's program takes (buffers, states and key are donated to it)."""
+        return DeviceState(
+            self.replay.buffers, self.states, self.key, self.hparams, self.member_hparams
         )
-        limiter.record_calls(calls)
-        self.updates += calls * self.config.train.updates_per_call
+
+    def adopt_chunk(self, state: DeviceState, plan: ChunkPlan, metrics: dict) -> None:
+        """The learner after a chunk's program: its buffers, states and key, its update calls
+        counted, their metrics (the last call's) kept when there was one."""
+        self.replay.buffers, self.states, self.key = state.buffers, state.states, state.key
+        calls = int(plan.calls)
+        self.limiter.record_calls(calls)
+        self.updates += calls * self.updates_per_call
         if calls:
             self._metrics = metrics
-        return lanes
 
     @property
     def last_metrics(self) -> dict[str, float]:

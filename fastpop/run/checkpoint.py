@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -234,3 +234,34 @@ def restore_latest(
             continue
         return tree, metadata, path
     raise CheckpointError(f"no usable checkpoint in {directory}:\n  " + "\n  ".join(problems))
+
+
+class CheckpointStore(Protocol):
+    """Where a run's checkpoints go: this process's directory (`LocalCheckpoints`) or every
+    process's shards (fastpop.distributed.checkpoint_sharded)."""
+
+    def save(self, step: int, tree: Any, metadata: dict) -> Path:
+        """Writes one checkpoint; its path."""
+
+    def describe(self, path: Path) -> tuple[dict, str]:
+        """(fields for the checkpoint event, what was written, for the log line)."""
+
+    def restore_latest(self, template, warn) -> tuple[Any, dict, Path]:
+        """(tree, metadata, path) of the newest checkpoint that reads back whole."""
+
+
+class LocalCheckpoints:
+    """Checkpoints of a run on one process: <run>/checkpoints, the newest `keep` kept."""
+
+    def __init__(self, directory: Path, keep: int):
+        self.directory, self.keep = directory, keep
+
+    def save(self, step: int, tree: Any, metadata: dict) -> Path:
+        return save(self.directory, step, tree, metadata, self.keep)
+
+    def describe(self, path: Path) -> tuple[dict, str]:
+        size = sum(f.stat().st_size for f in path.iterdir())
+        return {"bytes": size}, f"{size / 1e6:,.1f} MB"
+
+    def restore_latest(self, template, warn) -> tuple[Any, dict, Path]:
+        return restore_latest(self.directory, template, warn)

@@ -22,7 +22,8 @@ from fastpop import population
 from fastpop.collect.evaluator import evaluate_population
 from fastpop.collect.rollout import RowStream
 from fastpop.envs import make_vector_env
-from fastpop.learn.learner import Learner, prepare
+from fastpop.learn.learner import Learner
+from fastpop.run.parts import build_learner
 from fastpop.strategies.base import Evaluation
 from fastpop.types import PyTree
 
@@ -39,7 +40,7 @@ def train_in_process(config: config_lib.Config) -> InProcessResult:
     """Train for `train.total_env_steps` per member; member m owns envs m*E .. m*E+E-1. Every
     `eval.interval` env steps per member (and at the end) each member is evaluated with the
     policy held constant and the round goes to the strategy."""
-    learner = Learner(config, *prepare(config))
+    learner = build_learner(config)
     size, per_member = config.population.size, config.collect.envs_per_member
     num_envs = size * per_member
     atari = config_lib.atari_options(config)

@@ -21,14 +21,13 @@ import numpy as np
 from fastpop import config as config_lib
 from fastpop import strategies
 from fastpop.collect import snapshot
-from fastpop.collect.sources import make_collection
 from fastpop.collect.workers import WorkerFailed
-from fastpop.learn.learner import Learner, prepare
 from fastpop.run import checkpoint, run_state
 from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
+from fastpop.run.parts import RunParts, RunPieces, local_pieces
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows, format_breakdown
-from fastpop.run.stop_signals import StopRequested, StopSignals
+from fastpop.run.stop_signals import StopRequested
 from fastpop.run.trackers import check_trackers, open_trackers
 from fastpop.strategies.base import Evaluation
 
@@ -45,21 +44,20 @@ class TrainError(RuntimeError):
 class Run:
     """One training run: the loop, its clock, its outputs."""
 
-    learner_class = Learner  # a distributed run's learner reads only its own members
-
-    def __init__(self, config: config_lib.Config, run_dir: Path, log=print):
-        check_trackers(config.log)  # a missing wandb: refused before anything starts
-        self.config = config
+    def __init__(self, parts: RunParts, run_dir: Path, log=print, pieces: RunPieces | None = None):
+        check_trackers(parts.config.log)  # a missing wandb: refused before anything starts
+        self.parts = parts
+        self.config = config = parts.config  # the record written with the run
         self.run_dir = run_dir
         self.log = log
-        self.spec, agent = prepare(config)
-        self.learner = self.learner_class(config, self.spec, agent)
-        self.collection = make_collection(config, self.learner)  # processes or device
-        self.strategy = self.learner.strategy
+        self.spec = parts.env_spec
+        if pieces is None:
+            pieces = local_pieces(parts, run_dir / CHECKPOINTS_DIR, log)
+        self.learner, self.collection, self.signals, self.checkpoints = pieces
+        self.strategy = parts.strategy
         interval = self.strategy.evaluation_interval
         self.progress = RunProgress(config.population.size, next_eval=interval)
         self.pending = PendingEvaluations()
-        self.signals = StopSignals()
         self.training_done = False  # no strategy steps on the final evaluation
         self.checkpoint_dir = run_dir / CHECKPOINTS_DIR
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
@@ -70,7 +68,7 @@ class Run:
 
     @property
     def member_env_steps(self) -> int:
-        return self.learner.limiter.inserted
+        return self.learner.member_env_steps
 
     @property
     def timers(self) -> dict:
@@ -97,11 +95,9 @@ class Run:
             self.signals,
             self.watch,
             self.open_metrics(purge_step) as metrics,
-            self.collection.open(
-                self.log, log_event=metrics.log_event, generation=self.progress.resumes
-            ) as workers,
+            self.collection.running(self.learner, metrics.log_event, self.progress.resumes),
         ):
-            self.metrics, self.workers = metrics, workers
+            self.metrics = metrics
             self._announce_resume()
             try:
                 self.signals.in_loop = True
@@ -116,7 +112,7 @@ class Run:
             except OSError as error:
                 raise self._write_failed(error) from None
             self._stop_checkpoint(stopped_by)
-            self.worker_stats = workers.stop()
+            self.worker_stats = self.collection.stop()
             return self._summary(stopped_by)
 
     def open_metrics(self, purge_step: int | None) -> MetricsWriter:
@@ -142,18 +138,17 @@ class Run:
         with_replay = self.config.checkpoint.replay
         with self.watch.phase(f"writing a checkpoint ({reason})"):
             tree, metadata = run_state.capture(self, reason)
-            steps, keep = self.member_env_steps, self.config.checkpoint.keep
-            path = checkpoint.save(self.checkpoint_dir, steps, tree, metadata, keep)
+            path = self.checkpoints.save(self.member_env_steps, tree, metadata)
         seconds = time.perf_counter() - start
         self.timers["checkpoints"] += seconds
         self.progress.last_checkpoint = (self.elapsed(), self.member_env_steps)
-        size = sum(f.stat().st_size for f in path.iterdir())
+        fields, written = self.checkpoints.describe(path)
         self.metrics.log_event(
             "checkpoint",
             {"path": str(path), "reason": reason, "member_env_steps": self.member_env_steps}
-            | {"seconds": seconds, "bytes": size, "replay": with_replay},
+            | {"seconds": seconds, **fields, "replay": with_replay},
         )
-        self.log(f"checkpoint {path} ({reason}; {size / 1e6:,.1f} MB in {seconds:.1f}s)")
+        self.log(f"checkpoint {path} ({reason}; {written} in {seconds:.1f}s)")
         return path
 
     def _stop_checkpoint(self, reason: str) -> None:
@@ -185,9 +180,17 @@ class Run:
         return run_state.template(self, metadata)
 
     def restore(self, tree: dict, metadata: dict, path: Path) -> None:
-        """Continue from a checkpoint (before `run`)."""
-        run_state.apply(self, tree, metadata)
+        """Continue from a checkpoint (before `run`): the learner and the collection restore
+        their own state; the run adopts the progress and pending evaluations restored for it."""
+        restored = run_state.restore(self, tree, metadata)
+        self.progress, self.pending = restored.progress, restored.pending
         self.resumed_from = {"path": str(path), "logs": metadata["logs"], **metadata["run"]}
+
+    def restore_latest(self, warn=print) -> Path:
+        """Continue from the newest checkpoint that reads back whole; returns its path."""
+        tree, metadata, path = self.checkpoints.restore_latest(self.checkpoint_template, warn)
+        self.restore(tree, metadata, path)
+        return path
 
     def _announce_resume(self) -> None:
         resumed = self.resumed_from
@@ -209,14 +212,14 @@ class Run:
             | {"wall_time": resumed["elapsed"], "replay_restored": resumed["replay_saved"]},
         )
         for arrays in self.pending.in_order():  # results the previous process never received
-            self.workers.evaluate(arrays)
+            self.collection.evaluate(arrays)
 
     def _loop(self) -> None:
         learner, total = self.learner, self.config.train.total_env_steps
         max_seconds = self.config.train.max_wall_seconds or math.inf
         while self.member_env_steps < total and self.elapsed() < max_seconds:
             self.signals.check()
-            self.workers.check()
+            self.collection.check()
             busy = self._collect()
             waiting = self.strategy.waits_for_evaluation and bool(self.pending)
             if learner.can_update() and not waiting:
@@ -226,7 +229,7 @@ class Run:
                 first = "compiling the population update (its first call)"
                 with self.watch.phase("population update" if self.updated else first):
                     learner.update()
-                    self.workers.publish_from(learner)
+                    self.collection.publish(learner)
                 self.updated = True
                 self.timers["update"] += time.perf_counter() - start
                 busy = True
@@ -242,14 +245,14 @@ class Run:
     def _collect(self) -> bool:
         """Moves complete chunks (one per collector) into the replay while the limiter allows;
         device mode: one chunk per pass, inserted and learned from in one compiled call."""
-        moved, limit = 0, self.workers.chunks_per_pass
+        moved, limit = 0, self.collection.chunks_per_pass
         while (
             self.learner.limiter.can_insert()
             and self.member_env_steps < self.config.train.total_env_steps
             and (limit is None or moved < limit)
         ):
             start = time.perf_counter()
-            episodes = self.workers.feed(self.learner)
+            episodes = self.collection.feed(self.learner)
             self.timers["transport"] += time.perf_counter() - start  # snapshots timed apart
             if episodes is None:
                 break
@@ -277,7 +280,7 @@ class Run:
         )
         with self.watch.phase("evaluation snapshot"):
             arrays = snapshot.encode(self.learner.policy_leaves(), meta)
-            self.workers.evaluate(arrays)
+            self.collection.evaluate(arrays)
         self.pending.add(arrays, self.learner.all_member_hparams())
         progress.snapshot_env_steps = self.member_env_steps
         progress.eval_index += 1
@@ -286,15 +289,15 @@ class Run:
     def _resend_lost_snapshots(self) -> None:
         """After an evaluator restart, hand every unanswered snapshot to the new one (those still
         in the ring are evaluated twice; the second result is ignored)."""
-        if self.workers.evaluator_restarts == self.evaluator_restarts_seen:
+        if self.collection.evaluator_restarts == self.evaluator_restarts_seen:
             return
-        self.evaluator_restarts_seen = self.workers.evaluator_restarts
+        self.evaluator_restarts_seen = self.collection.evaluator_restarts
         for arrays in self.pending.in_order():
-            self.workers.evaluate(arrays)
+            self.collection.evaluate(arrays)
 
     def _receive_evaluations(self, timeout: float = 0.0) -> None:
         self._resend_lost_snapshots()
-        for result in self.workers.evaluations(timeout):
+        for result in self.collection.evaluations(timeout):
             hparams = self.pending.take(result["eval_index"])
             if hparams is None:
                 continue  # a duplicate after an evaluator restart
@@ -316,7 +319,7 @@ class Run:
         evaluation = Evaluation(result["eval_index"], member_steps, returns, finite)
         events, scalars = learner.strategy_step(evaluation)
         if events or scalars:
-            self.workers.publish_from(learner)
+            self.collection.publish(learner)
         now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
         self.metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
         if scalars:
@@ -332,7 +335,7 @@ class Run:
         with self.watch.phase("waiting for the final evaluation"):
             while self.pending and time.monotonic() < deadline:
                 self.signals.check()
-                self.workers.check()
+                self.collection.check()
                 self._receive_evaluations(timeout=0.1)
 
     def _progress(self) -> None:
@@ -373,7 +376,7 @@ class Run:
             "learning_started_at": self.progress.learning_started_at,
             "samples_per_insert_target": limiter.samples_per_insert,
             "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
-            "collect_mode": config_lib.collection_mode(self.config),
+            "collect_mode": self.parts.collection_mode,
             "learner_seconds": self.timers,
             "workers": self.worker_stats,
         }

@@ -11,6 +11,7 @@ from pathlib import Path
 from fastpop import config as config_lib
 from fastpop.run import checkpoint, run_state
 from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE, Run
+from fastpop.run.parts import build_run
 
 
 def lock_run_directory(run_dir: Path) -> int:
@@ -78,9 +79,8 @@ def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:
         break
     if config is None:
         raise checkpoint.CheckpointError(f"{directory}: no checkpoint has a readable manifest")
-    run = Run(config, Path(run_dir), log)
-    tree, metadata, path = checkpoint.restore_latest(directory, run.checkpoint_template, log)
-    run.restore(tree, metadata, path)
+    run = Run(build_run(config), Path(run_dir), log)
+    run.restore_latest(log)
     train = config.train
     if run.member_env_steps >= train.total_env_steps:
         raise config_lib.ConfigError(

@@ -8,8 +8,9 @@
                    limiter), the strategy's plain-number state (PBT history, DvD bandit, ...),
                    the run's clock and counters, and the byte length of every log file
 
-`capture` takes both from a Run, `template` is what restoring one needs, `apply` puts a
-not-yet-started Run where the checkpoint left it. Strategy states are NamedTuples of plain
+`capture` takes both from a Run, `template` is what restoring one needs, `restore` puts a
+not-yet-started Run's learner and collection where the checkpoint left them and returns the
+progress and pending evaluations the Run adopts. Strategy states are NamedTuples of plain
 numbers and arrays: `split_strategy_state` takes the arrays out (into the npz) and leaves
 JSON-ready data; `join_strategy_state` puts them back against the state a fresh run starts
 from, which supplies the types (both in `fastpop.strategies.codec`, imported here for callers).
@@ -18,10 +19,11 @@ from, which supplies the types (both in `fastpop.strategies.codec`, imported her
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import NamedTuple, Protocol
 
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
+from fastpop.collect.sources import Collection
 from fastpop.learn.learner import Learner
 from fastpop.run.metrics import MetricsWriter
 from fastpop.run.progress import PendingEvaluations, RunProgress
@@ -33,7 +35,7 @@ class Run(Protocol):
 
     config: config_lib.Config
     learner: Learner
-    collection: Any  # collect.sources: ProcessCollection or DeviceCollection
+    collection: Collection
     progress: RunProgress
     pending: PendingEvaluations
     metrics: MetricsWriter
@@ -95,14 +97,22 @@ def template(run: Run, metadata: dict) -> dict:
     }
 
 
-def apply(run: Run, tree: dict, metadata: dict) -> None:
-    """Put `run` (not started yet) where the checkpoint left it."""
+class Restored(NamedTuple):
+    """The run's own state as a checkpoint left it (what `Run.restore` adopts)."""
+
+    progress: RunProgress
+    pending: PendingEvaluations
+
+
+def restore(run: Run, tree: dict, metadata: dict) -> Restored:
+    """Restores `run`'s learner and collection (not started yet) to where the checkpoint left
+    them; returns the run's progress and pending evaluations as they were."""
     run.learner.restore(tree["learner"], metadata["learner"])
     run.collection.restore(tree.get("collection", {}))
     counters = metadata["run"]
     size = run.config.population.size
-    run.progress = RunProgress.restored(counters, size, run.member_env_steps)
-    run.pending = PendingEvaluations.restored(tree["pending"], counters["pending"])
+    progress = RunProgress.restored(counters, size, run.member_env_steps)
+    return Restored(progress, PendingEvaluations.restored(tree["pending"], counters["pending"]))
 
 
 def resume_config(saved: dict, overrides: Sequence[str], source: str) -> config_lib.Config:

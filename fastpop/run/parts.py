@@ -1,0 +1,211 @@
+"""The one front door: a config becomes a run's parts here, each decided once.
+
+    build_run(config) -> RunParts    env spec (and, device mode, the brax env), agent, replay
+                                     spec, strategy, training, rate limiter, mesh, collection
+                                     mode; refused (ConfigError) before any process or file
+                                     exists
+
+The learner, the collections and the run are made from the parts (`RunParts.learner_parts`,
+`make_collection`): none of them reads the config's fields on its own or works the collection
+mode out again. `fastpop.config.build` keeps the low-level builders that collector and evaluator
+processes (which get the config, not the parts: agents do not cross the spawn boundary) use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from fastpop import config as config_lib
+from fastpop import population, strategies
+from fastpop.agents import Agent
+from fastpop.collect.segments import memory_order_problem
+from fastpop.collect.sources import Collection, DeviceCollection, DeviceParts, ProcessCollection
+from fastpop.collect.sources import env_state_bytes as device_env_state_bytes
+from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.learn import update_protocol
+from fastpop.learn.learner import Learner, LearnerParts
+from fastpop.learn.rate_limiter import InProgramLimiter, RateLimiter
+from fastpop.learn.replay_store import layout_for
+from fastpop.population import replay, sharding
+from fastpop.run.checkpoint import CheckpointStore, LocalCheckpoints
+from fastpop.run.stop_signals import StopSignals
+from fastpop.strategies.base import Strategy
+from fastpop.types import EnvSpec
+
+
+class RunParts(NamedTuple):
+    """Everything a run is made of. `config` is the record written with the run (config.yaml,
+    checkpoints) and what collector processes rebuild their envs and agents from."""
+
+    config: config_lib.Config
+    collection_mode: str  # "processes" or "device", worked out here only
+    env_spec: EnvSpec
+    device_env: Any  # device mode: the brax env, built once; None in process mode
+    agent: Agent
+    replay_spec: replay.ReplaySpec
+    strategy: Strategy
+    training: update_protocol.Training
+    limiter: RateLimiter
+    mesh: Any  # jax.sharding.Mesh over population.devices, or None: one device
+
+    def learner_parts(self) -> LearnerParts:
+        config = self.config
+        return LearnerParts(
+            self.agent,
+            self.env_spec,
+            self.replay_spec,
+            layout_for(config.replay.shared, config.population.execution),
+            config.population.size,
+            self.strategy,
+            self.training,
+            self.limiter,
+            self.mesh,
+            initial_hparams(config, self.agent),
+            config.seed,
+            config.train.updates_per_call,
+        )
+
+    def device_parts(self) -> DeviceParts:
+        config = self.config
+        return DeviceParts(
+            self.device_env,
+            config.env.episode_length,
+            config.collect,
+            config.eval.episodes,
+            config.population.size,
+            config.seed,
+            self.agent,
+            self.env_spec,
+            self.training,
+            self.mesh,
+        )
+
+
+def build_run(config: config_lib.Config) -> RunParts:
+    """A run's parts; everything that can refuse the config is checked here (ConfigError)."""
+    mode, device_env = _collection(config)
+    if mode == "processes" and (problem := memory_order_problem()) is not None:
+        raise config_lib.ConfigError(f"{problem} (or step brax envs with collect.mode: device)")
+    spec = build_env_spec(config)
+    agent = build_agent(config, spec)
+    _check_memory(config, spec, device_env)
+    sharding.device_count(config)  # population.devices: enough devices, an even split
+    replay_spec = build_replay_spec(config, spec)
+    strategy = strategies.make_strategy(config)
+    mesh = sharding.mesh_for(config)
+    training = make_training(config, spec, agent, strategy, _sampler(replay_spec, agent), mesh)
+    limiter = make_limiter(config, agent, mode)
+    return RunParts(
+        config, mode, spec, device_env, agent, replay_spec, strategy, training, limiter, mesh
+    )
+
+
+def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
+    """The config's learner alone (no collection): tests, benchmarks, `fastpop eval`."""
+    return learner_class(build_run(config).learner_parts())
+
+
+def make_collection(parts: RunParts, learner: Learner, log=print):
+    """The parts' collection: collector processes, or brax envs stepped on the device."""
+    if parts.collection_mode == "device":
+        return DeviceCollection(parts.device_parts(), learner.policy_template())
+    return ProcessCollection(parts.config, parts.replay_spec, log)
+
+
+class RunPieces(NamedTuple):
+    """What a run on one process and a run on one of several (fastpop.distributed) differ in."""
+
+    learner: Learner
+    collection: Collection
+    signals: StopSignals
+    checkpoints: CheckpointStore
+
+
+def local_pieces(parts: RunParts, checkpoint_dir: Path, log=print) -> RunPieces:
+    """A run on this process alone: its learner, its collection, Ctrl-C and SIGTERM acted on at
+    once, checkpoints in `checkpoint_dir` (<run>/checkpoints)."""
+    learner = Learner(parts.learner_parts())
+    collection = make_collection(parts, learner, log)  # processes or device
+    checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
+    return RunPieces(learner, collection, StopSignals(), checkpoints)
+
+
+def _collection(config: config_lib.Config) -> tuple[str, Any]:
+    """The collection mode (`collect.mode`, resolved per env id) and, device mode, its env."""
+    mode = config_lib.collection_mode(config)
+    if mode != "device":
+        return mode, None
+    from fastpop.envs.brax_envs import make_brax_env
+
+    return mode, make_brax_env(config.env.id, config.env.backend)
+
+
+def env_state_bytes(config: config_lib.Config, device_env=None) -> int:
+    """Device bytes of the env states a run holds besides its replay: the P x E training lanes
+    and the P x eval.episodes evaluation lanes of device mode (0 in process mode)."""
+    if device_env is None:
+        device_env = _collection(config)[1]
+    if device_env is None:
+        return 0
+    lanes = config.population.size * (config.collect.envs_per_member + config.eval.episodes)
+    return device_env_state_bytes(device_env, lanes)
+
+
+def _check_memory(config: config_lib.Config, spec: EnvSpec, device_env) -> None:
+    estimate = config_lib.memory_estimate(config, spec)
+    if not estimate.fits:
+        raise config_lib.ConfigError(estimate.message)
+    # device mode: env states live beside the replay
+    env_bytes = 0 if device_env is None else env_state_bytes(config, device_env)
+    if estimate.bytes_needed + env_bytes > estimate.bytes_available:
+        raise config_lib.ConfigError(
+            f"{estimate.message}, and the device environments' states need "
+            f"{env_bytes / 2**20:,.1f} MiB more: lower population.size or "
+            "collect.envs_per_member"
+        )
+
+
+def _sampler(replay_spec: replay.ReplaySpec, agent: Agent):
+    """One training batch from one buffer, inside jit (what the executors call)."""
+    return lambda buffer, key: replay.sample(replay_spec, buffer, key, agent.batch_size)
+
+
+def initial_hparams(config: config_lib.Config, agent):
+    """Stacked hparams of every member: the config's values and the strategy's overrides."""
+    overrides = strategies.member_overrides(config)
+    return population.broadcast_hparams(
+        config_lib.default_member_hparams(config, agent),
+        config.population.size,
+        **{name: [o[name] for o in overrides] for name in (overrides[0] if overrides else {})},
+    )
+
+
+def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch, mesh=None):
+    """The strategy's `Training` under the config's execution and replay layout, with its
+    members split over `mesh` (population.devices > 1)."""
+    updates = config.train.updates_per_call
+    unroll = population.scan_unroll(spec.obs_shape, updates)
+    return update_protocol.make_training(
+        agent,
+        strategy,
+        config.population.execution,
+        sample_batch,
+        updates,
+        config.replay.shared,
+        unroll,
+        mesh,
+    )
+
+
+def make_limiter(config: config_lib.Config, agent, mode: str) -> RateLimiter:
+    """Device mode keeps samples_per_insert exactly inside its one program per chunk; process
+    mode lets collection and learning drift apart by the tolerance."""
+    kind = InProgramLimiter if mode == "device" else RateLimiter
+    return kind(
+        config.replay.samples_per_insert,
+        config.replay.min_size,
+        config.replay.tolerance,
+        samples_per_call=config.train.updates_per_call * agent.batch_size,
+        insert_size=config.collect.chunk_len * config.collect.envs_per_member,
+    )
