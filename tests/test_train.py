@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fastpop import config as config_lib
-from fastpop.commands import cli
+from fastpop.commands import cli, run_directory
 from fastpop.learn import learner as learner_lib
 from fastpop.run import checkpoint, loop, resume
 from fastpop.run.stop_signals import STOP_SIGNALS, StopSignals
@@ -77,6 +77,9 @@ def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_step
     assert set(summary["workers"]) == {"collector 0", "collector 1"}
     for name in ("walltime_vs_return.png", "steps_vs_return.png"):
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # What train --overwrite may replace: everything in it is a name fastpop writes there.
+    assert run_directory.is_run_directory(run_dir)
+    assert run_directory.foreign_entries(run_dir) == []
     return summary
 
 

@@ -57,7 +57,13 @@ def add_train_parser(commands) -> None:
         help="override one config value (repeatable)",
     )
     train.add_argument("--out", type=Path, default=None, help="run directory")
-    train.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing run directory: only one fastpop wrote (it holds config.yaml "
+        "and metrics.jsonl or checkpoints/, and no file fastpop does not write there) and no "
+        "live run holds; anything else is refused and left as it is",
+    )
     lockstep.add_arguments(train)
 
 
@@ -147,32 +153,24 @@ def run_train(args: argparse.Namespace) -> int:
 
 def train_config(config, run_dir: Path, overwrite: bool) -> int:
     """Train `config` into `run_dir` (`fastpop train`, `fastpop pbt-replay`); an existing run
-    there is refused (exit 2) unless `overwrite`."""
+    there is refused (exit 2) unless `overwrite`, and anything else that is not empty always
+    (fastpop.commands.run_directory)."""
+    from fastpop.commands import run_directory
     from fastpop.config import ConfigError
     from fastpop.run.loop import Run
-    from fastpop.run.resume import lock_run_directory
 
+    descriptor = None
     try:
-        if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
-            raise ConfigError(
-                f"run directory {run_dir} already exists; choose another --set name=... or "
-                f"--out, pass --overwrite, or continue it with `fastpop resume {run_dir}`"
-            )
-        if overwrite and run_dir.exists():
-            os.close(lock_run_directory(run_dir))  # never delete a live run
-        run = Run(config, run_dir)  # refuses what cannot run before anything is written
-        if overwrite and run_dir.exists():
-            import shutil
-
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        descriptor = lock_run_directory(run_dir)
-    except (ConfigError, ValueError) as error:
-        return fail(str(error))
-    try:
+        try:
+            run_directory.check(run_dir, overwrite)
+            descriptor = run_directory.hold(run_dir, overwrite)  # never replace a live run
+            run = Run(config, run_dir)  # refuses what cannot run before anything is written
+            descriptor = run_directory.replace(run_dir, descriptor)
+        except (ConfigError, ValueError) as error:
+            return fail(str(error))
         return execute(run, run_dir)
     finally:
-        os.close(descriptor)
+        run_directory.release(descriptor)
 
 
 def run_pbt_replay(args: argparse.Namespace) -> int:
