@@ -63,3 +63,20 @@ def test_bench_update_writes_json_and_png(tmp_path, capsys):
             row["agent_updates_per_s"] / rows[("sequential", size)]["agent_updates_per_s"]
         )
     assert "agent-updates/s" in capsys.readouterr().out
+
+
+def test_the_help_says_what_train_does_in_both_collection_modes(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # one line per command
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    (line,) = [
+        line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["train"]
+    ]
+    assert "collector processes (gymnasium ids)" in line
+    assert "on the accelerator with the updates (brax ids)" in line
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "stepped in collector processes next to the learner (collect.mode: processes)" in text
+    assert "no worker processes (collect.mode: device)" in text

@@ -113,3 +113,32 @@ def test_the_time_breakdown_names_device_mode_phases_by_what_they_time():
     assert re.fullmatch(r"  learner fused calls +6\.0s +60\.0%", device[2]), device
     assert re.fullmatch(r"  learner update \(in fused calls\) +0\.0s +0\.0%", device[3]), device
     assert re.fullmatch(r"  learner evaluations +3\.0s +30\.0%", device[4]), device
+
+
+def test_the_breakdown_says_when_no_update_ran_instead_of_nan():
+    summary = {"wall_time": 1.0, "learner_seconds": {}, "workers": {}}
+    summary |= {"samples_per_insert_target": 32.0, "samples_per_insert_achieved": float("nan")}
+    last = format_breakdown(summary | {"updates_per_member": 0}).splitlines()[-1]
+    assert last == (
+        "  samples per insert: no update ran (they start once replay.min_size transitions per "
+        "member are in), 32.0 target"
+    )
+    last = format_breakdown(summary | {"updates_per_member": 3}).splitlines()[-1]
+    assert last == (
+        "  samples per insert: none measured (nothing inserted since learning started), 32.0 target"
+    )
+    last = format_breakdown(summary | {"samples_per_insert_achieved": 31.25}).splitlines()[-1]
+    assert last == "  samples per insert: 31.2 achieved, 32.0 target"
+
+
+def test_a_run_that_ends_before_learning_starts_says_no_update_ran(tmp_path):
+    config = config_lib.load_config(TD3_PENDULUM, [*FAST, "train.total_env_steps=128"])
+    assert config.replay.min_size > 128
+    lines: list[str] = []
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    summary = loop.Run(build_run(config), run_dir, log=lines.append).run()
+    assert summary["updates_per_member"] == 0
+    breakdown = lines[-1].splitlines()
+    assert breakdown[-1].startswith("  samples per insert: no update ran"), breakdown
+    assert "nan" not in lines[-1]

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from fastpop import config as config_lib
-from fastpop.commands import cli
+from fastpop.commands import cli, run_directory
 from fastpop.learn import learner as learner_lib
 from fastpop.run import checkpoint, loop, resume
 from fastpop.run.parts import build_run
+from fastpop.run.stop_signals import STOP_SIGNALS, StopSignals
 from tests.runs import (
     DQN_CARTPOLE,
     ENDLESS,
@@ -77,6 +78,9 @@ def check_run_dir(run_dir: Path, config: Path, overrides: list[str], member_step
     assert set(summary["workers"]) == {"collector 0", "collector 1"}
     for name in ("walltime_vs_return.png", "steps_vs_return.png"):
         assert (run_dir / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # What train --overwrite may replace: everything in it is a name fastpop writes there.
+    assert run_directory.is_run_directory(run_dir)
+    assert run_directory.foreign_entries(run_dir) == []
     return summary
 
 
@@ -282,12 +286,36 @@ def test_ctrl_c_while_the_run_is_built_exits_130_and_creates_nothing(tmp_path, m
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "found",
+    [signal.SIG_IGN, signal.SIG_DFL, signal.default_int_handler, lambda signum, frame: None],
+    ids=["SIG_IGN", "SIG_DFL", "default_int_handler", "a-handler-of-its-own"],
+)
+def test_stop_signals_put_back_the_handlers_they_found(found):
+    """A run started with SIGINT ignored (`nohup`, a background job) or with a handler of its
+    caller's leaves exactly that behind."""
+    before = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    try:
+        signal.signal(signal.SIGINT, found)
+        signals = StopSignals()
+        with signals:
+            assert signal.getsignal(signal.SIGINT) == signals._on_signal
+            assert signal.getsignal(signal.SIGTERM) == signals._on_signal
+        assert signal.getsignal(signal.SIGINT) is found
+        assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 # --- a crash in the learner ---
 
 
 def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monkeypatch):
     """Python prints and drops an exception raised while it runs a gc callback (XLA has one):
-    a Ctrl-C landing there must still stop the run."""
+    a Ctrl-C landing there must still stop the run, which then puts back the SIGINT handler it
+    found (SIG_IGN in a background job or under nohup, Python's default_int_handler otherwise)."""
+    found = signal.getsignal(signal.SIGINT)
     config = config_lib.load_config(TD3_PENDULUM, [*FAST, *ENDLESS])
     real_update = learner_lib.Learner.update
     calls = []
@@ -308,7 +336,7 @@ def test_an_interrupt_swallowed_by_a_callback_still_stops_the_run(tmp_path, monk
     summary = run.run()
     assert summary["stopped_by"] == "interrupted"
     assert len(calls) == 2
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is found
 
 
 def test_learner_crash_propagates_and_leaves_nothing_behind(tmp_path, monkeypatch):

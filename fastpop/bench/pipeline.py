@@ -60,6 +60,7 @@ def bench_pipeline(
     from fastpop.envs import env_spec
     from fastpop.run.loop import Run
     from fastpop.run.parts import build_run
+    from fastpop.run.progress import samples_per_insert_line
 
     algo = "dqn" if env_spec(env_id).discrete else "td3"  # Atari ids: DQN's Nature CNN
     base = {
@@ -122,9 +123,7 @@ def bench_pipeline(
     }
     print(
         f"learner: {run_rate:,.0f} agent-updates/s in the run vs {update_rate:,.0f} in the "
-        f"update benchmark ({run_rate / update_rate:.2f}x); samples per insert "
-        f"{summary['samples_per_insert_achieved']:.1f} achieved, "
-        f"{summary['samples_per_insert_target']:.1f} target"
+        f"update benchmark ({run_rate / update_rate:.2f}x); {samples_per_insert_line(summary)}"
     )
     return result
 

@@ -35,8 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
 def add_train_parser(commands) -> None:
     train = commands.add_parser(
         "train",
-        help="train a population with collector processes",
+        help="train a population: its envs stepped in collector processes (gymnasium ids) or "
+        "on the accelerator with the updates (brax ids)",
         description="Train a population from a YAML preset (configs/) with --set overrides. "
+        "Gymnasium envs are stepped in collector processes next to the learner "
+        "(collect.mode: processes); brax envs (env.id: brax/<name>) are stepped on the "
+        "accelerator, in one compiled program with the updates and no worker processes "
+        "(collect.mode: device). "
         "Writes results/runs/<name>/ (or --out): config.yaml, metrics.jsonl, TensorBoard "
         "events, summary.json, the return plots and checkpoints/ (every "
         "checkpoint.interval_seconds and at every stop; continue with fastpop resume).",
@@ -57,7 +62,13 @@ def add_train_parser(commands) -> None:
         help="override one config value (repeatable)",
     )
     train.add_argument("--out", type=Path, default=None, help="run directory")
-    train.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing run directory: only one fastpop wrote (it holds config.yaml "
+        "and metrics.jsonl or checkpoints/, and no file fastpop does not write there) and no "
+        "live run holds; anything else is refused and left as it is",
+    )
     lockstep.add_arguments(train)
 
 
@@ -147,33 +158,26 @@ def run_train(args: argparse.Namespace) -> int:
 
 def train_config(config, run_dir: Path, overwrite: bool) -> int:
     """Train `config` into `run_dir` (`fastpop train`, `fastpop pbt-replay`); an existing run
-    there is refused (exit 2) unless `overwrite`."""
+    there is refused (exit 2) unless `overwrite`, and anything else that is not empty always
+    (fastpop.commands.run_directory)."""
+    from fastpop.commands import run_directory
     from fastpop.config import ConfigError
     from fastpop.run.loop import Run
     from fastpop.run.parts import build_run
-    from fastpop.run.resume import lock_run_directory
 
+    descriptor = None
     try:
-        if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
-            raise ConfigError(
-                f"run directory {run_dir} already exists; choose another --set name=... or "
-                f"--out, pass --overwrite, or continue it with `fastpop resume {run_dir}`"
-            )
-        if overwrite and run_dir.exists():
-            os.close(lock_run_directory(run_dir))  # never delete a live run
-        run = Run(build_run(config), run_dir)  # refuses what cannot run before anything is written
-        if overwrite and run_dir.exists():
-            import shutil
-
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        descriptor = lock_run_directory(run_dir)
-    except (ConfigError, ValueError) as error:
-        return fail(str(error))
-    try:
+        try:
+            run_directory.check(run_dir, overwrite)
+            descriptor = run_directory.hold(run_dir, overwrite)  # never replace a live run
+            # refuses what cannot run before anything is written
+            run = Run(build_run(config), run_dir)
+            descriptor = run_directory.replace(run_dir, descriptor)
+        except (ConfigError, ValueError) as error:
+            return fail(str(error))
         return execute(run, run_dir)
     finally:
-        os.close(descriptor)
+        run_directory.release(descriptor)
 
 
 def run_pbt_replay(args: argparse.Namespace) -> int:

@@ -64,7 +64,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", type=Path, default=None, help="run directory (default RUN_DIR_replay_memberN)"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --out, only if it is a run fastpop wrote (as train --overwrite)",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",

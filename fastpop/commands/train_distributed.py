@@ -76,26 +76,17 @@ def _owner_verdict(run, run_dir: Path, overwrite: bool):
     verdict: (None or the error, process 0's lock descriptor)."""
     import jax
 
-    from fastpop.run.resume import lock_run_directory
+    from fastpop.commands import run_directory
 
     problem, descriptor = None, None
     if jax.process_index() == 0:
         try:
-            if run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
-                raise ConfigError(
-                    f"run directory {run_dir} already exists; choose another --set name=... "
-                    f"or --out, pass --overwrite, or continue it with `fastpop resume "
-                    f"{run_dir} --distributed`"
-                )
-            if overwrite and run_dir.exists():
-                import shutil
-
-                os.close(lock_run_directory(run_dir))
-                shutil.rmtree(run_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            descriptor = lock_run_directory(run_dir)
+            run_directory.check(run_dir, overwrite, resume_hint=" --distributed")
+            descriptor = run_directory.hold(run_dir, overwrite)  # never replace a live run
+            descriptor = run_directory.replace(run_dir, descriptor)
         except ConfigError as error:
-            problem = str(error)
+            run_directory.release(descriptor)
+            descriptor, problem = None, str(error)
     return run.lockstep.exchange(problem)[0], descriptor
 
 

@@ -4,6 +4,7 @@ saves and restores of the run itself (the learner saves its own state)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import deque
 
@@ -158,9 +159,23 @@ def format_breakdown(summary: dict) -> str:
             if k.endswith("_seconds")
         )
         lines.append(f"  {name:30s} {parts}")
-    achieved = summary["samples_per_insert_achieved"]
-    lines.append(
-        f"  samples per insert: {achieved:.1f} achieved, "
-        f"{summary['samples_per_insert_target']:.1f} target"
-    )
+    lines.append(f"  {samples_per_insert_line(summary)}")
     return "\n".join(lines)
+
+
+def samples_per_insert_line(summary: dict) -> str:
+    """The achieved samples per insert against the target, or why there is none (nan: no
+    update ran, or nothing was inserted after learning started)."""
+    achieved = summary["samples_per_insert_achieved"]
+    target = summary["samples_per_insert_target"]
+    if math.isfinite(achieved):
+        return f"samples per insert: {achieved:.1f} achieved, {target:.1f} target"
+    if not summary.get("updates_per_member"):
+        return (
+            f"samples per insert: no update ran (they start once replay.min_size transitions "
+            f"per member are in), {target:.1f} target"
+        )
+    return (
+        "samples per insert: none measured (nothing inserted since learning started), "
+        f"{target:.1f} target"
+    )
