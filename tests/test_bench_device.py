@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("brax")
 
-from fastpop.bench import commands
+from fastpop.commands import bench as commands
 
 TINY = ["--pop", "2", "--envs-per-member", "2", "--seconds", "0.05", "--chunk-len", "8"]
 TINY += ["--hidden-sizes", "16,16"]
