@@ -78,3 +78,22 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert imported_modules(source) == {"fastpop.run.loop", "fastpop.envs"}
     rank = {layer: index for index, layer in enumerate(layer_order())}
     assert rank[layer_of("fastpop.run.loop")] > rank[layer_of("fastpop.envs.errors")]
+
+
+def test_every_file_the_contributors_page_names_exists():
+    """The two paths name files by path (`learn/learner.py`, from fastpop/ or the repository),
+    the layer map by name within their package: a file moved or renamed without the page
+    following fails here."""
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    named = set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py)`", text))
+    files = {path.name for path in PACKAGE.rglob("*.py")}
+    missing = [
+        name
+        for name in sorted(named)
+        if not (
+            ((PACKAGE / name).is_file() or (REPO / name).is_file())
+            if "/" in name
+            else name in files
+        )
+    ]
+    assert len(named) > 30 and not missing, missing
