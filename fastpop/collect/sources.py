@@ -35,8 +35,10 @@ class Collection(Protocol):
     """What the run loop drives: rows into the learner, snapshots to evaluate, results back.
 
     `running` is the context in which it works (processes started, programs compiling); the
-    learner is the one it feeds, already restored. What it holds for a checkpoint is `saved()`
-    (an empty dict: nothing), put back by `restore` before it runs."""
+    learner is the one it feeds, already restored, and it acts with that learner's policies as
+    they change. `feed` and `evaluations` are called on every pass of the loop: a collection
+    that can fail (a worker process dying) raises there. What it holds for a checkpoint is
+    `saved()` (an empty dict: nothing), put back by `restore` before it runs."""
 
     chunks_per_pass: int | None  # chunks the loop moves per pass (None: every one ready)
 
@@ -47,18 +49,14 @@ class Collection(Protocol):
         self, learner: Learner, log_event: Callable, generation: int
     ) -> contextlib.AbstractContextManager: ...
 
-    def check(self) -> None:
-        """Once per pass of the loop: raise if collection cannot go on."""
-
     def feed(self, learner: Learner) -> list | None:
         """One chunk into the learner: its finished episodes, or None when none was ready."""
 
-    def publish(self, learner: Learner) -> None:
-        """The learner's policies changed: collect with them from now on."""
+    def evaluate(self, arrays: dict) -> None:
+        """Evaluate an encoded snapshot (fastpop.collect.snapshot) of the members' policies."""
 
-    def evaluate(self, arrays: dict) -> None: ...
-
-    def evaluations(self, timeout: float = 0.0) -> list[dict]: ...
+    def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        """The results finished since the last call, waiting up to `timeout` for one."""
 
     def stop(self) -> dict: ...
 
@@ -70,13 +68,17 @@ class Collection(Protocol):
 class ProcessCollection:
     """Collector and evaluator processes (fastpop.collect.workers), started by `running`. The
     processes rebuild their envs and agents from the config (agents do not cross the spawn
-    boundary). Nothing to checkpoint: a resumed run starts new processes with new seeds."""
+    boundary). They act with copies of the policies: on every pass the workers are checked and
+    sent the learner's policies if they changed (`Learner.policy_version`). Nothing to
+    checkpoint: a resumed run starts new processes with new seeds."""
 
     chunks_per_pass = None  # the loop drains every chunk that is ready
 
     def __init__(self, config, replay_spec: replay.ReplaySpec, log=print):
         self.config, self.replay_spec, self.log = config, replay_spec, log
         self.workers = None  # while running
+        self.learner: Learner | None = None  # while running
+        self.published_version = -1
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
@@ -85,26 +87,30 @@ class ProcessCollection:
         leaves = learner.policy_leaves()
         config, spec, log = self.config, self.replay_spec, self.log
         with Workers(config, leaves, spec, log, log_event=log_event, generation=generation) as w:
-            self.workers = w
+            self.workers, self.learner = w, learner
+            self.published_version = learner.policy_version
             yield
 
     @property
     def evaluator_restarts(self) -> int:
         return self.workers.evaluator_restarts
 
-    def check(self) -> None:
+    def _keep_up(self) -> None:
+        """Raise if a worker failed beyond its restarts; send changed policies."""
         self.workers.check()
+        if self.learner.policy_version != self.published_version:
+            self.workers.publish_from(self.learner)
+            self.published_version = self.learner.policy_version
 
     def feed(self, learner: Learner) -> list | None:
+        self._keep_up()
         return self.workers.feed(learner)
-
-    def publish(self, learner: Learner) -> None:
-        self.workers.publish_from(learner)
 
     def evaluate(self, arrays: dict) -> None:
         self.workers.evaluate(arrays)
 
     def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        self._keep_up()
         return self.workers.evaluations(timeout)
 
     def stop(self) -> dict:
@@ -194,12 +200,6 @@ class DeviceCollection:
             self._evaluate_program = compiler.submit(self._compile_evaluation)
             compiler.shutdown(wait=False)  # the thread ends with the compilation
         yield
-
-    def check(self) -> None:
-        """Nothing runs beside the loop that could fail: every step happens in `feed`."""
-
-    def publish(self, learner: Learner) -> None:
-        """Nothing to send: the next chunk acts with the learner's device state itself."""
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs

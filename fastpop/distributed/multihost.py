@@ -6,16 +6,15 @@ process's devices, process by process) and runs collectors and an evaluator for 
 only, with the config cut down to them (`local_config`). Rows become global arrays with
 `jax.make_array_from_process_local_data`: only a process's own rows cross to its own devices.
 
-The loop's decisions must be the same on every process, since each compiled call over the
-member arrays is made by all of them: `LockstepWorkers.check`, called once per pass of the loop,
-exchanges one small payload per process (fastpop.distributed.lockstep.Lockstep) and fixes for
-that pass
-whether a chunk goes in (every process has one), which evaluation round is complete (every
-process's returns for its members, joined in member order), the clock (process 0's), a stop
-(Ctrl-C or SIGTERM on any process) and a worker failure (on any process). Everything else the
-loop decides follows from state that is the same everywhere (the rate limiter, the pending
-rounds). Host reads of member arrays are this process's shards (`HostLearner`) or all-gathers
-made at agreed points (`sharding.to_host`).
+The loop's decisions must be the same on every process, since each compiled call over the member
+arrays is made by all of them: `LockstepCollection.agree`, called once per pass of the loop,
+exchanges one small payload per process (fastpop.distributed.lockstep.Lockstep) and fixes for that
+pass whether a chunk goes in (every process has one), which evaluation round is complete (every
+process's returns for its members, joined in member order), the clock (process 0's), a stop (Ctrl-C
+or SIGTERM on any process) and a worker failure (on any process). Everything else the loop decides
+follows from state that is the same everywhere (the rate limiter, the pending rounds). Host reads of
+member arrays are this process's shards (`HostLearner`) or all-gathers made at agreed points
+(`sharding.to_host`).
 
 Process 0 writes the run directory (metrics, lineage, plots, members, summary); process i > 0
 writes only its own events under <run>/processes/<i>/. Checkpoints are written by every process
@@ -117,17 +116,23 @@ class HostEvents(MetricsWriter):
 
 
 class AgreedSignals(StopSignals):
-    """Ctrl-C / SIGTERM are remembered here and acted on when every process knows of them
-    (`LockstepWorkers.check`); a repeated signal still stops this process at once."""
+    """Ctrl-C / SIGTERM are remembered here and acted on when every process knows of them: the
+    loop's check, once per pass, is the processes' agreement (`LockstepCollection.agree`), which
+    raises the agreed stop. A repeated signal still stops this process at once."""
+
+    def __init__(self, agree: Callable[[], None]):
+        super().__init__()
+        self.agree = agree
 
     def check(self) -> None:
-        pass
+        self.agree()
 
 
 class LockstepCollection:
     """This process's collector and evaluator processes (`Workers`, of its own members: see
     `local_config`), with the loop's decisions made together with the other processes (module
-    docstring). A `Collection` (fastpop.collect.sources); nothing to checkpoint."""
+    docstring): `agree`, once per pass of the loop, through its `signals`' check. A `Collection`
+    (fastpop.collect.sources); nothing to checkpoint."""
 
     chunks_per_pass = 1  # one agreed chunk per pass
 
@@ -137,13 +142,14 @@ class LockstepCollection:
         config: config_lib.Config,
         replay_spec: replay.ReplaySpec,
         log,
-        signals: StopSignals,
         local_elapsed: Callable[[], float],
     ):
         """config: this process's (`local_config`); local_elapsed: this process's run clock."""
         self.lockstep, self.config, self.replay_spec, self.log = lockstep, config, replay_spec, log
-        self.signals, self.local_elapsed = signals, local_elapsed
+        self.signals, self.local_elapsed = AgreedSignals(self.agree), local_elapsed
         self.workers: Workers | None = None  # while running
+        self.learner: Learner | None = None  # while running
+        self.published_version = -1
         self.agreed_elapsed: float | None = None  # process 0's clock at the latest pass
         self.held = None  # (rows, episodes) of a chunk waiting for the other processes'
         self.chunk_agreed = False
@@ -163,8 +169,9 @@ class LockstepCollection:
             config, leaves, spec, self.log, log_event=log_event, generation=generation
         )
         with workers:
-            self.workers = workers
-            self.check()  # the processes start the loop together, on one clock
+            self.workers, self.learner = workers, learner
+            self.published_version = learner.policy_version
+            self.agree()  # the processes start the loop together, on one clock
             yield
 
     def abandon(self) -> None:
@@ -182,9 +189,6 @@ class LockstepCollection:
     def restore(self, tree: dict) -> None:
         if tree:
             raise ValueError("a distributed run restores no collection state")
-
-    def publish(self, learner) -> None:
-        self.workers.publish(learner.policy_leaves())
 
     def evaluate(self, arrays: dict) -> None:
         from fastpop.collect import snapshot
@@ -204,10 +208,14 @@ class LockstepCollection:
         except WorkerFailed as error:
             self.failure = str(error)
 
-    def check(self) -> None:
-        """The agreement of one pass of the loop (raises the agreed stop or failure)."""
+    def agree(self) -> None:
+        """The agreement of one pass of the loop (raises the agreed stop or failure); the
+        collectors get the learner's policies first if they changed."""
         try:
             self.workers.check()
+            if self.learner.policy_version != self.published_version:
+                self.workers.publish(self.learner.policy_leaves())
+                self.published_version = self.learner.policy_version
         except WorkerFailed as error:
             self.failure = str(error)
         self._gather_local()
@@ -296,15 +304,15 @@ class DistributedRun(Run):
             log = lambda message, log=log: log(f"[process {process}] {message}")
         config = parts.config
         self.lockstep = Lockstep()
-        signals = AgreedSignals()
         local = local_config(config, process, jax.process_count())
         collection = LockstepCollection(
-            self.lockstep, local, parts.replay_spec, log, signals, lambda: self.progress.elapsed()
+            self.lockstep, local, parts.replay_spec, log, lambda: self.progress.elapsed()
         )
         directory = run_dir / CHECKPOINTS_DIR
         checkpoints = AgreedCheckpoints(directory, config.checkpoint.keep, self.lockstep.exchange)
         learner = HostLearner(parts.learner_parts())
-        super().__init__(parts, run_dir, log, RunPieces(learner, collection, signals, checkpoints))
+        pieces = RunPieces(learner, collection, collection.signals, checkpoints)
+        super().__init__(parts, run_dir, log, pieces)
         if process:  # its own files only; the run directory is process 0's
             self.run_dir = Path(run_dir) / PROCESSES_DIR / str(process)
 

@@ -81,6 +81,9 @@ class Learner:
         self.member_hparams = self.training.adopt(self.hparams)
         self.limiter = parts.limiter
         self.updates = 0
+        # Counts changes of the acting policies (updates, selections, restores): a collection
+        # whose workers act with copies sends them new ones when it differs from what it sent.
+        self.policy_version = 0
         self._metrics: dict | None = None
 
     @property
@@ -126,6 +129,7 @@ class Learner:
             self.strategy_state, [jnp.asarray(a) for a in tree["strategy"]], counters["strategy"]
         )
         self.updates = counters["updates"]
+        self.policy_version += 1
         limiter = self.limiter
         limiter.inserted, limiter.sampled = counters["inserted"], counters["sampled"]
         limiter.inserted_at_start = counters["inserted_at_start"]
@@ -172,6 +176,7 @@ class Learner:
         )
         self.limiter.record_sample()
         self.updates += self.updates_per_call
+        self.policy_version += 1
         self._metrics = metrics  # read (a device-to-host copy) only when logged
 
     # --- device mode: one program per chunk (fastpop.collect.fused) ---
@@ -232,6 +237,7 @@ class Learner:
             self.training, self.states, self.hparams, selection, self.replay
         )
         self.member_hparams = self.training.adopt(self.hparams)
+        self.policy_version += 1
 
     def strategy_step(self, evaluation: Evaluation) -> tuple[list[dict], dict]:
         """Hand an evaluation round to the strategy's training: it applies the strategy's
@@ -250,4 +256,5 @@ class Learner:
         )
         self.strategy_state, self.states, self.hparams = result[:3]
         self.member_hparams = self.training.adopt(self.hparams)
+        self.policy_version += 1
         return result.events, result.scalars

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 
 from fastpop.agents.base import Agent
 from fastpop.population import chunking
-from fastpop.population.chunking import chunk_size  # noqa: F401 (part of this module's interface)
 from fastpop.types import PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.

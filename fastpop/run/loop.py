@@ -1,6 +1,6 @@
 """The training loop: collectors feed the device replay, the learner updates the population.
 
-    drain chunks -> replay.add -> rate limiter -> K-step population update -> publish params
+    drain chunks -> replay.add -> rate limiter -> K-step population update -> collectors' params
     every eval.interval env steps: snapshot -> evaluator process -> metrics.jsonl
     every checkpoint interval and at every stop: the whole run -> checkpoints/ (run/run_state.py)
 
@@ -219,7 +219,6 @@ class Run:
         max_seconds = self.config.train.max_wall_seconds or math.inf
         while self.member_env_steps < total and self.elapsed() < max_seconds:
             self.signals.check()
-            self.collection.check()
             busy = self._collect()
             waiting = self.strategy.waits_for_evaluation and bool(self.pending)
             if learner.can_update() and not waiting:
@@ -228,8 +227,7 @@ class Run:
                     self.progress.learning_started_at = self.elapsed()
                 first = "compiling the population update (its first call)"
                 with self.watch.phase("population update" if self.updated else first):
-                    learner.update()
-                    self.collection.publish(learner)
+                    learner.update()  # the collection acts with it from its next call
                 self.updated = True
                 self.timers["update"] += time.perf_counter() - start
                 busy = True
@@ -318,8 +316,6 @@ class Run:
         member_steps = result["env_steps"] // len(returns)
         evaluation = Evaluation(result["eval_index"], member_steps, returns, finite)
         events, scalars = learner.strategy_step(evaluation)
-        if events or scalars:
-            self.collection.publish(learner)
         now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
         self.metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
         if scalars:
@@ -335,7 +331,6 @@ class Run:
         with self.watch.phase("waiting for the final evaluation"):
             while self.pending and time.monotonic() < deadline:
                 self.signals.check()
-                self.collection.check()
                 self._receive_evaluations(timeout=0.1)
 
     def _progress(self) -> None:
