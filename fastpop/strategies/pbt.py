@@ -10,10 +10,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population
 from fastpop.strategies.base import PBT_STREAM, Evaluation, Selection, Strategy, stream_rng
 from fastpop.strategies.priors import Prior
 
@@ -91,22 +89,6 @@ def explore(
         if prior.integer:
             explored[name] = int(explored[name])
     return explored
-
-
-def exploit_indices(size: int, exploits: list[Exploit]) -> jnp.ndarray:
-    """indices[i] = the member whose state member i takes (itself unless it is a target)."""
-    indices = np.arange(size)
-    for exploit in exploits:
-        indices[exploit.target] = exploit.source
-    return jnp.asarray(indices)
-
-
-def apply_exploits(stacked_tree, exploits: list[Exploit]):
-    """Every leaf of each target member replaced by its source's; others untouched."""
-    if not exploits:
-        return stacked_tree
-    size = population.population_size(stacked_tree)
-    return population.gather(stacked_tree, exploit_indices(size, exploits))
 
 
 class PBTState(NamedTuple):
