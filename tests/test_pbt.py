@@ -133,9 +133,8 @@ def test_a_member_reset_after_a_nan_is_ranked_on_its_returns_since():
     # fitness_window 2, as configs/dqn_pbt_pong.yaml: member 0's params went non-finite (NaN
     # return) between rounds and the learner reset it; its next return is the best.
     priors = {"actor_lr": parse_prior("actor_lr", {"log_uniform": [3e-5, 3e-3]})}
-    strategy = pbt.make_pbt(
-        4, priors, seed=0, interval=100, evaluation_interval=50, fitness_window=2
-    )
+    settings = pbt.PBTSettings(interval=100, evaluation_interval=50, fitness_window=2)
+    strategy = pbt.make_pbt(4, priors, seed=0, settings=settings)
     state = strategy.init()
     state, _ = strategy.step(state, pbt.Evaluation(0, 50, np.array([np.nan, 1.0, 2, 3])), [])
     hparams = [{"actor_lr": 1e-3}] * 4
