@@ -267,11 +267,11 @@ def test_chunk_candidates():
 
 
 def test_chunk_size_divides_the_population():
-    assert population.chunk_size(64, 8) == 8
-    assert population.chunk_size(12, 8) == 6
-    assert population.chunk_size(7, 4) == 1
-    assert population.chunk_size(4, None) == 4
-    assert population.chunk_size(3, 8) == 3
+    assert chunking.chunk_size(64, 8) == 8
+    assert chunking.chunk_size(12, 8) == 6
+    assert chunking.chunk_size(7, 4) == 1
+    assert chunking.chunk_size(4, None) == 4
+    assert chunking.chunk_size(3, 8) == 3
 
 
 def test_population_of_one_vectorized_equals_sequential():
