@@ -12,7 +12,6 @@ from fastpop import agents, config, envs
 from fastpop.config import (
     Config,
     ConfigError,
-    agent_config,
     config_to_dict,
     default_member_hparams,
     load_config,
@@ -269,6 +268,12 @@ def test_presets_cover_the_readme_runs():
     names = {path.stem for path in PRESETS}
     assert {"td3_pendulum_cpu", "sac_pendulum_cpu", "dqn_cartpole_cpu"} <= names
     assert {"td3_halfcheetah", "sac_hopper", "dqn_pong", "dqn_breakout"} <= names
+
+
+def agent_config(config) -> agents.TD3Config | agents.SACConfig | agents.DQNConfig:
+    """The algo's static config dataclass, from the config's agent section."""
+    configs = {"td3": agents.TD3Config, "sac": agents.SACConfig, "dqn": agents.DQNConfig}
+    return configs[config.algo](**config.agent)
 
 
 def test_agent_and_member_hparams():

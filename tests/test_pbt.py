@@ -45,13 +45,29 @@ def test_selection_sizes_refuse_degenerate_fractions(size, bottom, top, message)
         pbt.selection_sizes(size, bottom, top)
 
 
+def exploit_indices(size: int, exploits: list[pbt.Exploit]) -> np.ndarray:
+    """indices[i] = the member whose state member i takes (itself unless it is a target)."""
+    indices = np.arange(size)
+    for exploit in exploits:
+        indices[exploit.target] = exploit.source
+    return indices
+
+
+def apply_exploits(stacked_tree, exploits: list[pbt.Exploit]):
+    """Every leaf of each target member replaced by its source's; others untouched."""
+    if not exploits:
+        return stacked_tree
+    size = population.population_size(stacked_tree)
+    return population.gather(stacked_tree, jax.numpy.asarray(exploit_indices(size, exploits)))
+
+
 def test_exploit_copies_every_leaf_of_the_source_and_leaves_others_bit_identical():
     agent = tiny_agent("td3")
     hparams = stacked_hparams(agent, 4, actor_lr=[1e-4, 2e-4, 3e-4, 4e-4])
     states = population.init_population(agent, jax.random.key(0), hparams)
     states = states._replace(step=states.step + np.arange(4, dtype=np.int32))
     exploits = [pbt.Exploit(target=1, source=3)]
-    new = pbt.apply_exploits((states, hparams), exploits)
+    new = apply_exploits((states, hparams), exploits)
     new_states, new_hparams = new
     picks = {
         "actor": lambda s: s.actor,
@@ -117,9 +133,8 @@ def test_a_member_reset_after_a_nan_is_ranked_on_its_returns_since():
     # fitness_window 2, as configs/dqn_pbt_pong.yaml: member 0's params went non-finite (NaN
     # return) between rounds and the learner reset it; its next return is the best.
     priors = {"actor_lr": parse_prior("actor_lr", {"log_uniform": [3e-5, 3e-3]})}
-    strategy = pbt.make_pbt(
-        4, priors, seed=0, interval=100, evaluation_interval=50, fitness_window=2
-    )
+    settings = pbt.PBTSettings(interval=100, evaluation_interval=50, fitness_window=2)
+    strategy = pbt.make_pbt(4, priors, seed=0, settings=settings)
     state = strategy.init()
     state, _ = strategy.step(state, pbt.Evaluation(0, 50, np.array([np.nan, 1.0, 2, 3])), [])
     hparams = [{"actor_lr": 1e-3}] * 4

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fastpop import population
-from fastpop.population import chunking, tuning_cache
+from fastpop.population import UpdatePlan, chunking, tuning_cache
 from tests.helpers import (
     leaves_allclose,
     random_buffers,
@@ -26,7 +26,9 @@ PER_MEMBER = {
 
 
 def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, updates=4, name=None):
-    executor = population.make_executor(execution, agent, sampler(spec, agent.batch_size), updates)
+    executor = population.make_executor(
+        execution, UpdatePlan(agent, sampler(spec, agent.batch_size), updates)
+    )
     states = executor.adopt(population.copy_tree(states))
     member_buffers, member_hparams = executor.adopt(buffers), executor.adopt(hparams)
     metrics = None
@@ -92,7 +94,9 @@ def test_td3_actor_waits_for_its_policy_delay():
     hparams = stacked_hparams(agent, 2, policy_delay=[1, 3])
     states = population.init_population(agent, jax.random.key(0), hparams)
     actors = [population.copy_tree(states.actor)]
-    executor = population.vectorized(agent, sampler(spec, agent.batch_size), num_updates=1)
+    executor = population.vectorized(
+        UpdatePlan(agent, sampler(spec, agent.batch_size), num_updates=1)
+    )
     for call in range(3):
         states, metrics = executor.update(states, buffers, hparams, jax.random.key(call))
         actors.append(population.copy_tree(states.actor))
@@ -108,7 +112,9 @@ def test_td3_actor_waits_for_its_policy_delay():
 def test_changing_hparam_values_does_not_recompile():
     agent = tiny_agent("td3")
     spec, buffers = random_buffers("td3", 2)
-    executor = population.vectorized(agent, sampler(spec, agent.batch_size), num_updates=2)
+    executor = population.vectorized(
+        UpdatePlan(agent, sampler(spec, agent.batch_size), num_updates=2)
+    )
     hparams = stacked_hparams(agent, 2)
     states = population.init_population(agent, jax.random.key(0), hparams)
     for call, lr in enumerate([1e-4, 1e-3, 5e-2]):
@@ -140,7 +146,7 @@ def test_broadcast_hparams_errors_name_the_field():
 def test_unknown_execution_is_refused():
     agent = tiny_agent("td3")
     with pytest.raises(ValueError, match="choose one of vectorized, sequential"):
-        population.make_executor("parallel", agent, lambda b, k: None, 1)
+        population.make_executor("parallel", UpdatePlan(agent, lambda b, k: None, 1))
 
 
 @pytest.mark.parametrize("members_per_chunk", [1, 2])
@@ -154,12 +160,12 @@ def test_chunked_vectorized_equals_sequential(shared_replay, members_per_chunk):
         buffers = population.member(buffers, 0)
     hparams = stacked_hparams(agent, size, policy_delay=[1, 2, 1, 3])
     states = population.init_population(agent, jax.random.key(0), hparams)
-    sample = sampler(spec, agent.batch_size)
+    plan = UpdatePlan(agent, sampler(spec, agent.batch_size), 3, shared_replay)
     results = []
     for executor in (
-        population.vectorized(agent, sample, 3, shared_replay, members_per_chunk=members_per_chunk),
-        population.vectorized(agent, sample, 3, shared_replay),
-        population.sequential(agent, sample, 3, shared_replay),
+        population.vectorized(plan, members_per_chunk=members_per_chunk),
+        population.vectorized(plan),
+        population.sequential(plan),
     ):
         member_buffers = buffers if shared_replay else executor.adopt(buffers)
         new_states, _ = executor.update(
@@ -183,9 +189,10 @@ def tuned_vs_sequential():
     hparams = stacked_hparams(agent, 4, policy_delay=[1, 2, 1, 3])
     states = population.init_population(agent, jax.random.key(0), hparams)
     sample = sampler(spec, agent.batch_size)
-    tuned = population.make_executor("vectorized", agent, sample, 3)
+    plan = UpdatePlan(agent, sample, 3)
+    tuned = population.make_executor("vectorized", plan)
     results = []
-    for executor in (tuned, population.sequential(agent, sample, 3)):
+    for executor in (tuned, population.sequential(plan)):
         new_states, _ = executor.update(
             executor.adopt(population.copy_tree(states)),
             executor.adopt(buffers),

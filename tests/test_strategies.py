@@ -104,7 +104,8 @@ def test_bad_strategy_configs_are_refused(overrides, message):
 
 def pbt_strategy(size=4, **kwargs):
     priors = strategies.config_priors(load(TD3_PRIORS))
-    return pbt.make_pbt(size, priors, seed=0, interval=100, evaluation_interval=50, **kwargs)
+    settings = pbt.PBTSettings(interval=100, evaluation_interval=50, **kwargs)
+    return pbt.make_pbt(size, priors, seed=0, settings=settings)
 
 
 def member_hparams(size=4):

@@ -21,7 +21,6 @@ from fastpop.analysis.plot import config_value, ran_minutes, read_run_config, ru
 from fastpop.run.metrics import MEMBERS_FILE, METRICS_FILE, read_metrics
 
 GROUP_BY = ("configuration", "run")
-X_FIELDS = ("wall_minutes", "member_env_steps")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,23 @@ import os
 import platform
 import re
 from pathlib import Path
+from typing import NamedTuple
+
+AUTO = "auto"  # DeviceBenchSettings.process_env: the brax env's MuJoCo counterpart
+
+
+class DeviceBenchSettings(NamedTuple):
+    """What `fastpop bench device` trains at every (P, E) it measures (bench/device.py), and
+    the process-mode training beside it (bench/process_mode.py)."""
+
+    env_id: str  # brax/<name>
+    backend: str | None = None  # brax's pipeline; None: the env's default
+    algo: str = "td3"
+    seconds: float = 6.0  # per measurement, over all its rounds
+    chunk_len: int = 32
+    updates_per_call: int | None = None  # None: chunk_len
+    agent: dict | None = None  # the agent section (hidden_sizes; None: the algo's defaults)
+    process_env: str | None = AUTO  # gymnasium id trained in process mode; None: none
 
 
 def device_label() -> str:

@@ -34,7 +34,7 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop import population
-from fastpop.bench.common import device_label, machine_description
+from fastpop.bench.common import AUTO, DeviceBenchSettings, device_label, machine_description
 from fastpop.bench.device_report import table_row
 from fastpop.bench.process_mode import measure_process_mode, process_config
 from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
@@ -42,16 +42,17 @@ from fastpop.population import replay
 
 ROUNDS = 3  # timed rounds per measurement, the four measurements alternating
 CAPACITY = 100_000  # replay transitions per member (the config default)
-AUTO = "auto"  # bench_device's process_env: the brax env's MuJoCo counterpart
 
 
-def bench_config(env_id, algo, size, per_member, backend, chunk_len, updates_per_call, agent):
-    """The device-mode training config of one (P, E) measurement; `agent`: the agent section
-    (hidden_sizes, batch_size; empty: the algorithm's defaults)."""
+def bench_config(settings: DeviceBenchSettings, size: int, per_member: int) -> config_lib.Config:
+    """The device-mode training config of one (P, E) measurement (`settings.updates_per_call`
+    resolved)."""
     from fastpop.agents import make_agent
     from fastpop.envs.brax_envs import brax_env_spec
 
-    batch = make_agent(algo, brax_env_spec(env_id, backend), **agent).batch_size
+    env_id, backend, chunk_len = settings.env_id, settings.backend, settings.chunk_len
+    agent = settings.agent or {}
+    batch = make_agent(settings.algo, brax_env_spec(env_id, backend), **agent).batch_size
     env = {"id": env_id} | ({} if backend is None else {"backend": backend})
     collect = {"mode": "device", "envs_per_member": per_member, "chunk_len": chunk_len}
     replay = {
@@ -59,9 +60,13 @@ def bench_config(env_id, algo, size, per_member, backend, chunk_len, updates_per
         "min_size": chunk_len * per_member,  # learning starts after the first chunk
         "samples_per_insert": float(batch),  # one update per env step and member
     }
-    data = {"name": "bench_device", "algo": algo, "env": env, "agent": agent, "replay": replay}
-    data |= {"population": {"size": size}, "collect": collect | {"warmup_steps": 0}}
-    data |= {"train": {"updates_per_call": updates_per_call}, "log": {"tensorboard": False}}
+    data = {"name": "bench_device", "algo": settings.algo, "env": env, "agent": agent}
+    data |= {"replay": replay, "population": {"size": size}}
+    data |= {"collect": collect | {"warmup_steps": 0}}
+    data |= {
+        "train": {"updates_per_call": settings.updates_per_call},
+        "log": {"tensorboard": False},
+    }
     return config_lib.config_from_dict(data)
 
 
@@ -163,9 +168,8 @@ class UpdateAlone:
         buffers = add(replay.init_population(spec, size), chunks)
         sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
         unroll = population.scan_unroll(spec.obs_shape, updates_per_call)
-        self.executor = population.make_executor(
-            "vectorized", agent, sample_batch, updates_per_call, unroll=unroll
-        )
+        plan = population.UpdatePlan(agent, sample_batch, updates_per_call, unroll=unroll)
+        self.executor = population.make_executor("vectorized", plan)
         states = population.init_population(agent, key, hparams)
         self.run = [self.executor.adopt(tree) for tree in (states, buffers, hparams)]
         self.size, self.calls = size, 0
@@ -276,21 +280,14 @@ def ratios(row: dict, calls_per_chunk: float) -> dict:
 
 
 def bench_device(
-    env_id: str,
+    settings: DeviceBenchSettings,
     populations: list[int],
     per_member_values: list[int],
-    backend: str | None = None,
-    algo: str = "td3",
-    seconds: float = 6.0,
-    chunk_len: int = 32,
-    updates_per_call: int | None = None,
-    agent: dict | None = None,
     command: str = "",
     log=print,
-    process_env: str | None = AUTO,
 ) -> dict:
-    """Every (P, E) measured; the result as written to the JSON file. `process_env`: the
-    gymnasium id trained in process mode beside each row (AUTO: the brax env's MuJoCo
+    """Every (P, E) measured; the result as written to the JSON file. `settings.process_env`:
+    the gymnasium id trained in process mode beside each row (AUTO: the brax env's MuJoCo
     counterpart, where it has one; None: no process-mode rows)."""
     from fastpop.agents import make_agent
     from fastpop.envs.brax_envs import (
@@ -300,42 +297,42 @@ def bench_device(
         resolve_backend,
     )
 
-    env_id = check_brax_id(env_id)
-    backend = resolve_backend(env_id, backend)
-    updates_per_call = updates_per_call or chunk_len
+    env_id = check_brax_id(settings.env_id)
+    backend = resolve_backend(env_id, settings.backend)
+    process_env = settings.process_env
     if process_env == AUTO:
         process_env = mujoco_counterpart(env_id)
+    updates_per_call = settings.updates_per_call or settings.chunk_len
+    settings = settings._replace(
+        env_id=env_id, backend=backend, updates_per_call=updates_per_call, process_env=process_env
+    )
+    agent = settings.agent or {}
     load_before, rows = os.getloadavg(), []
     for per_member in per_member_values:
         for size in populations:
-            shape = (size, per_member)
-            config = bench_config(
-                env_id, algo, *shape, backend, chunk_len, updates_per_call, agent or {}
-            )
+            config = bench_config(settings, size, per_member)
             process = None
             if process_env is not None:
-                process = process_config(
-                    process_env, algo, *shape, chunk_len, updates_per_call, agent or {}
-                )
-            rows.append(measure(config, seconds, log, process))
+                process = process_config(settings, size, per_member)
+            rows.append(measure(config, settings.seconds, log, process))
     spec = brax_env_spec(env_id, backend)
-    batch_size = make_agent(algo, spec, **(agent or {})).batch_size
+    batch_size = make_agent(settings.algo, spec, **agent).batch_size
     return {
         "env": env_id,
         "backend": backend,
         "process_env": process_env,
-        "algo": algo,
+        "algo": settings.algo,
         "device": device_label(),
         "jax_version": jax.__version__,
         "machine": machine_description(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "command": command,
         "shapes": {"obs": spec.obs_shape[0], "actions": spec.action_dim},
-        "agent": (agent or {}) | {"batch_size": batch_size},
+        "agent": agent | {"batch_size": batch_size},
         "samples_per_insert": batch_size,
-        "chunk_len": chunk_len,
+        "chunk_len": settings.chunk_len,
         "updates_per_call": updates_per_call,
-        "seconds_per_measurement": seconds,
+        "seconds_per_measurement": settings.seconds,
         "rounds": ROUNDS,
         "rows": rows,
     }

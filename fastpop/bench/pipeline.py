@@ -56,7 +56,7 @@ def collection_rate(config: config_lib.Config, seconds: float) -> float:
 def bench_pipeline(
     env_id: str, population_size: int, collectors: list[int], seconds: float, train_seconds: float
 ) -> dict:
-    from fastpop.bench.update import bench_update
+    from fastpop.bench.update import UpdateBenchSettings, bench_update
     from fastpop.envs import env_spec
     from fastpop.run.loop import Run
     from fastpop.run.parts import build_run
@@ -90,9 +90,8 @@ def bench_pipeline(
             f"collection: {count} collector(s) {rate:,.0f} env steps/s "
             f"({rate / count / result['raw_gymnasium_steps_per_s']:.2f}x raw per collector)"
         )
-    update = bench_update(
-        algo, [population_size], ["vectorized"], min_seconds=seconds, log=lambda line: None
-    )
+    settings = UpdateBenchSettings(algo, min_seconds=seconds)
+    update = bench_update(settings, [population_size], ["vectorized"], log=lambda line: None)
     update_rate = update["rows"][0]["agent_updates_per_s"]
     config = config_lib.config_from_dict(
         {

@@ -22,20 +22,22 @@ import time
 import jax
 
 from fastpop import config as config_lib
-from fastpop.bench.common import build_learner
+from fastpop.bench.common import DeviceBenchSettings, build_learner
 
 DEFAULT_COLLECTORS = 2  # the config's default, capped by the number of env lanes
 WARM_UP_SECONDS = 600  # collectors' start-up and the update's compile, bounded
 
 
-def process_config(
-    env_id: str, algo: str, size: int, per_member: int, chunk_len: int, updates: int, agent: dict
-) -> config_lib.Config:
-    """The process-mode config of one (P, E): one update per env step and member, learning
-    from the first chunk, no warm-up steps, no evaluations."""
+def process_config(settings: DeviceBenchSettings, size: int, per_member: int) -> config_lib.Config:
+    """The process-mode config of one (P, E) on `settings.process_env` (a gymnasium id, and
+    `settings.updates_per_call` resolved): one update per env step and member, learning from
+    the first chunk, no warm-up steps, no evaluations."""
     from fastpop.config.build import build_agent, build_env_spec
 
-    data = {"name": "bench_device_process", "algo": algo, "env": {"id": env_id}, "agent": agent}
+    chunk_len, updates = settings.chunk_len, settings.updates_per_call
+    env = {"id": settings.process_env}
+    data = {"name": "bench_device_process", "algo": settings.algo, "env": env}
+    data["agent"] = settings.agent or {}
     probe = config_lib.config_from_dict(data)
     batch = build_agent(probe, build_env_spec(probe)).batch_size
     capacity = 100_000 - 100_000 % per_member

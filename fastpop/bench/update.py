@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -156,25 +157,32 @@ def time_executors(
     return results
 
 
+class UpdateBenchSettings(NamedTuple):
+    """What `fastpop bench update` times at every population size and implementation."""
+
+    algo: str  # td3, sac or dqn, on `BENCH_SPECS`' shapes
+    updates_per_call: int = 10
+    batch_size: int | None = None  # None: the agent's default
+    min_seconds: float = 2.0  # per implementation and population size, over all rounds
+    seed: int = 0
+
+
 def bench_update(
-    algo: str,
+    settings: UpdateBenchSettings,
     populations: Sequence[int],
     implementations: Sequence[str],
-    updates_per_call: int = 10,
-    batch_size: int | None = None,
-    min_seconds: float = 2.0,
-    seed: int = 0,
     log=print,
 ) -> dict:
     """Agent-updates/s per implementation and population size, plus FLOP accounting."""
-    config = {} if batch_size is None else {"batch_size": batch_size}
+    algo, updates_per_call = settings.algo, settings.updates_per_call
+    config = {} if settings.batch_size is None else {"batch_size": settings.batch_size}
     agent = make_agent(algo, BENCH_SPECS[algo], **config)
     hparams_one = agent.default_hparams()
     torch_bench = torch_benchmark(log) if "torch" in implementations else None
     jax_implementations = [name for name in implementations if name != "torch"]
     executors, flops, rows = None, None, []
     for size in populations:
-        key = jax.random.key(seed + size)
+        key = jax.random.key(settings.seed + size)
         spec, buffers = random_replay(algo, size, key)
         if executors is None:  # the replay's layout is the same at every population size
             executors, flops = make_executors(
@@ -182,7 +190,7 @@ def bench_update(
             )
         hparams = population.broadcast_hparams(hparams_one, size)
         states = population.init_population(agent, key, hparams)
-        timings = time_executors(executors, states, buffers, hparams, min_seconds)
+        timings = time_executors(executors, states, buffers, hparams, settings.min_seconds)
         for name, timing in timings.items():
             rate = size * updates_per_call / timing["seconds_per_call"]
             chunks = members_per_chunk(executors[name], size)
@@ -251,10 +259,8 @@ def make_executors(
     member's update."""
     sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
     unroll = population.scan_unroll(spec.obs_shape, updates_per_call)
-    executors = {
-        name: population.make_executor(name, agent, sample_batch, updates_per_call, unroll=unroll)
-        for name in implementations
-    }
+    plan = population.UpdatePlan(agent, sample_batch, updates_per_call, unroll=unroll)
+    executors = {name: population.make_executor(name, plan) for name in implementations}
     batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
     return executors, flops_per_update(agent, agent.default_hparams(), batch)
 

@@ -256,13 +256,6 @@ class ChunkRing(Segment):
         self._header[self._HEAD] = head + 1  # publish only after the slot is complete
         return True
 
-    def try_put(self, arrays: Mapping[str, np.ndarray], episodes: Sequence = ()) -> bool:
-        """Publishes one chunk; False (nothing written) when the ring is full.
-
-        `episodes`: (member, episode_return, length) of episodes that finished in this chunk.
-        """
-        return self._write(self._check(arrays, episodes), episodes)
-
     def put(
         self,
         arrays: Mapping[str, np.ndarray],
@@ -272,7 +265,11 @@ class ChunkRing(Segment):
         timeout: float | None = None,
         poll_interval: float = 1e-3,
     ) -> bool:
-        """Waits while the ring is full; False if `stop_event` is set or `timeout` passes first."""
+        """Publishes one chunk, waiting while the ring is full; False (nothing written) if
+        `stop_event` is set or `timeout` passes first.
+
+        `episodes`: (member, episode_return, length) of episodes that finished in this chunk.
+        """
         sources = self._check(arrays, episodes)
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._write(sources, episodes):
@@ -301,16 +298,6 @@ class ChunkRing(Segment):
         ]
         self._header[self._TAIL] = tail + 1  # only now may the producer reuse the slot
         return Chunk(seq, arrays, episodes)
-
-    def drain(self, max_chunks: int | None = None) -> list[Chunk]:
-        """Up to `max_chunks` (all when None) available chunks, oldest first, without waiting."""
-        chunks = []
-        while max_chunks is None or len(chunks) < max_chunks:
-            chunk = self.try_get()
-            if chunk is None:
-                break
-            chunks.append(chunk)
-        return chunks
 
 
 class StopFlag(Segment):

@@ -165,16 +165,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_update(args: argparse.Namespace) -> int:
-    from fastpop.bench.update import bench_update, write_results
+    from fastpop.bench.update import UpdateBenchSettings, bench_update, write_results
 
-    result = bench_update(
-        args.algo,
-        args.pop,
-        args.impl,
-        updates_per_call=args.updates_per_call,
-        batch_size=args.batch_size,
-        min_seconds=args.min_seconds,
+    settings = UpdateBenchSettings(
+        args.algo, args.updates_per_call, args.batch_size, args.min_seconds
     )
+    result = bench_update(settings, args.pop, args.impl)
     json_path, png_path = write_results(result, args.out)
     print(
         f"large matmul: {result['matmul_gflops_per_s']:.1f} GFLOP/s; "
@@ -217,6 +213,7 @@ def device_command(args: argparse.Namespace) -> str:
 
 
 def run_device(args: argparse.Namespace) -> int:
+    from fastpop.bench.common import DeviceBenchSettings
     from fastpop.bench.device import bench_device
     from fastpop.bench.device_report import table, write_results
     from fastpop.config import ConfigError
@@ -225,28 +222,26 @@ def run_device(args: argparse.Namespace) -> int:
     if not is_brax_id(args.env):
         return fail(f"--env {args.env}: device mode steps brax environments (brax/<name>)")
     agent = {} if args.hidden_sizes is None else {"hidden_sizes": args.hidden_sizes}
+    settings = DeviceBenchSettings(
+        args.env,
+        args.backend,
+        args.algo,
+        args.seconds,
+        args.chunk_len,
+        args.updates_per_call,
+        agent,
+        process_env=None if args.process_env == "none" else args.process_env,
+    )
     if args.process_env not in ("auto", "none"):  # refused before anything is measured
         from fastpop.bench.process_mode import process_config
 
         try:
-            process_config(args.process_env, args.algo, 1, 1, args.chunk_len, 1, agent)
+            process_config(settings._replace(updates_per_call=1), 1, 1)
         except (ConfigError, ValueError) as error:
             return fail(f"--process-env {args.process_env}: {error}")
     try:
         check_backend(args.backend)
-        result = bench_device(
-            args.env,
-            args.pop,
-            args.envs_per_member,
-            args.backend,
-            args.algo,
-            args.seconds,
-            args.chunk_len,
-            args.updates_per_call,
-            agent,
-            command=device_command(args),
-            process_env=None if args.process_env == "none" else args.process_env,
-        )
+        result = bench_device(settings, args.pop, args.envs_per_member, device_command(args))
     except (ConfigError, ValueError) as error:  # MissingExtra, UnknownEnvironment too
         return fail(str(error))
     json_path, png_path = write_results(result, args.out)

@@ -356,11 +356,6 @@ def save_config(config: Config, path: str | Path) -> None:
     Path(path).write_text(f"# resolved fastpop config (all defaults filled in)\n{text}")
 
 
-def agent_config(config: Config) -> TD3Config | SACConfig | DQNConfig:
-    """The algo's static config dataclass (pass it to make_td3/make_sac/make_dqn)."""
-    return _AGENT_CONFIGS[config.algo](**config.agent)
-
-
 def default_member_hparams(config: Config, agent) -> Any:
     """One member's HParams: the agent's defaults with the config's values (dtypes kept)."""
     import jax.numpy as jnp

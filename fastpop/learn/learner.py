@@ -221,9 +221,6 @@ class Learner:
         metrics = self._metrics or {}
         return {f"learner/{k}": float(jnp.nanmean(v)) for k, v in metrics.items()}
 
-    def member_hparams_values(self, member: int) -> dict:
-        return self.all_member_hparams()[member]
-
     def all_member_hparams(self) -> list[dict]:
         return update_protocol.member_hparams_list(self.hparams)
 

@@ -8,7 +8,8 @@
 
 `ReplayStore` inserts collected rows, hands the executors the buffers and the in-jit sampler,
 copies members (PBT `replay: copy`), saves and restores. Rows arrive member-major: lanes
-m*E .. m*E+E-1 are member m's E environments.
+m*E .. m*E+E-1 are member m's E environments. What differs between layouts is a `Layout` of
+functions, chosen once when the store is made: no method asks which layout it has.
 
 A copied buffer goes on receiving rows from its own member's environments, whose stream does
 not continue the source's: the first row written after a copy is marked as an episode start, so
@@ -22,6 +23,8 @@ they are added; a shared buffer is replicated on every device.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,48 +43,155 @@ def layout_for(shared: bool, execution: str) -> str:
     return "listed" if execution == "sequential" else "stacked"
 
 
+class Layout(NamedTuple):
+    """What one layout does with its buffers (`buffers`: a tree, or listed: a list of trees)."""
+
+    empty: Callable[[], Any]  # new empty buffers where they live
+    put: Callable[[Any], Any]  # saved buffers (host or device arrays) onto their device(s)
+    insert: Callable[[Any, replay.Rows], Any]  # host rows added, compiled, buffers donated
+    add: Callable[[Any, replay.Rows], Any]  # `insert` as a pure function, traced by its caller
+    first: Callable[[Any], replay.ReplayState]  # the shared buffer, or member 0's
+    sizes: Callable[[Any], jax.Array]  # rows per lane of every buffer
+    copy: Callable[[Any, np.ndarray, list[int]], tuple[Any, list[int]]]
+    # copy(buffers, sources, targets) -> (buffers, the targets whose buffer was copied)
+
+
+class Placement(NamedTuple):
+    """Where a tree of buffers lives: on one device or on a mesh with `sharding`."""
+
+    make: Callable[[Callable[[], Any]], Any]  # make(init): the tree init() makes, placed
+    put: Callable[[Any], Any]
+    jit_options: dict  # for a program that returns the tree
+
+
+def _one_device() -> Placement:
+    return Placement(lambda init: init(), lambda tree: jax.tree.map(jnp.asarray, tree), {})
+
+
+def _on_mesh(where: jax.sharding.NamedSharding) -> Placement:
+    # Made in place: each device allocates only its own part.
+    return Placement(
+        lambda init: jax.jit(init, out_shardings=where)(),
+        lambda tree: jax.device_put(tree, where),
+        {"out_shardings": where},
+    )
+
+
+def _shared(spec: replay.ReplaySpec, place: Placement) -> Layout:
+    add = functools.partial(replay.add, spec)
+    compiled = jax.jit(add, donate_argnums=0, **place.jit_options)
+    return Layout(
+        empty=lambda: place.make(functools.partial(replay.init, spec)),
+        put=place.put,
+        insert=lambda buffers, rows: compiled(buffers, place.put(rows)),
+        add=add,
+        first=lambda buffers: buffers,
+        sizes=lambda buffers: buffers.size,
+        copy=lambda buffers, sources, targets: (buffers, []),  # one buffer: nothing to copy
+    )
+
+
+def _by_member(size: int):
+    return lambda rows: jax.tree.map(lambda x: x.reshape(size, -1, *x.shape[1:]), rows)
+
+
+def _copy_stacked(buffers, sources: np.ndarray, targets: list[int]):
+    if set(targets) & set(sources.tolist()):
+        # A source is overwritten too: copy out of an untouched original.
+        return population.gather(buffers, jnp.asarray(sources)), targets
+    for target in targets:
+        buffers = population.copy_member(buffers, target, int(sources[target]))
+    return buffers, targets
+
+
+def _copy_across_devices(where: jax.sharding.NamedSharding):
+    """Stacked buffers split over a mesh: only the copied members cross devices."""
+    return lambda buffers, sources, targets: (
+        sharding.move_members(buffers, sources, where, True),
+        targets,
+    )
+
+
+def _stacked(spec: replay.ReplaySpec, size: int, place: Placement, mesh_sharding) -> Layout:
+    add = jax.vmap(functools.partial(replay.add, spec))
+    compiled = jax.jit(add, donate_argnums=0, **place.jit_options)
+    by_member = _by_member(size)
+    copy = _copy_stacked if mesh_sharding is None else _copy_across_devices(mesh_sharding)
+    return Layout(
+        empty=lambda: place.make(functools.partial(replay.init_population, spec, size)),
+        put=place.put,
+        insert=lambda buffers, rows: compiled(buffers, place.put(by_member(rows))),
+        add=lambda buffers, rows: add(buffers, by_member(rows)),
+        first=lambda buffers: population.member(buffers, 0),
+        sizes=lambda buffers: buffers.size,
+        copy=copy,
+    )
+
+
+def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
+    add = functools.partial(replay.add, spec)
+    compiled = jax.jit(add, donate_argnums=0)
+    by_member = _by_member(size)
+    put = lambda tree: jax.tree.map(jnp.asarray, tree)
+
+    def insert(buffers, rows):
+        lanes = spec.lanes
+        for member in range(size):
+            part = jax.tree.map(
+                lambda x, m=member: jnp.asarray(x[m * lanes : (m + 1) * lanes]), rows
+            )
+            buffers[member] = compiled(buffers[member], part)
+        return buffers
+
+    def add_each(buffers, rows):
+        members = by_member(rows)
+        return [add(b, population.member(members, m)) for m, b in enumerate(buffers)]
+
+    def copy(buffers, sources, targets):
+        originals = list(buffers)
+        for target in targets:
+            buffers[target] = population.copy_tree(originals[int(sources[target])])
+        return buffers, targets
+
+    return Layout(
+        empty=lambda: [replay.init(spec) for _ in range(size)],
+        put=lambda buffers: [put(b) for b in buffers],
+        insert=insert,
+        add=add_each,
+        first=lambda buffers: buffers[0],
+        sizes=lambda buffers: population.stack(buffers).size,
+        copy=copy,
+    )
+
+
+def make_layout(spec: replay.ReplaySpec, layout: str, size: int, mesh=None) -> Layout:
+    """The `Layout` named by `layout` (one of `LAYOUTS`), on one device or over `mesh`."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown replay layout {layout!r}; choose one of {LAYOUTS}")
+    if layout == "listed":
+        if mesh is not None:
+            raise ValueError("listed buffers (sequential execution) live on one device")
+        return _listed(spec, size)
+    if layout == "shared":
+        return _shared(spec, _one_device() if mesh is None else _on_mesh(sharding.replicated(mesh)))
+    if mesh is None:
+        return _stacked(spec, size, _one_device(), None)
+    split = sharding.members(mesh)
+    return _stacked(spec, size, _on_mesh(split), split)
+
+
 class ReplayStore:
     """Device replay buffers of one run, in one of `LAYOUTS`."""
 
     def __init__(self, spec: replay.ReplaySpec, layout: str, size: int, batch_size: int, mesh=None):
-        if layout not in LAYOUTS:
-            raise ValueError(f"unknown replay layout {layout!r}; choose one of {LAYOUTS}")
-        if mesh is not None and layout == "listed":
-            raise ValueError("listed buffers (sequential execution) live on one device")
+        self._layout = make_layout(spec, layout, size, mesh)
         self.spec, self.layout, self.size = spec, layout, size
         self.batch_size = batch_size
-        self.sharding = None  # one device
-        if mesh is not None:
-            split = layout == "stacked"
-            self.sharding = sharding.members(mesh) if split else sharding.replicated(mesh)
-        placed = {} if self.sharding is None else {"out_shardings": self.sharding}
-        add = functools.partial(replay.add, spec)
-        add = jax.vmap(add) if layout == "stacked" else add
-        self._add = jax.jit(add, donate_argnums=0, **placed)
         self._sample = jax.jit(self.sample_batch)
-        self.buffers = self._empty()
+        self.buffers = self._layout.empty()
         # Members whose next inserted row starts a new stream (their buffer was just copied).
         self.joins = np.zeros(size, bool)
         self._ready = False  # every buffer holds a transition (two rows per lane)
-
-    def _empty(self):
-        if self.layout == "shared" and self.sharding is None:
-            return replay.init(self.spec)
-        if self.layout == "stacked" and self.sharding is None:
-            return replay.init_population(self.spec, self.size)
-        if self.layout == "listed":
-            return [replay.init(self.spec) for _ in range(self.size)]
-        # Made in place: each device allocates only its own part.
-        make = functools.partial(replay.init_population, self.spec, self.size)
-        if self.layout == "shared":
-            make = functools.partial(replay.init, self.spec)
-        return jax.jit(make, out_shardings=self.sharding)()
-
-    def _to_device(self, tree):
-        """Host or device arrays onto the buffers' device(s), split like the buffers."""
-        if self.sharding is None:
-            return jax.tree.map(jnp.asarray, tree)
-        return jax.device_put(tree, self.sharding)
 
     def sample_batch(self, buffer: replay.ReplayState, key: PRNGKey) -> Transition:
         """One training batch from one buffer, inside jit (what the executors call)."""
@@ -89,43 +199,18 @@ class ReplayStore:
 
     def sample(self, key: PRNGKey) -> Transition:
         """A batch from the shared buffer, or from member 0's (DvD's embedding states)."""
-        buffer = self.buffers
-        if self.layout == "stacked":
-            buffer = population.member(buffer, 0)
-        elif self.layout == "listed":
-            buffer = buffer[0]
-        return self._sample(buffer, key)
+        return self._sample(self._layout.first(self.buffers), key)
 
     def insert(self, rows: replay.Rows) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
-        rows = self._mark_joins(rows)
-        if self.layout == "shared":
-            self.buffers = self._add(self.buffers, self._to_device(rows))
-        elif self.layout == "stacked":
-            lanes = self.spec.lanes
-            reshape = lambda x: x.reshape(self.size, lanes, *x.shape[1:])
-            self.buffers = self._add(self.buffers, self._to_device(jax.tree.map(reshape, rows)))
-        else:
-            lanes = self.spec.lanes
-            for member in range(self.size):
-                part = jax.tree.map(
-                    lambda x, m=member: jnp.asarray(x[m * lanes : (m + 1) * lanes]), rows
-                )
-                self.buffers[member] = self._add(self.buffers[member], part)
+        self.buffers = self._layout.insert(self.buffers, self._mark_joins(rows))
 
     def add_rows(self, buffers, rows: replay.Rows, joins: jax.Array):
         """`insert` as a pure function, for a program that makes its own rows (device mode).
         joins: (P,) bool, the members whose buffer was just copied (`take_joins`)."""
         lane_joins = jnp.repeat(joins, rows.reward.shape[0] // self.size)
         start = rows.episode_start.at[:, 0].set(rows.episode_start[:, 0] | lane_joins)
-        rows = rows._replace(episode_start=start)
-        add = functools.partial(replay.add, self.spec)
-        if self.layout == "shared":
-            return add(buffers, rows)
-        by_member = jax.tree.map(lambda x: x.reshape(self.size, -1, *x.shape[1:]), rows)
-        if self.layout == "stacked":
-            return jax.vmap(add)(buffers, by_member)
-        return [add(b, population.member(by_member, m)) for m, b in enumerate(buffers)]
+        return self._layout.add(buffers, rows._replace(episode_start=start))
 
     def take_joins(self) -> np.ndarray:
         """The join marks for `add_rows`, cleared here: they apply to the next rows only."""
@@ -148,36 +233,16 @@ class ReplayStore:
         """Every buffer holds at least one transition (two rows per lane). Reads the device only
         until it does."""
         if not self._ready:
-            buffers = self.buffers if self.layout != "listed" else population.stack(self.buffers)
-            self._ready = bool(np.all(sharding.to_host(buffers.size) >= 2))
+            self._ready = bool(np.all(sharding.to_host(self._layout.sizes(self.buffers)) >= 2))
         return self._ready
 
     def copy_members(self, sources: np.ndarray) -> None:
         """Member i's buffer becomes a copy of member sources[i]'s (shared: nothing to copy)."""
-        if self.layout == "shared":
-            return
         targets = [t for t, s in enumerate(sources.tolist()) if s != t]
         if not targets:
             return
-        if self.layout == "listed":
-            originals = list(self.buffers)
-            for target in targets:
-                self.buffers[target] = population.copy_tree(originals[int(sources[target])])
-        elif self.sharding is not None:  # only the copied members cross devices
-            self.buffers = sharding.move_members(self.buffers, sources, self.sharding, True)
-        elif set(targets) & set(sources.tolist()):
-            # A source is overwritten too: copy out of an untouched original.
-            self.buffers = population.gather(self.buffers, jnp.asarray(sources))
-        else:
-            for target in targets:
-                self.buffers = population.copy_member(self.buffers, target, int(sources[target]))
-        self.joins[targets] = True
-
-    @property
-    def memory_bytes(self) -> int:
-        """Device bytes of every buffer (`replay.memory_estimate` plans it before allocating)."""
-        buffers = 1 if self.layout == "shared" else self.size
-        return buffers * replay.memory_estimate_bytes(self.spec)
+        self.buffers, copied = self._layout.copy(self.buffers, sources, targets)
+        self.joins[copied] = True
 
     # --- checkpoints ---
 
@@ -190,12 +255,7 @@ class ReplayStore:
     def restore(self, buffers, counters: dict | None) -> None:
         """The saved buffers (None: start empty, to refill) and join marks."""
         self.buffers = None  # free the empty buffers first: never two replays' worth of memory
-        if buffers is None:
-            self.buffers = self._empty()
-        elif self.layout == "listed":
-            self.buffers = [self._to_device(b) for b in buffers]
-        else:
-            self.buffers = self._to_device(buffers)
+        self.buffers = self._layout.empty() if buffers is None else self._layout.put(buffers)
         self._ready = False
         self.joins[:] = False
         self.joins[(counters or {}).get("joins", [])] = True

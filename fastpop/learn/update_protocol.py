@@ -155,10 +155,10 @@ def executor_training(
     return training
 
 
-def learning_training(agent: Agent, strategy: Strategy, sample_batch, num_updates: int, unroll):
+def learning_training(strategy: Strategy, plan: population.UpdatePlan):
     """A shared-parameter strategy's own `Learning` (CEM-RL, DvD) as a `Training`: its state is
     one tree (shared critic + stacked actors), updated by its own program."""
-    learning = strategy.learning
+    learning, agent = strategy.learning, plan.agent
     identity = lambda tree: tree
 
     def between_rounds(round_: Round) -> RoundResult:
@@ -171,7 +171,7 @@ def learning_training(agent: Agent, strategy: Strategy, sample_batch, num_update
     return Training(
         strategy.name,
         lambda key, hparams: learning.init_states(agent, key, hparams),
-        learning.make_update(agent, sample_batch, num_updates, unroll),
+        learning.make_update(plan),
         identity,
         identity,
         learning.policies,
@@ -181,29 +181,19 @@ def learning_training(agent: Agent, strategy: Strategy, sample_batch, num_update
 
 
 def make_training(
-    agent: Agent,
-    strategy: Strategy,
-    execution: str,
-    sample_batch,
-    num_updates: int,
-    shared_replay: bool,
-    unroll: int = 1,
-    mesh=None,
+    strategy: Strategy, execution: str, plan: population.UpdatePlan, mesh=None
 ) -> Training:
-    """The strategy's own training when it brings one, else `executor_training`; with a
-    `mesh`, members split over its devices (fastpop.population.sharding)."""
+    """The strategy's own training when it brings one, else `executor_training` of the
+    `execution`'s executor; with a `mesh`, members split over its devices
+    (fastpop.population.sharding)."""
     if strategy.learning is not None:
-        learning = learning_training(agent, strategy, sample_batch, num_updates, unroll)
+        learning = learning_training(strategy, plan)
         return learning if mesh is None else sharding.sharded_learning(learning, mesh)
     if mesh is not None:
-        executor = sharding.sharded_executor(
-            agent, sample_batch, num_updates, shared_replay, unroll, mesh
-        )
-        return executor_training(agent, strategy, executor, sharding.member_mover(mesh))
-    executor = population.make_executor(
-        execution, agent, sample_batch, num_updates, shared_replay, unroll
-    )
-    return executor_training(agent, strategy, executor)
+        executor = sharding.sharded_executor(plan, mesh)
+        return executor_training(plan.agent, strategy, executor, sharding.member_mover(mesh))
+    executor = population.make_executor(execution, plan)
+    return executor_training(plan.agent, strategy, executor)
 
 
 def finite_members(training: Training, states) -> np.ndarray:

@@ -10,6 +10,7 @@ executors' helpers they use.
 from fastpop.population.executors import (
     EXECUTIONS,
     Executor,
+    UpdatePlan,
     broadcast_hparams,
     copy_member,
     copy_tree,
@@ -32,6 +33,7 @@ from fastpop.population.executors import (
 __all__ = [
     "EXECUTIONS",
     "Executor",
+    "UpdatePlan",
     "broadcast_hparams",
     "copy_member",
     "copy_tree",

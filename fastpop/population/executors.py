@@ -27,6 +27,19 @@ SampleFn = Callable[[PyTree, PRNGKey], Transition]
 EXECUTIONS = ("vectorized", "sequential")
 
 
+class UpdatePlan(NamedTuple):
+    """What one call of a population's update does, whatever runs it (an executor, a sharded
+    executor, a shared-critic strategy): `num_updates` (sample, update) steps of `agent` per
+    member, each drawing its batch with `sample_batch` from one shared replay buffer or from
+    the member's own, the K-step scan unrolled `unroll` steps at a time (`scan_unroll`)."""
+
+    agent: Agent
+    sample_batch: SampleFn
+    num_updates: int
+    shared_replay: bool = False
+    unroll: int = 1
+
+
 def stack(members: Sequence[PyTree]) -> PyTree:
     """[tree_0, ..., tree_{P-1}] -> one tree with leaves (P, ...)."""
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *members)
@@ -127,8 +140,9 @@ def scan_unroll(obs_shape: tuple[int, ...], num_updates: int) -> int:
     return num_updates if on_cpu and len(obs_shape) == 3 else 1
 
 
-def member_update_loop(agent: Agent, sample_batch: SampleFn, num_updates: int, unroll: int = 1):
+def member_update_loop(plan: UpdatePlan):
     """K consecutive (sample, update) steps of one member, as one scan."""
+    agent, sample_batch, num_updates = plan.agent, plan.sample_batch, plan.num_updates
 
     def run(state, replay, hparams, key):
         def one_update(state, step_key):
@@ -137,7 +151,7 @@ def member_update_loop(agent: Agent, sample_batch: SampleFn, num_updates: int, u
             return agent.update(state, batch, hparams, update_key)
 
         keys = jax.random.split(key, num_updates)
-        return jax.lax.scan(one_update, state, keys, unroll=unroll)
+        return jax.lax.scan(one_update, state, keys, unroll=plan.unroll)
 
     return run
 
@@ -171,14 +185,7 @@ def default_members_per_chunk() -> int | None:
     return 8 if jax.default_backend() == "cpu" else None
 
 
-def vectorized(
-    agent: Agent,
-    sample_batch: SampleFn,
-    num_updates: int,
-    shared_replay: bool = False,
-    unroll: int = 1,
-    members_per_chunk: int | None = None,
-) -> Executor:
+def vectorized(plan: UpdatePlan, members_per_chunk: int | None = None) -> Executor:
     """jit(vmap(scan)): one compiled program updates every member; states are donated.
 
     With `members_per_chunk` below the population size, one compiled program vmaps a chunk of
@@ -186,8 +193,8 @@ def vectorized(
     numbers; see `default_members_per_chunk`). A chunk of one member runs the member's own
     (unbatched) program: P = 1 compiles to the sequential one.
     """
-    member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
-    replay_axis = None if shared_replay else 0
+    member_loop = member_update_loop(plan)
+    replay_axis = None if plan.shared_replay else 0
     identity = lambda tree: tree
     if members_per_chunk is None:
         update = chunking.whole_population(member_loop, replay_axis)
@@ -196,23 +203,15 @@ def vectorized(
     return Executor("vectorized", update, identity, identity)
 
 
-def sequential(
-    agent: Agent,
-    sample_batch: SampleFn,
-    num_updates: int,
-    shared_replay: bool = False,
-    unroll: int = 1,
-) -> Executor:
+def sequential(plan: UpdatePlan) -> Executor:
     """The single-member program jitted once and called per member from Python."""
-    member_loop = jax.jit(
-        member_update_loop(agent, sample_batch, num_updates, unroll), donate_argnums=0
-    )
+    member_loop = jax.jit(member_update_loop(plan), donate_argnums=0)
 
     def update(states, replay, hparams, key):
         keys = jax.random.split(key, len(states))
         new_states, metrics = [], []
         for i, state in enumerate(states):
-            member_replay = replay if shared_replay else replay[i]
+            member_replay = replay if plan.shared_replay else replay[i]
             state, member_metrics = member_loop(state, member_replay, hparams[i], keys[i])
             new_states.append(state)
             metrics.append(member_metrics)
@@ -221,24 +220,19 @@ def sequential(
     return Executor("sequential", update, unstack, stack)
 
 
-def tuned(
-    agent: Agent,
-    sample_batch: SampleFn,
-    num_updates: int,
-    shared_replay: bool = False,
-    unroll: int = 1,
-) -> Executor:
+def tuned(plan: UpdatePlan) -> Executor:
     """The vectorized executor with its members per chunk chosen for this CPU, per population
     size on first use (measured, cached; see chunking.py). Same numbers as `vectorized`."""
-    member_loop = member_update_loop(agent, sample_batch, num_updates, unroll)
+    agent, shared_replay = plan.agent, plan.shared_replay
+    member_loop = member_update_loop(plan)
     replay_axis = None if shared_replay else 0
 
     def describe(states, replay, hparams, key):
         member_replay = replay if shared_replay else chunking.abstract_member(replay)
         keys = jax.eval_shape(lambda k: jax.random.split(k, 1)[0], key)
-        batch = jax.eval_shape(sample_batch, member_replay, keys)
+        batch = jax.eval_shape(plan.sample_batch, member_replay, keys)
         args = (chunking.abstract_member(states), batch, chunking.abstract_member(hparams), keys)
-        text = f"{agent.name} K={num_updates} unroll={unroll} shared={shared_replay}"
+        text = f"{agent.name} K={plan.num_updates} unroll={plan.unroll} shared={shared_replay}"
         shapes = " ".join(map(chunking.shapes_text, args))
         return text, shapes, chunking.has_convolutions(agent.update, *args)
 
@@ -247,20 +241,13 @@ def tuned(
     return Executor("vectorized", update, identity, identity)
 
 
-def make_executor(
-    execution: str,
-    agent: Agent,
-    sample_batch: SampleFn,
-    num_updates: int,
-    shared_replay: bool = False,
-    unroll: int = 1,
-) -> Executor:
+def make_executor(execution: str, plan: UpdatePlan) -> Executor:
     """The executor by name. Vectorized on an accelerator: the whole population in one program;
     on a CPU: `tuned` (members per chunk measured for this CPU)."""
     if execution == "vectorized":
         if jax.default_backend() != "cpu":
-            return vectorized(agent, sample_batch, num_updates, shared_replay, unroll)
-        return tuned(agent, sample_batch, num_updates, shared_replay, unroll)
+            return vectorized(plan)
+        return tuned(plan)
     if execution == "sequential":
-        return sequential(agent, sample_batch, num_updates, shared_replay, unroll)
+        return sequential(plan)
     raise ValueError(f"unknown execution {execution!r}; choose one of {', '.join(EXECUTIONS)}")

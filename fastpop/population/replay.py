@@ -251,10 +251,6 @@ class MemoryEstimate(NamedTuple):
     message: str
 
 
-class ReplayTooLarge(ValueError):
-    """The replay buffers would not fit in accelerator (or host) memory."""
-
-
 def memory_estimate_bytes(spec: ReplaySpec) -> int:
     """Exact bytes of one buffer's arrays (rows plus the two int32 counters)."""
     layout = row_layout(spec, (spec.lanes, spec.lane_capacity))
@@ -320,8 +316,3 @@ def memory_estimate(
             f"is available: lower {advice}"
         )
     return MemoryEstimate(needed, available, fits, message)
-
-
-def check_fits(estimate: MemoryEstimate) -> None:
-    if not estimate.fits:
-        raise ReplayTooLarge(estimate.message)

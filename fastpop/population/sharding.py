@@ -137,12 +137,10 @@ def sharded_update(member_loop, shared_replay: bool, mesh: Mesh):
     return jax.jit(update, donate_argnums=0, out_shardings=members(mesh))
 
 
-def sharded_executor(
-    agent, sample_batch, num_updates: int, shared_replay: bool, unroll: int, mesh: Mesh
-) -> population.Executor:
+def sharded_executor(plan: population.UpdatePlan, mesh: Mesh) -> population.Executor:
     """The vectorized executor with its members split over `mesh` (see `sharded_update`)."""
-    member_loop = population.member_update_loop(agent, sample_batch, num_updates, unroll)
-    update = sharded_update(member_loop, shared_replay, mesh)
+    member_loop = population.member_update_loop(plan)
+    update = sharded_update(member_loop, plan.shared_replay, mesh)
     return population.Executor(
         "vectorized", update, lambda tree: place(tree, members(mesh)), lambda tree: tree
     )

@@ -186,16 +186,8 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     members split over `mesh` (population.devices > 1)."""
     updates = config.train.updates_per_call
     unroll = population.scan_unroll(spec.obs_shape, updates)
-    return update_protocol.make_training(
-        agent,
-        strategy,
-        config.population.execution,
-        sample_batch,
-        updates,
-        config.replay.shared,
-        unroll,
-        mesh,
-    )
+    plan = population.UpdatePlan(agent, sample_batch, updates, config.replay.shared, unroll)
+    return update_protocol.make_training(strategy, config.population.execution, plan, mesh)
 
 
 def make_limiter(config: config_lib.Config, agent, mode: str) -> RateLimiter:

@@ -53,15 +53,12 @@ def config_priors(config) -> dict:
 def make_strategy(config):
     from fastpop.strategies.branch_merge import make_branch_merge
     from fastpop.strategies.independent import make_independent
-    from fastpop.strategies.pbt import make_pbt
+    from fastpop.strategies.pbt import PBTSettings, make_pbt
 
     size = config.population.size
     if config.strategy == "pbt":
         pbt = config.pbt
-        return make_pbt(
-            size,
-            config_priors(config),
-            config.seed,
+        settings = PBTSettings(
             pbt.interval,
             config.eval.interval,
             pbt.bottom_fraction,
@@ -71,6 +68,7 @@ def make_strategy(config):
             pbt.fitness_window,
             copy_replay=pbt.replay == "copy",
         )
+        return make_pbt(size, config_priors(config), config.seed, settings)
     if config.strategy == "branch_merge":
         return make_branch_merge(size, config.branch_merge.round_steps)
     if config.strategy == "cemrl":

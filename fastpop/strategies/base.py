@@ -86,7 +86,7 @@ class Learning(NamedTuple):
     learner's member state and its update, and change the state on device between rounds.
 
     init_states(agent, key, hparams) -> (states, strategy state)
-    make_update(agent, sample_batch, num_updates, unroll) -> update(states, replay, hparams, key)
+    make_update(plan: population.UpdatePlan) -> update(states, replay, hparams, key)
     policies(states) -> stacked policy params (what collectors and the evaluator act with)
     member_trees(states) -> the per-member (stacked) part of the state, checked for finiteness
     step(agent, strategy_state, evaluation, states, observations, key)

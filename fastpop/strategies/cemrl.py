@@ -87,8 +87,8 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         )
         return states, CEMRLState(distribution, 0)
 
-    def make_update(agent, sample_batch, num_updates, unroll):
-        return shared_critic.make_update(agent, sample_batch, num_updates, unroll=unroll)
+    def make_update(plan):
+        return shared_critic.make_update(plan)
 
     def step(agent, state: CEMRLState, evaluation: Evaluation, states, observations, key):
         del observations

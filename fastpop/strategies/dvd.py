@@ -121,15 +121,9 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
         states = states._replace(diversity_weight=jnp.float32(coefficients[0]))
         return states, bandit_init()
 
-    def make_update(agent, sample_batch, num_updates, unroll):
+    def make_update(plan):
         return shared_critic.make_update(
-            agent,
-            sample_batch,
-            num_updates,
-            config.embedding_states,
-            config.length_scale,
-            config.jitter,
-            unroll,
+            plan, config.embedding_states, config.length_scale, config.jitter
         )
 
     def step(agent, bandit: BanditState, evaluation: Evaluation, states, observations, key):

@@ -10,10 +10,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population
 from fastpop.strategies.base import PBT_STREAM, Evaluation, Selection, Strategy, stream_rng
 from fastpop.strategies.priors import Prior
 
@@ -93,22 +91,6 @@ def explore(
     return explored
 
 
-def exploit_indices(size: int, exploits: list[Exploit]) -> jnp.ndarray:
-    """indices[i] = the member whose state member i takes (itself unless it is a target)."""
-    indices = np.arange(size)
-    for exploit in exploits:
-        indices[exploit.target] = exploit.source
-    return jnp.asarray(indices)
-
-
-def apply_exploits(stacked_tree, exploits: list[Exploit]):
-    """Every leaf of each target member replaced by its source's; others untouched."""
-    if not exploits:
-        return stacked_tree
-    size = population.population_size(stacked_tree)
-    return population.gather(stacked_tree, exploit_indices(size, exploits))
-
-
 class PBTState(NamedTuple):
     next_round: int  # member env steps at which the next exploit/explore round is due
     rounds: int  # rounds done
@@ -133,21 +115,24 @@ def fitness(history: tuple[tuple[float, ...], ...]) -> np.ndarray:
     return np.array([np.mean(r) if r else np.nan for r in recent], np.float64)
 
 
-def make_pbt(
-    size: int,
-    priors: dict[str, Prior],
-    seed: int,
-    interval: int,
-    evaluation_interval: int,
-    bottom_fraction: float = 0.25,
-    top_fraction: float = 0.25,
-    perturb_factors: tuple[float, ...] = (0.8, 1.2),
-    resample_probability: float = 0.25,
-    fitness_window: int = 1,
-    copy_replay: bool = False,
-) -> Strategy:
-    """Every `interval` env steps per member (on the first evaluation at or after it), the
-    bottom members copy a top member's whole state and explore its hparams."""
+class PBTSettings(NamedTuple):
+    """When PBT decides and how (the config's `pbt` section and eval.interval)."""
+
+    interval: int  # env steps per member between exploit/explore rounds
+    evaluation_interval: int  # env steps per member between evaluations
+    bottom_fraction: float = 0.25  # of the members, replaced each round
+    top_fraction: float = 0.25  # of the members, copied from
+    perturb_factors: tuple[float, ...] = (0.8, 1.2)
+    resample_probability: float = 0.25  # an hparam is drawn from its prior, not perturbed
+    fitness_window: int = 1  # latest returns averaged into a member's fitness
+    copy_replay: bool = False  # a replaced member's replay becomes a copy of its source's
+
+
+def make_pbt(size: int, priors: dict[str, Prior], seed: int, settings: PBTSettings) -> Strategy:
+    """Every `settings.interval` env steps per member (on the first evaluation at or after
+    it), the bottom members copy a top member's whole state and explore its hparams."""
+    interval, fitness_window = settings.interval, settings.fitness_window
+    bottom_fraction, top_fraction = settings.bottom_fraction, settings.top_fraction
     selection_sizes(size, bottom_fraction, top_fraction)  # refuses what selects nobody
 
     def init() -> PBTState:
@@ -170,8 +155,8 @@ def make_pbt(
                 {name: hparams[source][name] for name in priors},
                 priors,
                 rng,
-                perturb_factors,
-                resample_probability,
+                settings.perturb_factors,
+                settings.resample_probability,
             )
             sources[target] = source
             new_hparams[target] = {**hparams[source], **explored}
@@ -195,6 +180,6 @@ def make_pbt(
         while next_round <= evaluation.member_env_steps:
             next_round += interval
         new_state = PBTState(next_round, state.rounds + 1, tuple(history))
-        return new_state, Selection(sources, new_hparams, events, copy_replay)
+        return new_state, Selection(sources, new_hparams, events, settings.copy_replay)
 
-    return Strategy("pbt", evaluation_interval, False, init, step)
+    return Strategy("pbt", settings.evaluation_interval, False, init, step)

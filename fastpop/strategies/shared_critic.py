@@ -98,17 +98,14 @@ def population_actor_loss(parts, actors, critic, obs, trained, weight, embedding
 
 
 def make_update(
-    agent,
-    sample_batch,
-    num_updates: int,
+    plan: population.UpdatePlan,
     embedding_states: int = 20,
     length_scale: float = 1.0,
     jitter: float = 1e-3,
-    unroll: int = 1,
 ):
     """update(state, shared_replay, hparams (stacked), key) -> (state, metrics), jitted with
-    the state donated; `num_updates` critic steps per call."""
-    parts = agent.parts
+    the state donated; `plan.num_updates` critic steps per call (the replay is always shared)."""
+    parts, sample_batch = plan.agent.parts, plan.sample_batch
     kernel = (length_scale, jitter)
 
     def critic_loss(critic, state: SharedCriticState, batches: Transition, hparams, keys):
@@ -168,9 +165,9 @@ def make_update(
         return state, {"critic_loss": loss, "q_mean": q_mean, "actor_loss": actor_loss}
 
     def update(state, replay, member_hparams, key):
-        keys = jax.random.split(key, num_updates)
+        keys = jax.random.split(key, plan.num_updates)
         state, metrics = jax.lax.scan(
-            lambda s, k: one_update(s, replay, member_hparams, k), state, keys, unroll=unroll
+            lambda s, k: one_update(s, replay, member_hparams, k), state, keys, unroll=plan.unroll
         )
         # Per-member shaped metrics, as the executors return them (the learner averages).
         return state, jax.tree.map(lambda m: jnp.broadcast_to(m, (1, *m.shape)), metrics)
