@@ -166,7 +166,6 @@ def run_with_checkpoint(run_dir):
     run = loop.Run(build_run(config), run_dir, log=lambda *_: None)
     run.learner.config = config  # what `rows_for` reads the learner's settings from
     run.metrics = MetricsWriter(run_dir, tensorboard=False)
-    run.learner.config = config  # as `learner_for`'s: what `rows_for` reads
     run.learner.insert(rows_for(run.learner, 0))
     run.save_checkpoint("interval")
     return run
