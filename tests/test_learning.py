@@ -13,7 +13,7 @@ CASES = {
     # about 22). The presets: 64-64 networks, one update per env step after 1000 random steps.
     "td3": (REPO / "configs" / "td3_pendulum_cpu.yaml", 10_000, -400.0),
     "sac": (REPO / "configs" / "sac_pendulum_cpu.yaml", 10_000, -400.0),
-    "dqn": (DQN_CARTPOLE, 20_000, 150.0),
+    "dqn": (DQN_CARTPOLE, 10_000, 150.0),
 }
 CHUNK = 10  # env steps per insert; one update call of 10 updates per insert
 
