@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import inspect
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,6 +159,15 @@ def test_dqn_on_brax_is_refused():
         "continuous ones: use td3 or sac"
     )
     assert load_config(None, [PENDULUM, "algo=sac"]).algo == "sac"
+
+
+def test_dqn_on_a_brax_preset_names_the_actions_before_the_td3_hparams():
+    """A brax preset's hparams are TD3's: with algo=dqn the env's continuous actions are the
+    reason to give, not the unknown key hparams.actor_lr."""
+    preset = Path(__file__).resolve().parents[1] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
+    with pytest.raises(ConfigError) as refused:
+        load_config(preset, ["algo=dqn"])
+    assert str(refused.value).startswith("algo: dqn needs discrete actions"), refused.value
 
 
 def test_brax_config_round_trips(tmp_path):

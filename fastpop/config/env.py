@@ -59,6 +59,17 @@ def check_env(r: Reader, env: EnvConfig) -> EnvConfig:
     return dataclasses.replace(env, id=env_id)
 
 
+def check_algo_fits_env(r: Reader, algo: str, env_id: str) -> None:
+    """Refuse DQN on a brax env: checked before the hparams are read, since their keys are the
+    algorithm's (a brax preset's actor_lr would otherwise be the first complaint)."""
+    if is_brax_id(env_id) and algo == "dqn":
+        r.fail(
+            "algo",
+            f"dqn needs discrete actions, and brax environments ({env_id}) have continuous "
+            "ones: use td3 or sac",
+        )
+
+
 def collection_mode(config: Any) -> str:
     """`collect.mode` of a Config, null resolved: device for brax ids, else processes."""
     if config.collect.mode is not None:
@@ -67,7 +78,7 @@ def collection_mode(config: Any) -> str:
 
 
 def check_collection(r: Reader, config: Any) -> None:
-    """Refuse a collection mode the environment cannot run in, and DQN on a brax env."""
+    """Refuse a collection mode the environment cannot run in."""
     env_id, mode = config.env.id, config.collect.mode
     if is_brax_id(env_id) and mode == "processes":
         r.fail(
@@ -81,10 +92,4 @@ def check_collection(r: Reader, config: Any) -> None:
             f"device steps brax environments (env.id: brax/<name>) on the device, and {env_id} "
             "is a gymnasium environment, stepped in collector processes: use collect.mode: "
             "processes (or null), or a brax id such as brax/halfcheetah",
-        )
-    if is_brax_id(env_id) and config.algo == "dqn":
-        r.fail(
-            "algo",
-            f"dqn needs discrete actions, and brax environments ({env_id}) have continuous "
-            "ones: use td3 or sac",
         )

@@ -26,6 +26,7 @@ from fastpop.agents import ALGORITHMS, DQNConfig, SACConfig, TD3Config
 from fastpop.config.env import (
     COLLECTION_MODES,
     EnvConfig,
+    check_algo_fits_env,
     check_collection,
     check_env,
     collection_mode,
@@ -263,11 +264,14 @@ def _build(raw: dict, r: Reader) -> Config:
     if "/" in values["name"] or values["name"] in ("", ".", ".."):
         r.fail("name", f"must be a non-empty name without '/', got {values['name']!r}")
     algo = values["algo"]
+    # The env first: whether it suits the algorithm says more than the hparams' keys would.
+    values["env"] = EnvConfig(**read_fields(r, "env", raw.get("env"), field_specs(EnvConfig)))
+    check_algo_fits_env(r, algo, values["env"].id)
     for name, factory in _TOP.items():
         if name in _TABLES:
             specs = _table_specs(name, algo)
             values[name] = read_fields(r, name, raw.get(name), specs, f" for algo {algo}")
-        elif name not in _SCALARS:
+        elif name not in _SCALARS and name != "env":
             values[name] = factory(**read_fields(r, name, raw.get(name), field_specs(factory)))
     values["env"] = check_env(r, values["env"])
     given = raw["population"] if isinstance(raw.get("population"), dict) else {}
