@@ -175,3 +175,27 @@ def test_atari_options_validated():
         AtariOptions(frame_stack=0)
     with pytest.raises(ValueError, match="repeat_action_probability"):
         AtariOptions(repeat_action_probability=1.5)
+
+
+def test_mujoco_warns_about_gymnasiums_own_model_files_nowhere(capfd):
+    """HalfCheetah's model (gymnasium's file) uses settotalmass, which MuJoCo calls deprecated
+    each time a process compiles it: once per collector. fastpop's envs do not print it; other
+    MuJoCo warnings still reach stderr as MuJoCo words them."""
+    pytest.importorskip("mujoco")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fastpop.envs import mujoco_warnings
+
+    make = "from fastpop.envs import make_vector_env; make_vector_env('HalfCheetah-v5', 2, 0)"
+    repo = Path(__file__).resolve().parents[1]
+    environment = {**os.environ, "PYTHONPATH": str(repo)}  # this checkout's fastpop
+    made = subprocess.run(
+        [sys.executable, "-c", make], env=environment, capture_output=True, text=True, timeout=120
+    )
+    assert made.returncode == 0, made.stderr
+    assert "settotalmass" not in made.stderr + made.stdout
+    mujoco_warnings._print_unless_asset_deprecation("Nan, Inf or huge value in QACC at DOF 0")
+    assert capfd.readouterr().err == "WARNING: Nan, Inf or huge value in QACC at DOF 0\n"

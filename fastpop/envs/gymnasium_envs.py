@@ -18,7 +18,7 @@ import re
 import gymnasium as gym
 import numpy as np
 
-from fastpop.envs import brax_envs
+from fastpop.envs import brax_envs, mujoco_warnings
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment
 from fastpop.types import EnvSpec
 
@@ -319,6 +319,8 @@ def make_env(
     if env_id.startswith("ALE/"):
         env = _make_atari(env_id, training, atari or AtariOptions(), render_mode)
     else:
+        if str(gym.spec(env_id).entry_point).startswith("gymnasium.envs.mujoco"):
+            mujoco_warnings.hide_asset_deprecations()
         env = gym.wrappers.RecordEpisodeStatistics(gym.make(env_id, render_mode=render_mode))
         space = env.observation_space
         if isinstance(space, gym.spaces.Box) and space.dtype == np.float64:
