@@ -270,6 +270,11 @@ def test_fastpop_plot_aggregate_writes_curves_profiles_and_a_table(tmp_path, cap
     assert "| config 0: actor_lr=0.0001 | 3 | 6 |" in printed
     assert "the best return reached; set --gamma" in printed
     assert main(["plot", "--aggregate", "--by", "run", *runs, "--out", str(out)]) == 0
+    # Without --minutes: quarters of the 10-minute runs, every cell a value
+    assert main(["plot", "--aggregate", *runs, "--out", str(out), "--table"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| config")]
+    assert [row.split(" | ")[1] for row in rows] == ["2", "5", "7", "10"] * 2
+    assert not any("ran " in row or "no evaluation" in row for row in rows)
 
 
 @pytest.mark.parametrize(

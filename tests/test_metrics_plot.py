@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from fastpop.analysis import plot
 from fastpop.analysis.plot import (
     STEPS_PLOT,
     WALLTIME_PLOT,
@@ -144,6 +145,17 @@ def test_returns_by_minute_reads_the_latest_round_taken_by_then(tmp_path):
     assert table[0] == "| run | 1.2 min | 2 min | 5 min |"
     # 5 minutes is past the run's end (its last evaluation, at 2 minutes, without a summary)
     assert table[2].endswith("| 1000 (1000) | 350 (1000) | ran 2.0 min |")
+    # Without minutes: quarters of the run's 2 minutes, each with a value (5, 10, 20 showed none)
+    table = returns_table([tmp_path]).splitlines()
+    assert table[0] == "| run | 0.5 min | 1 min | 1.5 min | 2 min |"
+    assert table[2].endswith("| 50 (50) | 1000 (1000) | 250 (1000) | 350 (1000) |"), table
+
+
+def test_default_minutes_lie_inside_the_longest_run():
+    assert plot.default_minutes([2.0, 0.5]) == (0.5, 1.0, 1.5, 2.0)
+    assert plot.default_minutes([0.8237]) == (0.2, 0.41, 0.61, 0.82)
+    assert plot.default_minutes([47.0, math.inf]) == (11.0, 23.0, 35.0, 47.0)
+    assert plot.default_minutes([]) == (0.0,)
 
 
 def test_cemrl_runs_get_a_cem_mean_curve(tmp_path):

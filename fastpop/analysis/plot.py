@@ -96,6 +96,20 @@ def ran_minutes(run_dir: Path, rows: list[dict]) -> float:
     return last / 60
 
 
+def default_minutes(ran: list[float]) -> tuple[float, ...]:
+    """--table's minutes when none are given: a quarter, half, three quarters and all of the
+    longest run's length, rounded down to two significant digits (so each lies inside it)."""
+    longest = max((m for m in ran if math.isfinite(m)), default=0.0)
+    if longest <= 0:
+        return (0.0,)
+    digits = 1 - math.floor(math.log10(longest))  # two significant digits
+
+    def round_down(minute: float) -> float:
+        return math.floor(minute * 10**digits) / 10**digits
+
+    return tuple(sorted({round_down(longest * quarter / 4) for quarter in (1, 2, 3, 4)}))
+
+
 def load_curve(run_dir: Path) -> Curve:
     """Best and median return per evaluation round of one run directory."""
     run_dir = Path(run_dir)
@@ -206,15 +220,17 @@ def returns_by_minute(curve: Curve, minutes: float) -> tuple[float, float]:
     return curve.best_return[taken[-1]], max(so_far, default=math.nan)
 
 
-def returns_table(run_dirs: list[Path], minutes: tuple[float, ...] = (5, 10, 20)) -> str:
+def returns_table(run_dirs: list[Path], minutes: tuple[float, ...] | None = None) -> str:
     """A markdown table: per run, the best member's return at the last evaluation snapshot taken
     by each wall-clock minute (in brackets: the best of any snapshot by then). A minute past the
     run's end shows how long it ran instead ("ran 15.0 min"), not its final values as if it had
-    run that long."""
+    run that long. Without `minutes`: `default_minutes` of the runs."""
+    curves = [load_curve(Path(run_dir)) for run_dir in run_dirs]
+    if minutes is None:
+        minutes = default_minutes([curve.ran_minutes for curve in curves])
     header = "| run | " + " | ".join(f"{m:g} min" for m in minutes) + " |"
     lines = [header, "|---|" + "---:|" * len(minutes)]
-    for run_dir in run_dirs:
-        curve = load_curve(Path(run_dir))
+    for curve in curves:
         cells = []
         for m in minutes:
             latest, best = returns_by_minute(curve, m)

@@ -19,7 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from fastpop.analysis import aggregate
-from fastpop.analysis.plot import default_out_dir
+from fastpop.analysis.plot import default_minutes, default_out_dir
 from fastpop.analysis.sweep import Group, load_groups
 
 AGGREGATE_WALLTIME_PLOT = "aggregate_walltime_vs_return.png"
@@ -138,13 +138,16 @@ def _cells(group: Group, minute: float, gamma: float) -> list[str]:
 
 def aggregate_table(
     run_dirs: list[Path],
-    minutes: tuple[float, ...] = (5, 10, 20),
+    minutes: tuple[float, ...] | None = None,
     by: str = "configuration",
     gamma: float | None = None,
 ) -> str:
     """Markdown: per group and minute, IQM, mean, median and optimality gap of the members'
-    latest evaluation by then, each with its 95% stratified bootstrap interval."""
+    latest evaluation by then, each with its 95% stratified bootstrap interval. Without
+    `minutes`: quarters of the longest group's run (`plot.default_minutes`)."""
     groups = load_groups([Path(d) for d in run_dirs], by)
+    if minutes is None:
+        minutes = default_minutes([group.ran_minutes for group in groups])
     given = gamma is not None
     gamma = gamma if given else default_gamma(groups)
     strata = "runs" if by == "configuration" else "configurations"

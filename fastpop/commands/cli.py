@@ -135,8 +135,9 @@ def add_plot_parser(commands) -> None:
     plot.add_argument(
         "--minutes",
         type=comma_list(float, "minutes"),
-        default=[5.0, 10.0, 20.0],
-        help="wall-clock minutes of the --table columns, comma-separated (default 5,10,20)",
+        default=None,
+        help="wall-clock minutes of the --table columns, comma-separated (default: a quarter, "
+        "half, three quarters and all of the longest run)",
     )
 
 
@@ -304,9 +305,13 @@ def run_plot(args: argparse.Namespace) -> int:
         else:
             paths = plot_runs(args.runs, args.out)
         if args.table and args.aggregate:
-            print(aggregate_table(args.runs, tuple(args.minutes), by, args.gamma))
+            print(
+                aggregate_table(
+                    args.runs, None if args.minutes is None else tuple(args.minutes), by, args.gamma
+                )
+            )
         elif args.table:
-            print(returns_table(args.runs, tuple(args.minutes)))
+            print(returns_table(args.runs, None if args.minutes is None else tuple(args.minutes)))
     except ValueError as error:
         return fail(str(error))
     print("wrote " + ", ".join(str(p) for p in paths))
