@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -207,3 +208,21 @@ def test_distributed_without_a_coordinator_exits_2(tmp_path):
     assert "--coordinator HOST:PORT --num-processes N --process-id I" in result.stderr
     assert "srun" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        (["env.id=brax/inverted_pendulum"], "device collection (brax ids) is not distributed yet"),
+        (["strategy=cemrl", "population.size=3", "replay.shared=true"], "strategy: cemrl with"),
+    ],
+)
+def test_a_run_distributed_training_does_not_support_is_refused(overrides, reason):
+    from fastpop.config import ConfigError, load_config
+    from fastpop.distributed.lockstep import check_parts
+    from fastpop.run.parts import build_run
+
+    if "brax" in overrides[0]:
+        pytest.importorskip("brax")
+    with pytest.raises(ConfigError, match=re.escape(reason)):
+        check_parts(build_run(load_config(TD3_PENDULUM, [*FAST, *overrides])))

@@ -96,15 +96,14 @@ def train(args, arguments: dict, execute) -> int:
     def body() -> int:
         from fastpop.config import load_config
         from fastpop.distributed.multihost import DistributedRun
-        from fastpop.population import sharding
         from fastpop.run.parts import build_run
 
         try:
             config = load_config(args.config, args.overrides)
-            lockstep.check_config(config)
-            sharding.device_count(config)
+            parts = build_run(config)  # population.devices checked here too
+            lockstep.check_parts(parts)
             run_dir = args.out or Path("results/runs") / config.name
-            run = DistributedRun(build_run(config), run_dir)
+            run = DistributedRun(parts, run_dir)
         except (ConfigError, ValueError) as error:
             return fail(str(error))
         problem, descriptor = _owner_verdict(run, run_dir, args.overwrite)
@@ -134,7 +133,6 @@ def resume(run_dir: Path, overrides: list[str], arguments: dict, execute) -> int
 def _resumed_run(run_dir: Path, overrides: list[str]):
     from fastpop.distributed.checkpoint_sharded import ShardedCheckpoints
     from fastpop.distributed.multihost import DistributedRun
-    from fastpop.population import sharding
     from fastpop.run import run_state
     from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE
     from fastpop.run.parts import build_run
@@ -153,9 +151,9 @@ def _resumed_run(run_dir: Path, overrides: list[str]):
     saved = manifest["metadata"]["config"]
     _check_config_file(Path(run_dir) / CONFIG_FILE, saved)
     config = run_state.resume_config(saved, overrides, str(checkpoints.path(steps[0])))
-    lockstep.check_config(config)
-    sharding.device_count(config)
-    run = DistributedRun(build_run(config), Path(run_dir))
+    parts = build_run(config)
+    lockstep.check_parts(parts)
+    run = DistributedRun(parts, Path(run_dir))
     run.restore_latest(run.log)
     if run.member_env_steps >= config.train.total_env_steps:
         raise ConfigError(

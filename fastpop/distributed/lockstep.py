@@ -123,11 +123,11 @@ def resolve(args) -> dict | None:
     }
 
 
-def check_config(config) -> None:
-    """What a distributed run does not support yet (exit 2 before anything starts)."""
-    from fastpop import config as config_lib
-
-    if config_lib.collection_mode(config) == "device":
+def check_parts(parts) -> None:
+    """What a distributed run does not support yet (exit 2 before anything starts); `parts` is
+    the run's `fastpop.run.parts.RunParts`."""
+    config = parts.config
+    if parts.collection_mode == "device":
         raise ConfigError(
             "--distributed runs collect with processes (collect.mode: processes); device "
             "collection (brax ids) is not distributed yet: train it on one host"
