@@ -136,6 +136,18 @@ def test_collection_mode_defaults_follow_the_env():
     assert "collect.num_collectors: must be <=" in refusal(["population.size=1"])
 
 
+def test_the_collection_mode_is_worked_out_by_config_validation_and_run_parts_only():
+    """Everything else takes it from `RunParts.collection_mode` (or asks about the env)."""
+    package = Path(__file__).resolve().parents[1] / "fastpop"
+    allowed = {package / "run" / "parts.py", *(package / "config").glob("*.py")}
+    callers = []
+    for path in sorted(set(package.rglob("*.py")) - allowed):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and "collection_mode" in ast.unparse(node.func):
+                callers.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert callers == []
+
+
 def test_collection_mode_mismatches_are_refused():
     message = refusal([PENDULUM, "collect.mode=processes"])
     assert message == (
