@@ -78,17 +78,17 @@ class ProcessCollection:
         self.config, self.replay_spec, self.log = config, replay_spec, log
         self.workers = None  # while running
         self.learner: Learner | None = None  # while running
-        self.published_version = -1
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
         from fastpop.collect.workers import Workers
 
-        leaves = learner.policy_leaves()
+        leaves, version = learner.policy_leaves(), learner.policy_version
         config, spec, log = self.config, self.replay_spec, self.log
-        with Workers(config, leaves, spec, log, log_event=log_event, generation=generation) as w:
-            self.workers, self.learner = w, learner
-            self.published_version = learner.policy_version
+        with Workers(
+            config, leaves, spec, log, log_event, generation, policy_version=version
+        ) as workers:
+            self.workers, self.learner = workers, learner
             yield
 
     @property
@@ -98,9 +98,7 @@ class ProcessCollection:
     def _keep_up(self) -> None:
         """Raise if a worker failed beyond its restarts; send changed policies."""
         self.workers.check()
-        if self.learner.policy_version != self.published_version:
-            self.workers.publish_from(self.learner)
-            self.published_version = self.learner.policy_version
+        self.workers.publish_if_changed(self.learner)
 
     def feed(self, learner: Learner) -> list | None:
         self._keep_up()

@@ -69,10 +69,18 @@ class Workers:
     chunks_per_pass = None  # the loop drains every chunk that is ready
 
     def __init__(
-        self, config, initial_leaves, replay_spec, log=print, log_event=None, generation: int = 0
+        self,
+        config,
+        initial_leaves,
+        replay_spec,
+        log=print,
+        log_event=None,
+        generation: int = 0,
+        policy_version: int = 0,
     ):
         """`replay_spec`: the learner's (`Learner.replay_spec`); collectors build their chunks
-        with it rather than deriving their own."""
+        with it rather than deriving their own. `policy_version`: the learner's
+        `policy_version` when `initial_leaves` were taken (see `publish_if_changed`)."""
         if (problem := memory_order_problem()) is not None:
             raise WorkerFailed(problem)
         self.config = config
@@ -83,6 +91,7 @@ class Workers:
         self.log_event = log_event or (lambda kind, payload: None)
         self.context = mp.get_context("spawn")
         self.initial_leaves = initial_leaves
+        self.published_version = policy_version
         self.config_dict = config_lib.config_to_dict(config)
         self.replay_spec = replay_spec
         num_envs = config.population.size * config.collect.envs_per_member
@@ -207,6 +216,12 @@ class Workers:
     def publish_from(self, learner) -> None:
         """The learner's current policies to the collectors (a device-to-host copy)."""
         self.publish(learner.policy_leaves())
+        self.published_version = learner.policy_version
+
+    def publish_if_changed(self, learner) -> None:
+        """`publish_from` unless the collectors already act with the learner's policies."""
+        if learner.policy_version != self.published_version:
+            self.publish_from(learner)
 
     def feed(self, learner) -> list | None:
         """One chunk from every collector into the learner's replay; its finished episodes, or

@@ -149,7 +149,6 @@ class LockstepCollection:
         self.signals, self.local_elapsed = AgreedSignals(self.agree), local_elapsed
         self.workers: Workers | None = None  # while running
         self.learner: Learner | None = None  # while running
-        self.published_version = -1
         self.agreed_elapsed: float | None = None  # process 0's clock at the latest pass
         self.held = None  # (rows, episodes) of a chunk waiting for the other processes'
         self.chunk_agreed = False
@@ -164,13 +163,11 @@ class LockstepCollection:
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
-        leaves, config, spec = learner.policy_leaves(), self.config, self.replay_spec
-        workers = Workers(
-            config, leaves, spec, self.log, log_event=log_event, generation=generation
-        )
+        leaves, version = learner.policy_leaves(), learner.policy_version
+        config, spec, log = self.config, self.replay_spec, self.log
+        workers = Workers(config, leaves, spec, log, log_event, generation, version)
         with workers:
             self.workers, self.learner = workers, learner
-            self.published_version = learner.policy_version
             self.agree()  # the processes start the loop together, on one clock
             yield
 
@@ -213,9 +210,7 @@ class LockstepCollection:
         collectors get the learner's policies first if they changed."""
         try:
             self.workers.check()
-            if self.learner.policy_version != self.published_version:
-                self.workers.publish(self.learner.policy_leaves())
-                self.published_version = self.learner.policy_version
+            self.workers.publish_if_changed(self.learner)
         except WorkerFailed as error:
             self.failure = str(error)
         self._gather_local()
