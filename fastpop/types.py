@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -36,6 +37,18 @@ class EnvSpec(NamedTuple):
     @property
     def discrete(self) -> bool:
         return self.num_actions > 0
+
+
+class DeviceEnv(NamedTuple):
+    """An environment stepped inside jit, whatever simulator family it comes from (adapters:
+    fastpop/envs/device_envs.py). `reset(key) -> state` and `step(state, action) -> state` are
+    pure; the rollout reads `state.obs`, `state.reward` and `state.done`, a termination only:
+    the time limit (`episode_length` by default) and autoreset are the rollout's."""
+
+    reset: Callable[[jax.Array], Any]
+    step: Callable[[Any, jax.Array], Any]
+    spec: EnvSpec
+    episode_length: int
 
 
 class Transition(NamedTuple):

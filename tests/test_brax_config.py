@@ -64,7 +64,7 @@ def test_make_brax_env_is_built_once_per_id_and_backend():
     assert default.backend == brax_envs.default_backend("brax/inverted_pendulum")
     with pytest.raises(ValueError, match="unknown brax backend 'sprng'; use one of generalized, "):
         brax_envs.make_brax_env("brax/inverted_pendulum", "sprng")
-    with pytest.raises(ValueError, match="stepped on the device: build it with make_brax_env"):
+    with pytest.raises(ValueError, match="stepped on the device: build it with make_device_env"):
         envs.make_env("brax/inverted_pendulum", seed=0)
 
 
@@ -118,7 +118,10 @@ def test_brax_only_fields_are_refused_for_gymnasium_ids():
         "and Pendulum-v1 is not one: remove env.backend (or set it to null)"
     )
     message = refusal(["env.id=CartPole-v1", "algo=dqn", "env.episode_length=200"])
-    assert message.startswith("env.episode_length: only brax environments (env.id: brax/<name>)")
+    assert message.startswith(
+        "env.episode_length: only environments stepped on the device (env.id: brax/<name>, "
+        "gymnax/<name>) take a time limit here"
+    )
     assert "CartPole-v1 is not one: remove env.episode_length" in message
 
 
@@ -152,12 +155,13 @@ def test_collection_mode_mismatches_are_refused():
     message = refusal([PENDULUM, "collect.mode=processes"])
     assert message == (
         "collect.mode: processes steps gymnasium environments in collector processes, and "
-        "brax/inverted_pendulum is a brax environment, stepped on the device: use "
+        "brax/inverted_pendulum is stepped on the device: use "
         "collect.mode: device (or null) (from --set collect.mode=processes)"
     )
     message = refusal(["collect.mode=device"])
     assert message.startswith(
-        "collect.mode: device steps brax environments (env.id: brax/<name>) on the device, and "
+        "collect.mode: device steps brax and gymnax environments (env.id: brax/<name>, "
+        "gymnax/<name>) on the device, and "
         "Pendulum-v1 is a gymnasium environment, stepped in collector processes: use "
         "collect.mode: processes (or null)"
     )
@@ -167,8 +171,8 @@ def test_collection_mode_mismatches_are_refused():
 def test_dqn_on_brax_is_refused():
     message = refusal([PENDULUM, "algo=dqn"])
     assert message.startswith(
-        "algo: dqn needs discrete actions, and brax environments (brax/inverted_pendulum) have "
-        "continuous ones: use td3 or sac"
+        "algo: dqn needs discrete actions, and brax/inverted_pendulum has continuous ones: use "
+        "td3 or sac"
     )
     assert load_config(None, [PENDULUM, "algo=sac"]).algo == "sac"
 

@@ -1,9 +1,12 @@
-"""Device mode (collect.mode: device, brax environments stepped on the device): it learns, it
-is deterministic, a stopped and resumed run writes exactly the metrics of an uninterrupted one,
-and the sequential executor gives the vectorized one's numbers."""
+"""Device mode (collect.mode: device, environments stepped on the device): it learns (brax),
+it is deterministic, a stopped and resumed run writes exactly the metrics of an uninterrupted
+one, the sequential executor gives the vectorized one's numbers and every strategy runs (TD3 on
+gymnax's Pendulum-v1, DQN on its CartPole-v1: their programs compile in a second, brax's in
+tens; the rollout is the same code for every family)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -12,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("brax")
+pytest.importorskip("gymnax")
 
 from fastpop import config as config_lib
 from fastpop.population import replay
@@ -21,9 +24,10 @@ from fastpop.run.parts import build_run
 from fastpop.run.resume import resume_run
 
 REPO = Path(__file__).resolve().parents[1]
-PRESET = REPO / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
+PRESET = REPO / "configs" / "td3_gymnax_pendulum_cpu.yaml"
+DQN_PRESET = REPO / "configs" / "dqn_gymnax_cartpole_cpu.yaml"
+BRAX_PRESET = REPO / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
 SHORT = [  # small and quick: the equivalence tests compare rows, not learning
-    "env.backend=spring",  # the quickest to compile (the preset's generalized is for learning)
     "population.size=2",
     "agent.hidden_sizes=[16,16]",
     "agent.batch_size=32",
@@ -40,8 +44,8 @@ SHORT = [  # small and quick: the equivalence tests compare rows, not learning
 ]
 
 
-def run(tmp_path: Path, name: str, *overrides: str) -> Path:
-    config = config_lib.load_config(PRESET, [*SHORT, *overrides])
+def run(tmp_path: Path, name: str, *overrides: str, preset: Path = PRESET) -> Path:
+    config = config_lib.load_config(preset, [*SHORT, *overrides])
     run_dir = tmp_path / name
     run_dir.mkdir()
     loop.Run(build_run(config), run_dir, log=lambda message: None).run()
@@ -53,11 +57,16 @@ def rows(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "wall_time"} for line in lines]
 
 
+PRESETS = {"td3": PRESET, "dqn": DQN_PRESET}
+
+
+@pytest.mark.parametrize("algo", sorted(PRESETS))
 def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectorized(
-    tmp_path, capsys
+    tmp_path, capsys, algo
 ):
-    whole = run(tmp_path, "whole", "train.total_env_steps=2048")
-    first = run(tmp_path, "resumed", "train.total_env_steps=1024")
+    preset = PRESETS[algo]  # DQN: the epsilon schedule goes on from the resumed env steps
+    whole = run(tmp_path, "whole", "train.total_env_steps=2048", preset=preset)
+    first = run(tmp_path, "resumed", "train.total_env_steps=1024", preset=preset)
     resumed = resume_run(first, ["train.total_env_steps=2048"], log=lambda message: None)
     resumed.run()
     assert len(rows(whole)) == 2 * 4  # two members, an evaluation every 512 steps
@@ -70,7 +79,11 @@ def test_stopped_and_resumed_equals_uninterrupted_and_sequential_equals_vectoriz
         r"member 0 \(checkpoint \d+, 2,048 env steps/member\): return", capsys.readouterr().out
     )
     sequential = run(
-        tmp_path, "sequential", "train.total_env_steps=1024", "population.execution=sequential"
+        tmp_path,
+        "sequential",
+        "train.total_env_steps=1024",
+        "population.execution=sequential",
+        preset=preset,
     )
     expected, actual = rows(whole)[:4], rows(sequential)
     returns = lambda rows: [r["return_mean"] for r in rows]
@@ -89,6 +102,7 @@ LEARNED = 300.0  # 60x random, 11x zero force
 LEARNING_STEPS = {"td3": 8000, "sac": 6000}
 
 
+@pytest.mark.skipif(importlib.util.find_spec("brax") is None, reason="brax is not installed")
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     steps = LEARNING_STEPS[algo]
@@ -101,7 +115,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
         "log.tensorboard=false",
         "checkpoint.interval_seconds=null",
     ]
-    config = config_lib.load_config(PRESET, overrides)
+    config = config_lib.load_config(BRAX_PRESET, overrides)
     run_dir = tmp_path / algo
     run_dir.mkdir()
     trained = loop.Run(build_run(config), run_dir, log=lambda message: None)
@@ -120,28 +134,36 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
         assert np.asarray(batch.terminated).any() and np.all(np.asarray(batch.reward) == 1.0)
 
 
-STRATEGIES = {
-    "pbt": [
+STRATEGIES = {  # (algo, strategy) -> overrides; CEM-RL and DvD are for actor-critics
+    ("td3", "pbt"): [
         "strategy=pbt",
         "pbt.interval=512",
         "pbt.replay=copy",
         "population.size=4",
         "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}",
     ],
-    "branch_merge": ["strategy=branch_merge", "branch_merge.round_steps=512"],
-    "cemrl": [
+    ("td3", "branch_merge"): ["strategy=branch_merge", "branch_merge.round_steps=512"],
+    ("td3", "cemrl"): [
         "strategy=cemrl",
         "population.size=3",
         "cemrl.generation_steps=512",
         "replay.shared=true",
     ],
-    "dvd": ["strategy=dvd", "population.size=3", "replay.shared=true"],
+    ("td3", "dvd"): ["strategy=dvd", "population.size=3", "replay.shared=true"],
+    ("dqn", "pbt"): [
+        "strategy=pbt",
+        "pbt.interval=512",
+        "population.size=4",
+        "population.priors={learning_rate: {log_uniform: [1.0e-4, 1.0e-3]}}",
+    ],
+    ("dqn", "branch_merge"): ["strategy=branch_merge", "branch_merge.round_steps=512"],
 }
 
 
-@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
-def test_every_strategy_runs_in_device_mode(tmp_path, strategy):
-    run_dir = run(tmp_path, strategy, "train.total_env_steps=1024", *STRATEGIES[strategy])
+@pytest.mark.parametrize(("algo", "strategy"), sorted(STRATEGIES))
+def test_every_strategy_runs_in_device_mode(tmp_path, algo, strategy):
+    overrides = ["train.total_env_steps=1024", *STRATEGIES[algo, strategy]]
+    run_dir = run(tmp_path, strategy, *overrides, preset=PRESETS[algo])
     evaluated = rows(run_dir)
     size = len({r["member"] for r in evaluated})
     assert len(evaluated) == 2 * size  # every (evaluation, member) row once

@@ -1,6 +1,8 @@
-"""Brax lanes on the device keep gymnasium's next-step autoreset: every transition's next
+"""Lanes on the device keep gymnasium's next-step autoreset: every transition's next
 observation is the real next state (a terminal or time-limit final state included), never a
-reset state, checked against stepping the same env from the recorded states."""
+reset state, checked against stepping the same env from the recorded states. On gymnax's
+CartPole-v1 (a DeviceEnv like brax's: the rollout does not know the family), whose programs
+compile in a second."""
 
 from __future__ import annotations
 
@@ -9,41 +11,39 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-brax_envs = pytest.importorskip("brax.envs")
+pytest.importorskip("gymnax")
 
-from fastpop.collect import device_rollout  # noqa: E402
-
-# Its module fixture is expensive: one worker runs it once for every test here.
-pytestmark = pytest.mark.xdist_group("device_rollout")
+from fastpop.collect import device_rollout
+from fastpop.envs.device_envs import make_device_env
 
 LANES, STEPS, TIME_LIMIT = 6, 60, 12
 
 
 @pytest.fixture(scope="module")
-def pendulum():
-    # Random actions topple it within a few steps (termination); the short time limit
+def cartpole():
+    # Random actions topple it within ~22 steps (termination); the short time limit
     # truncates the episodes that last.
-    return brax_envs.get_environment("inverted_pendulum", backend="generalized")
+    return make_device_env("gymnax/CartPole-v1")
 
 
-def random_act(action_size):
-    return lambda obs, key, t=0: jax.random.uniform(key, (obs.shape[0], action_size), minval=-1.0)
+def random_act(env):
+    return lambda obs, key, t=0: device_rollout.random_actions(env.spec, key, obs.shape[:1])
 
 
-def test_next_observations_are_real_next_states_and_resets_start_rows(pendulum):
-    act = random_act(pendulum.action_size)
+def test_next_observations_are_real_next_states_and_resets_start_rows(cartpole):
+    act = random_act(cartpole)
 
     def one(state, key):
         action = act(state.env.obs, key)
-        new_state, row, _ = device_rollout.step(pendulum, TIME_LIMIT, state, action)
+        new_state, row, _ = device_rollout.step(cartpole, TIME_LIMIT, state, action)
         return new_state, (row, state.env)
 
-    state = device_rollout.init(pendulum, jax.random.key(0), LANES)
+    state = device_rollout.init(cartpole, jax.random.key(0), LANES)
     run = jax.jit(lambda s, k: jax.lax.scan(one, s, jax.random.split(k, STEPS)))
     _, (rows, env_states) = run(state, jax.random.key(1))
     rows = jax.tree.map(np.asarray, rows)  # (STEPS, LANES, ...)
     # The state every transition row started from, stepped again with its action.
-    again = jax.jit(jax.vmap(jax.vmap(pendulum.step)))(env_states, jnp.asarray(rows.action))
+    again = jax.jit(jax.vmap(jax.vmap(cartpole.step)))(env_states, jnp.asarray(rows.action))
     starts = ~rows.autoreset[:-1]
     real_next = np.asarray(again.obs)[:-1][starts]
     np.testing.assert_allclose(rows.obs[1:][starts], real_next, rtol=1e-5, atol=1e-6)
@@ -63,12 +63,12 @@ def test_next_observations_are_real_next_states_and_resets_start_rows(pendulum):
         assert (rows.truncated[t] == (~rows.autoreset[t] & (length >= TIME_LIMIT))).all()
 
 
-def test_rollout_returns_rows_lane_major_and_episode_returns(pendulum):
-    act = random_act(pendulum.action_size)
-    state = device_rollout.init(pendulum, jax.random.key(0), LANES)
-    rollout = jax.jit(lambda s, k: device_rollout.rollout(pendulum, TIME_LIMIT, s, act, k, STEPS))
+def test_rollout_returns_rows_lane_major_and_episode_returns(cartpole):
+    act = random_act(cartpole)
+    state = device_rollout.init(cartpole, jax.random.key(0), LANES)
+    rollout = jax.jit(lambda s, k: device_rollout.rollout(cartpole, TIME_LIMIT, s, act, k, STEPS))
     _, rows, finished = rollout(state, jax.random.key(1))
-    assert rows.obs.shape == (LANES, STEPS, pendulum.observation_size)
+    assert rows.obs.shape == (LANES, STEPS, *cartpole.spec.obs_shape)
     rewards, ended = np.asarray(rows.reward), np.asarray(finished.ended)
     returns = np.asarray(finished.episode_return)
     for lane in range(LANES):  # each finished return is the sum of its episode's rewards
@@ -78,9 +78,10 @@ def test_rollout_returns_rows_lane_major_and_episode_returns(pendulum):
         np.testing.assert_allclose(returns[lane, ends], expected, rtol=1e-5)
 
 
-def test_evaluation_counts_one_episode_per_lane(pendulum):
-    zero = lambda obs, key, t: jnp.zeros((obs.shape[0], pendulum.action_size))
-    evaluate = jax.jit(lambda k: device_rollout.evaluate(pendulum, TIME_LIMIT, zero, k, 3))
+def test_evaluation_counts_one_episode_per_lane(cartpole):
+    left = lambda obs, key, t: jnp.zeros(obs.shape[:1], jnp.int32)
+    evaluate = jax.jit(lambda k: device_rollout.evaluate(cartpole, TIME_LIMIT, left, k, 3))
     returns = np.asarray(evaluate(jax.random.key(2)))
-    # inverted_pendulum pays 1 per step alive: an episode returns at most the time limit.
-    assert returns.shape == (3,) and np.all((returns >= 1) & (returns <= TIME_LIMIT))
+    # CartPole pays 1 per step alive and pushed left it falls in ~10 steps: each lane counts
+    # its one episode, whatever the steps left until the time limit.
+    assert returns.shape == (3,) and np.all((returns >= 5) & (returns < TIME_LIMIT))

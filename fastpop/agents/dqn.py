@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from fastpop.agents import losses
+from fastpop.agents import losses, networks
 from fastpop.agents.base import Agent, adam_step, hparams_from_values, select_tree
 from fastpop.agents.networks import QNetwork
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
@@ -22,7 +22,11 @@ class DQNConfig:
     """Static shape of a DQN member; equal across a population."""
 
     hidden_sizes: tuple[int, ...] = (256, 256)
-    """MLP torso widths for vector observations (image observations use the Nature CNN)."""
+    """MLP torso widths (torso: mlp)."""
+    torso: str | None = None
+    """mlp, nature_cnn (Mnih et al. 2015) or minatar_cnn (Young & Tian 2019: one 3x3
+    convolution of 16 filters, 128 units); null: by observation, Atari frames nature_cnn,
+    other images (MinAtar's 10x10xC) minatar_cnn, vectors mlp."""
     batch_size: int = 32
     """Transitions per gradient step (Mnih et al.: 32)."""
     double_dqn: bool = True
@@ -58,7 +62,12 @@ def epsilon(hparams: DQNHParams, env_steps) -> jax.Array:
 def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
     if not spec.discrete:
         raise ValueError("DQN needs a discrete action space; use TD3 or SAC for continuous")
-    network = QNetwork(spec.num_actions, config.hidden_sizes, len(spec.obs_shape) == 3)
+    torso = config.torso or networks.default_torso(spec.obs_shape, spec.obs_dtype)
+    if torso not in networks.TORSOS:
+        raise ValueError(f"unknown torso {torso!r}; use one of {', '.join(networks.TORSOS)}")
+    if torso != "mlp" and len(spec.obs_shape) != 3:
+        raise ValueError(f"torso {torso} needs image observations (H, W, C), not {spec.obs_shape}")
+    network = QNetwork(spec.num_actions, config.hidden_sizes, torso, len(spec.obs_shape))
     optimizer = optax.scale_by_adam(eps=config.adam_eps)
 
     def default_hparams() -> DQNHParams:

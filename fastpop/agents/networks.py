@@ -52,6 +52,28 @@ class NatureCNN(nn.Module):
         return nn.relu(nn.Dense(512)(x))
 
 
+class MinAtarCNN(nn.Module):
+    """The MinAtar torso (Young & Tian, 2019): one 3x3 convolution of 16 filters (stride 1) and
+    a 128-unit dense layer, for 10x10xC grids."""
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = nn.relu(nn.Conv(16, (3, 3), strides=(1, 1), padding="VALID")(obs.astype(jnp.float32)))
+        x = x.reshape((*x.shape[:-3], -1))
+        return nn.relu(nn.Dense(128)(x))
+
+
+TORSOS = ("mlp", "nature_cnn", "minatar_cnn")
+
+
+def default_torso(obs_shape: tuple[int, ...], obs_dtype) -> str:
+    """Atari frames (uint8 images): Nature CNN; other images (MinAtar's 10x10xC): MinAtar CNN;
+    vectors: MLP."""
+    if len(obs_shape) != 3:
+        return "mlp"
+    return "nature_cnn" if jnp.dtype(obs_dtype) == jnp.uint8 else "minatar_cnn"
+
+
 class DeterministicActor(nn.Module):
     """TD3 policy: tanh output rescaled to the action bounds."""
 
@@ -97,16 +119,21 @@ class TwinCritic(nn.Module):
 
 
 class QNetwork(nn.Module):
-    """DQN action values: Nature CNN for image observations, MLP torso for vectors."""
+    """DQN action values over one of `TORSOS` (the MLP flattens image observations)."""
 
     num_actions: int
     hidden_sizes: Sequence[int]
-    image_observations: bool
+    torso: str
+    obs_rank: int = 1  # the MLP flattens this many trailing axes
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        if self.image_observations:
+        if self.torso == "nature_cnn":
             x = NatureCNN()(obs)
+        elif self.torso == "minatar_cnn":
+            x = MinAtarCNN()(obs)
         else:
-            x = MLP(self.hidden_sizes, activate_final=True)(as_float_observation(obs))
+            x = as_float_observation(obs)
+            x = x.reshape(*x.shape[: x.ndim - self.obs_rank], -1)
+            x = MLP(self.hidden_sizes, activate_final=True)(x)
         return nn.Dense(self.num_actions)(x)

@@ -1,4 +1,5 @@
-"""Brax environments stepped on the device, writing replay rows as the collectors do.
+"""Environments stepped on the device (any DeviceEnv: brax, gymnax), writing replay rows as the
+collectors do.
 
 Every lane follows gymnasium's next-step autoreset, exactly as `rollout.RowStream` records a
 vector env: the step after an episode ends is the reset step. Its row holds the episode's
@@ -6,13 +7,15 @@ real final observation (the action is ignored, reward 0, no flags) and the reset
 starts the next row. So a truncated episode keeps its true last state for bootstrapping, and
 the replay's lane layout and sampling rules are the same in both collection modes.
 
-brax's own AutoResetWrapper is not used: it swaps in a cached first state and overwrites the
-final observation in the same step (brax issues #167, #275), which would pair the last action
-with a reset state. Here a fresh reset (its own key) is computed every step and selected
-only on lanes whose previous step ended an episode; under vmap both branches run anyway.
+The env's `done` is a termination only (fastpop.types.DeviceEnv); the time limit is
+`episode_length`. brax's own AutoResetWrapper is not used: it swaps in a cached first state
+and overwrites the final observation in the same step (brax issues #167, #275), which would
+pair the last action with a reset state. Here a fresh reset (its own key) is computed every
+step and selected only on lanes whose previous step ended an episode; under vmap both branches
+run anyway.
 
 All functions are pure over `LaneState` and jit / scan friendly; `episode_length` is the time
-limit (brax's EpisodeWrapper default is 1000).
+limit (the DeviceEnv's `episode_length` unless env.episode_length says otherwise).
 """
 
 from __future__ import annotations
@@ -24,14 +27,14 @@ import jax
 import jax.numpy as jnp
 
 from fastpop.population import replay
-from fastpop.types import PRNGKey
+from fastpop.types import EnvSpec, PRNGKey
 
 # act(obs (lanes, obs_dim), key, step index within the rollout) -> actions (lanes, action_dim)
 ActFn = Callable[[jax.Array, PRNGKey, jax.Array], jax.Array]
 
 
 class LaneState(NamedTuple):
-    env: Any  # brax State with a leading lane axis
+    env: Any  # the DeviceEnv's state with a leading lane axis
     steps: jax.Array  # int32 (lanes,): steps taken in the current episode
     done: jax.Array  # bool (lanes,): the previous step ended an episode, this one resets
     starts: jax.Array  # bool (lanes,): the current observation is a reset observation
@@ -44,6 +47,13 @@ class Finished(NamedTuple):
 
     ended: jax.Array  # bool
     episode_return: jax.Array  # float32
+
+
+def random_actions(spec: EnvSpec, key: PRNGKey, shape: tuple[int, ...]) -> jax.Array:
+    """Uniform actions of `spec`'s space (warm-up): int32 indices or float32 in the bounds."""
+    if spec.discrete:
+        return jax.random.randint(key, shape, 0, spec.num_actions, jnp.int32)
+    return jax.random.uniform(key, shape, minval=spec.action_low, maxval=spec.action_high)
 
 
 def init(env, key: PRNGKey, lanes: int) -> LaneState:

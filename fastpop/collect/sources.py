@@ -2,8 +2,8 @@
 
     ProcessCollection   collector processes step CPU simulators (gymnasium); rows arrive through
                         shared-memory rings and are copied to the device (`Workers`)
-    DeviceCollection    brax environments stepped on the device by the same policy the learner
-                        trains; rows never leave it, no worker process is started
+    DeviceCollection    device envs (brax, gymnax) stepped on the device by the same policy the
+                        learner trains; rows never leave it, no worker process is started
 
 Both are a `Collection`, the interface the run loop uses (a distributed run's, in
 fastpop.distributed.multihost, is a third).
@@ -125,7 +125,7 @@ class ProcessCollection:
 class DeviceParts(NamedTuple):
     """What device collection is made of (fastpop.run.parts.RunParts.device_parts)."""
 
-    env: Any  # the brax env
+    env: Any  # the DeviceEnv
     episode_length: int
     collect: CollectConfig
     eval_episodes: int
@@ -138,7 +138,7 @@ class DeviceParts(NamedTuple):
 
 
 class DeviceCollection:
-    """P members x E brax envs stepped on the device, one jitted call per chunk of rows (env
+    """P members x E device envs stepped on the device, one jitted call per chunk of rows (env
     states donated), acting with each member's current exploration; evaluation on a separate
     batch of envs with the snapshot's policy held constant. With population.devices > 1 each
     device steps the envs of its own members. The learner's state it acts with comes in as
@@ -285,10 +285,8 @@ class DeviceCollection:
             keys = jax.random.split(explore_key, size)
             actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
             actions = actions.reshape(size * per_member, *actions.shape[2:])
-            warmup = jax.random.uniform(
-                random_key, actions.shape, minval=spec.action_low, maxval=spec.action_high
-            )
-            return jnp.where(env_steps < warmup_env_steps, warmup, actions).astype(jnp.float32)
+            warmup = device_rollout.random_actions(spec, random_key, actions.shape)
+            return jnp.where(env_steps < warmup_env_steps, warmup, actions).astype(warmup.dtype)
 
         lanes, rows, _ = device_rollout.rollout(
             self.env, self.episode_length, lanes, lane_act, key, parts.collect.chunk_len
@@ -316,10 +314,10 @@ def _evaluate(env, episode_length: int, agent, policy, hparams, key, episodes: i
 
 
 def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int) -> np.ndarray:
-    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh brax envs."""
-    from fastpop.envs.brax_envs import make_brax_env
+    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh device envs."""
+    from fastpop.envs.device_envs import make_device_env
 
-    env = make_brax_env(config.env.id, config.env.backend)
+    env = make_device_env(config.env.id, config.env.backend)
     run = jax.jit(
         lambda policy, hparams, key: _evaluate(
             env, config.env.episode_length, agent, policy, hparams, key, episodes

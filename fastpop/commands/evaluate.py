@@ -277,9 +277,9 @@ def evaluate_member(agent, policy, hparams, config, episodes: int, seed: int):
     """(mean, std) of the return of a population of one, as the periodic evaluation does."""
     from fastpop import config as config_lib
     from fastpop.collect.evaluator import evaluate_population
-    from fastpop.envs.brax_envs import is_brax_id
+    from fastpop.envs.device_envs import is_device_id
 
-    if is_brax_id(config.env.id):  # stepped on the device, whatever collected the run's rows
+    if is_device_id(config.env.id):  # stepped on the device, whatever collected the run's rows
         from fastpop.collect.sources import evaluate_on_device
 
         returns = evaluate_on_device(agent, policy, hparams, config, episodes, seed)[0]

@@ -1,6 +1,6 @@
 """The config's `env` section and the checks tying it to `collect.mode` and `algo`: which
 environment, on which brax backend, and where its steps run (collector processes stepping
-gymnasium environments on the CPU, or brax environments stepped on the device).
+gymnasium environments on the CPU, or brax and gymnax environments stepped on the device).
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fastpop.envs.brax_envs import BACKENDS, EPISODE_LENGTH, is_brax_id
+from fastpop.envs import device_envs
+from fastpop.envs.brax_envs import BACKENDS, is_brax_id
 from fastpop.schema import Reader, field
 
 COLLECTION_MODES = ("processes", "device")
@@ -17,9 +18,11 @@ COLLECTION_MODES = ("processes", "device")
 @dataclasses.dataclass(frozen=True)
 class EnvConfig:
     id: str = "Pendulum-v1"
-    """gymnasium id (MuJoCo v5, classic control), Atari game (`ALE/Pong-v5`, `Pong`) or brax
-    environment `brax/<name>`, any name in brax's registry (`brax/halfcheetah`, `brax/ant`,
-    `brax/inverted_pendulum`, ...; pip install -e '.[brax]'), stepped on the device."""
+    """gymnasium id (MuJoCo v5, classic control), Atari game (`ALE/Pong-v5`, `Pong`), stepped in
+    collector processes; or, stepped on the device, a brax environment `brax/<name>`, any name in
+    brax's registry (`brax/halfcheetah`, `brax/inverted_pendulum`, ...; pip install -e
+    '.[brax]') or a gymnax one `gymnax/<name>` (`gymnax/CartPole-v1`, `gymnax/Pendulum-v1`,
+    `gymnax/Breakout-MinAtar`, ...; pip install -e '.[gymnax]')."""
     atari_terminal_on_life_loss: bool = False
     """Atari training only: a lost life is a terminal step (Mnih et al.; not Machado et al.)."""
     backend: str | None = field(None, choices=BACKENDS)
@@ -28,68 +31,84 @@ class EnvConfig:
     CPU (ant, halfcheetah, inverted_pendulum; the table and command: README.md, Brax). spring
     is brax's least accurate pipeline; generalized is the closest to MuJoCo (mjx: slow on CPU)."""
     episode_length: int | None = field(None, min=1)
-    """brax ids only: an episode is truncated (a time limit, not a terminal) after this many
-    steps; null: 1000, brax's EpisodeWrapper default. gymnasium ids keep their own limit."""
+    """Device ids only (brax/, gymnax/): an episode is truncated (a time limit, not a terminal)
+    after this many steps; null: the family's own, 1000 for brax (its EpisodeWrapper default),
+    the registered limit for gymnax (CartPole-v1 500, Pendulum-v1 200, MinAtar 1000, ...).
+    gymnasium ids keep their registered limit."""
 
 
 def check_env(r: Reader, env: EnvConfig) -> EnvConfig:
-    """The env section with its id normalized and a brax id's episode_length filled in; a
-    brax-only field given for another environment is refused."""
+    """The env section with its id normalized and a device id's episode_length filled in; a
+    field given for an environment it does not apply to is refused."""
     from fastpop import envs
 
     try:
         env_id = envs.check_env_id(env.id)
     except ValueError as error:  # UnknownEnvironment, MissingExtra: their messages say it all
         r.fail("env.id", str(error))
-    if is_brax_id(env_id):
-        length = EPISODE_LENGTH if env.episode_length is None else env.episode_length
-        return dataclasses.replace(env, id=env_id, episode_length=length)
-    problems = {
-        "backend": "only brax environments (env.id: brax/<name>) have a physics backend",
-        "episode_length": "only brax environments (env.id: brax/<name>) take a time limit "
-        "here; gymnasium environments keep their registered one",
-    }
+    problems = {}
+    if not is_brax_id(env_id):
+        problems["backend"] = "only brax environments (env.id: brax/<name>) have a physics backend"
+    if device_envs.is_device_id(env_id):
+        length = env.episode_length
+        if length is None:
+            length = device_envs.default_episode_length(env_id)
+        env = dataclasses.replace(env, episode_length=length)
+    else:
+        problems["episode_length"] = (
+            "only environments stepped on the device (env.id: brax/<name>, gymnax/<name>) take "
+            "a time limit here; gymnasium environments keep their registered one"
+        )
     for name, problem in problems.items():
         if getattr(env, name) is not None:
             r.fail(
                 f"env.{name}",
-                f"{problem}, and {env_id} is not one: remove env.{name} (or set it to null), "
-                f"or use a brax id such as brax/halfcheetah",
+                f"{problem}, and {env_id} is not one: remove env.{name} (or set it to null)",
             )
     return dataclasses.replace(env, id=env_id)
 
 
 def check_algo_fits_env(r: Reader, algo: str, env_id: str) -> None:
-    """Refuse DQN on a brax env: checked before the hparams are read, since their keys are the
-    algorithm's (a brax preset's actor_lr would otherwise be the first complaint)."""
-    if is_brax_id(env_id) and algo == "dqn":
+    """Refuse an algorithm the device env's actions do not fit: checked before the hparams are
+    read, since their keys are the algorithm's (a brax preset's actor_lr would otherwise be the
+    first complaint). gymnasium ids are checked when the agent is built."""
+    if not device_envs.is_device_id(env_id):
+        return
+    discrete = device_envs.discrete_actions(env_id)
+    if algo == "dqn" and not discrete:
         r.fail(
             "algo",
-            f"dqn needs discrete actions, and brax environments ({env_id}) have continuous "
-            "ones: use td3 or sac",
+            f"dqn needs discrete actions, and {env_id} has continuous ones: use td3 or sac",
+        )
+    if algo != "dqn" and discrete:
+        r.fail(
+            "algo",
+            f"{algo} needs continuous actions, and {env_id} has discrete ones: use dqn",
         )
 
 
 def collection_mode(config: Any) -> str:
-    """`collect.mode` of a Config, null resolved: device for brax ids, else processes."""
+    """`collect.mode` of a Config, null resolved: device for device ids, else processes."""
     if config.collect.mode is not None:
         return config.collect.mode
-    return "device" if is_brax_id(config.env.id) else "processes"
+    return "device" if device_envs.is_device_id(config.env.id) else "processes"
 
 
 def check_collection(r: Reader, config: Any) -> None:
     """Refuse a collection mode the environment cannot run in."""
     env_id, mode = config.env.id, config.collect.mode
-    if is_brax_id(env_id) and mode == "processes":
+    on_device = device_envs.is_device_id(env_id)
+    if on_device and mode == "processes":
         r.fail(
             "collect.mode",
             f"processes steps gymnasium environments in collector processes, and {env_id} is "
-            "a brax environment, stepped on the device: use collect.mode: device (or null)",
+            "stepped on the device: use collect.mode: device (or null)",
         )
-    if not is_brax_id(env_id) and mode == "device":
+    if not on_device and mode == "device":
         r.fail(
             "collect.mode",
-            f"device steps brax environments (env.id: brax/<name>) on the device, and {env_id} "
-            "is a gymnasium environment, stepped in collector processes: use collect.mode: "
-            "processes (or null), or a brax id such as brax/halfcheetah",
+            "device steps brax and gymnax environments (env.id: brax/<name>, gymnax/<name>) on "
+            f"the device, and {env_id} is a gymnasium environment, stepped in collector "
+            "processes: use collect.mode: processes (or null), or a device id such as "
+            "brax/halfcheetah or gymnax/CartPole-v1",
         )

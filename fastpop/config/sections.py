@@ -23,6 +23,7 @@ import numpy as np
 import yaml
 
 from fastpop.agents import ALGORITHMS, DQNConfig, SACConfig, TD3Config
+from fastpop.agents.networks import TORSOS
 from fastpop.config.env import (
     COLLECTION_MODES,
     EnvConfig,
@@ -214,7 +215,11 @@ _AGENT_CONFIGS = {"td3": TD3Config, "sac": SACConfig, "dqn": DQNConfig}
 _SCALARS = ("name", "seed", "algo", "strategy")
 _TABLES = ("agent", "hparams")  # sections whose keys depend on the algo
 _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
-_AGENT_RANGES = {"hidden_sizes": {"min": 1}, "batch_size": {"min": 1}}
+_AGENT_RANGES = {
+    "hidden_sizes": {"min": 1},
+    "batch_size": {"min": 1},
+    "torso": {"choices": TORSOS},
+}
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
 
@@ -265,7 +270,8 @@ def _build(raw: dict, r: Reader) -> Config:
         r.fail("name", f"must be a non-empty name without '/', got {values['name']!r}")
     algo = values["algo"]
     # The env first: whether it suits the algorithm says more than the hparams' keys would.
-    values["env"] = EnvConfig(**read_fields(r, "env", raw.get("env"), field_specs(EnvConfig)))
+    env = EnvConfig(**read_fields(r, "env", raw.get("env"), field_specs(EnvConfig)))
+    values["env"] = check_env(r, env)
     check_algo_fits_env(r, algo, values["env"].id)
     for name, factory in _TOP.items():
         if name in _TABLES:
@@ -273,7 +279,6 @@ def _build(raw: dict, r: Reader) -> Config:
             values[name] = read_fields(r, name, raw.get(name), specs, f" for algo {algo}")
         elif name not in _SCALARS and name != "env":
             values[name] = factory(**read_fields(r, name, raw.get(name), field_specs(factory)))
-    values["env"] = check_env(r, values["env"])
     given = raw["population"] if isinstance(raw.get("population"), dict) else {}
     specs = _table_specs("hparams", algo)
     population, strategy = values["population"], values["strategy"]

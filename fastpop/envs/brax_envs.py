@@ -1,4 +1,5 @@
-"""Brax environments by id: `brax/<name>` for every environment in brax's registry.
+"""Brax environments by id: `brax/<name>` for every environment in brax's registry, and their
+adapter to the DeviceEnv protocol (device_envs.py: `check_id`, `make`, ...).
 
 `check_brax_id` validates an id (close names suggested, as for gymnasium ids), `make_brax_env`
 builds the brax environment once per (id, backend) and `brax_env_spec` gives its EnvSpec.
@@ -24,7 +25,7 @@ import warnings
 import numpy as np
 
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment
-from fastpop.types import EnvSpec
+from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "brax/"
 BACKENDS = ("generalized", "positional", "spring", "mjx")
@@ -159,6 +160,29 @@ def brax_env_spec(env_id: str, backend: str | None = None) -> EnvSpec:
     if not hasattr(obs, "shape") or len(obs.shape) != 1:
         raise ValueError(f"{env_id}: fastpop needs a flat observation vector, got {obs}")
     return EnvSpec((int(obs.shape[0]),), np.dtype(obs.dtype), action_dim=int(env.action_size))
+
+
+# --- the DeviceEnv adapter (device_envs.py) ---
+
+check_id = check_brax_id
+counterpart = mujoco_counterpart
+
+
+def discrete_actions(env_id: str) -> bool:
+    del env_id
+    return False  # every brax environment has continuous actions
+
+
+def default_episode_length(env_id: str) -> int:
+    del env_id
+    return EPISODE_LENGTH
+
+
+def make(env_id: str, backend: str | None = None) -> DeviceEnv:
+    """brax's own reset and step: its `state.done` is already a termination only (no
+    EpisodeWrapper)."""
+    env = make_brax_env(env_id, backend)
+    return DeviceEnv(env.reset, env.step, brax_env_spec(env_id, backend), EPISODE_LENGTH)
 
 
 def _stepper(env, batch: int, steps: int):

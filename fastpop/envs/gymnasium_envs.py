@@ -4,7 +4,8 @@ One factory for every task fastpop trains on: gymnasium ids (MuJoCo v5, classic 
 are made as registered; Atari games (ALE v5 ids, legacy ids like `PongNoFrameskip-v4`, or short
 names like `Pong`) get the DQN preprocessing of Mnih et al. (2015) / Machado et al. (2018) and
 frames stacked channel-last, (84, 84, 4) uint8, which the replay stores one frame per row.
-Brax ids (`brax/halfcheetah`) are checked and specified here too, and built by brax_envs.py.
+Device ids (`brax/halfcheetah`, `gymnax/CartPole-v1`) are checked and specified here too, and
+built by device_envs.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import re
 import gymnasium as gym
 import numpy as np
 
-from fastpop.envs import brax_envs, mujoco_warnings
+from fastpop.envs import device_envs, mujoco_warnings
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment
 from fastpop.types import EnvSpec
 
@@ -160,10 +161,10 @@ def check_env_id(env_id: str) -> str:
     their ALE v5 id (`Pong`, `PongNoFrameskip-v4` -> `ALE/Pong-v5`), made with fastpop's own
     frame skip and sticky-action settings (`AtariOptions`), not the variant's. Raises
     `UnknownEnvironment` with close registered ids, or `MissingExtra` naming what to install.
-    Brax ids (`brax/<name>`) are checked by `brax_envs.check_brax_id`.
+    Device ids (`brax/<name>`, `gymnax/<name>`) are checked by their family (device_envs.py).
     """
-    if brax_envs.is_brax_id(env_id):
-        return brax_envs.check_brax_id(env_id)
+    if device_envs.is_device_id(env_id):
+        return device_envs.check_device_id(env_id)
     spec = gym.registry.get(env_id)
     if spec is not None and not _is_atari_entry_point(spec):
         for prefix, module, extra in _EXTRAS:
@@ -314,8 +315,8 @@ def make_env(
     `render_mode` is gymnasium's (`"rgb_array"` for `fastpop eval --video`).
     """
     env_id = check_env_id(env_id)
-    if brax_envs.is_brax_id(env_id):
-        raise ValueError(f"{env_id} is stepped on the device: build it with make_brax_env")
+    if device_envs.is_device_id(env_id):
+        raise ValueError(f"{env_id} is stepped on the device: build it with make_device_env")
     if env_id.startswith("ALE/"):
         env = _make_atari(env_id, training, atari or AtariOptions(), render_mode)
     else:
@@ -358,10 +359,10 @@ def env_spec_from_spaces(observation_space: gym.Space, action_space: gym.Space) 
 
 
 def env_spec(env_id: str, atari: AtariOptions | None = None, backend: str | None = None) -> EnvSpec:
-    """The EnvSpec of `make_env(env_id, ...)`, built from one throwaway environment; for a brax
-    id `brax_envs.brax_env_spec` (its environment on `backend` built once and kept)."""
-    if brax_envs.is_brax_id(env_id):
-        return brax_envs.brax_env_spec(check_env_id(env_id), backend)
+    """The EnvSpec of `make_env(env_id, ...)`, built from one throwaway environment; for a device
+    id its DeviceEnv's (built once on `backend` and kept)."""
+    if device_envs.is_device_id(env_id):
+        return device_envs.device_env_spec(env_id, backend)
     env = make_env(env_id, seed=0, atari=atari)
     try:
         spec = env_spec_from_spaces(env.observation_space, env.action_space)

@@ -16,10 +16,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fastpop.agents.base import Agent
 from fastpop.population import chunking
-from fastpop.types import PRNGKey, PyTree, Transition
+from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
 SampleFn = Callable[[PyTree, PRNGKey], Transition]
@@ -128,16 +129,19 @@ def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
     return jax.jit(jax.vmap(agent.init))(keys, hparams)
 
 
-def scan_unroll(obs_shape: tuple[int, ...], num_updates: int) -> int:
+def scan_unroll(spec: EnvSpec, num_updates: int) -> int:
     """How far to unroll the K-update scan.
 
     XLA:CPU runs convolutions inside a while loop about 13x slower than the same convolutions
-    outside one (DQN's Nature CNN: 370 vs 28 ms per update, results/bench/README.md), so image
-    agents on CPU get a fully unrolled scan. Everything else keeps the rolled loop, which
-    compiles faster and runs as fast.
+    outside one (DQN's Nature CNN: 370 vs 28 ms per update, results/bench/README.md), so Atari
+    agents (uint8 frames) on CPU get a fully unrolled scan. Everything else keeps the rolled
+    loop, which compiles far faster: MinAtar's 10x10 grids run 2x slower per update rolled but
+    the unrolled 50-update device program took 103 s to compile (gymnax/Breakout-MinAtar,
+    population 2, this CPU).
     """
     on_cpu = jax.default_backend() == "cpu"
-    return num_updates if on_cpu and len(obs_shape) == 3 else 1
+    atari_frames = len(spec.obs_shape) == 3 and np.dtype(spec.obs_dtype) == np.uint8
+    return num_updates if on_cpu and atari_frames else 1
 
 
 def member_update_loop(plan: UpdatePlan):

@@ -1,6 +1,6 @@
 """The one front door: a config becomes a run's parts here, each decided once.
 
-    build_run(config) -> RunParts    env spec (and, device mode, the brax env), agent, replay
+    build_run(config) -> RunParts    env spec (and, device mode, the DeviceEnv), agent, replay
                                      spec, strategy, training, rate limiter, mesh, collection
                                      mode; refused (ConfigError) before any process or file
                                      exists
@@ -41,7 +41,7 @@ class RunParts(NamedTuple):
     config: config_lib.Config
     collection_mode: str  # "processes" or "device", worked out here only
     env_spec: EnvSpec
-    device_env: Any  # device mode: the brax env, built once; None in process mode
+    device_env: Any  # device mode: the DeviceEnv (brax, gymnax), built once; None in processes
     agent: Agent
     replay_spec: replay.ReplaySpec
     strategy: Strategy
@@ -86,7 +86,7 @@ def build_run(config: config_lib.Config) -> RunParts:
     """A run's parts; everything that can refuse the config is checked here (ConfigError)."""
     mode, device_env = _collection(config)
     if mode == "processes" and (problem := memory_order_problem()) is not None:
-        raise config_lib.ConfigError(f"{problem} (or step brax envs with collect.mode: device)")
+        raise config_lib.ConfigError(f"{problem} (or step device envs with collect.mode: device)")
     spec = build_env_spec(config)
     agent = build_agent(config, spec)
     _check_memory(config, spec, device_env)
@@ -107,7 +107,7 @@ def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
 
 
 def make_collection(parts: RunParts, learner: Learner, log=print):
-    """The parts' collection: collector processes, or brax envs stepped on the device."""
+    """The parts' collection: collector processes, or envs stepped on the device."""
     if parts.collection_mode == "device":
         return DeviceCollection(parts.device_parts(), learner.policy_template())
     return ProcessCollection(parts.config, parts.replay_spec, log)
@@ -136,9 +136,9 @@ def _collection(config: config_lib.Config) -> tuple[str, Any]:
     mode = config_lib.collection_mode(config)
     if mode != "device":
         return mode, None
-    from fastpop.envs.brax_envs import make_brax_env
+    from fastpop.envs.device_envs import make_device_env
 
-    return mode, make_brax_env(config.env.id, config.env.backend)
+    return mode, make_device_env(config.env.id, config.env.backend)
 
 
 def env_state_bytes(config: config_lib.Config, device_env=None) -> int:
@@ -185,7 +185,7 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     """The strategy's `Training` under the config's execution and replay layout, with its
     members split over `mesh` (population.devices > 1)."""
     updates = config.train.updates_per_call
-    unroll = population.scan_unroll(spec.obs_shape, updates)
+    unroll = population.scan_unroll(spec, updates)
     plan = population.UpdatePlan(agent, sample_batch, updates, config.replay.shared, unroll)
     return update_protocol.make_training(strategy, config.population.execution, plan, mesh)
 

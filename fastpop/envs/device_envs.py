@@ -1,0 +1,66 @@
+"""Environments stepped on the device, one protocol for every family: brax (`brax/<name>`,
+brax_envs.py) and gymnax (`gymnax/<name>`, gymnax_envs.py).
+
+    DeviceEnv(reset, step, spec, episode_length)     (fastpop.types)
+        reset(key) -> state          state.obs, state.reward, state.done are read
+        step(state, action) -> state
+        state.done                   a termination only, never a time limit
+
+The device rollout (collect/device_rollout.py) applies the time limit (`env.episode_length`,
+default the family's own) and gymnasium's next-step autoreset itself, so truncation keeps the
+real final observation and bootstraps, termination does not. Each family is a small adapter
+module with `PREFIX`, `check_id(env_id) -> canonical id` (UnknownEnvironment with close names,
+MissingExtra), `make(env_id, backend) -> DeviceEnv`, `discrete_actions(env_id)` (without building
+the env where the family knows), `default_episode_length(env_id)` and `counterpart(env_id) ->
+gymnasium id or None`; nothing outside the adapters branches on the family.
+"""
+
+from __future__ import annotations
+
+from fastpop.envs import brax_envs, gymnax_envs
+from fastpop.types import DeviceEnv, EnvSpec
+
+FAMILIES = (brax_envs, gymnax_envs)
+PREFIXES = tuple(family.PREFIX for family in FAMILIES)
+
+
+def family(env_id: str):
+    """The adapter module of a device id, or None for an id stepped in collector processes."""
+    return next((f for f in FAMILIES if env_id.startswith(f.PREFIX)), None)
+
+
+def is_device_id(env_id: str) -> bool:
+    return family(env_id) is not None
+
+
+def check_device_id(env_id: str) -> str:
+    """The canonical id, or the family's user-facing error (UnknownEnvironment, MissingExtra)."""
+    return family(env_id).check_id(env_id)
+
+
+def make_device_env(env_id: str, backend: str | None = None) -> DeviceEnv:
+    """The device env of `env_id`, built once per process (`backend`: brax ids only)."""
+    adapter = family(env_id)
+    return adapter.make(adapter.check_id(env_id), backend)
+
+
+def device_env_spec(env_id: str, backend: str | None = None) -> EnvSpec:
+    return make_device_env(env_id, backend).spec
+
+
+def default_episode_length(env_id: str) -> int:
+    """The time limit `env.episode_length: null` means: brax's 1000, gymnax's registered one."""
+    adapter = family(env_id)
+    return adapter.default_episode_length(adapter.check_id(env_id))
+
+
+def discrete_actions(env_id: str) -> bool:
+    adapter = family(env_id)
+    return adapter.discrete_actions(adapter.check_id(env_id))
+
+
+def process_counterpart(env_id: str) -> str | None:
+    """The gymnasium id of a device env's task (what `fastpop bench device` trains in process
+    mode beside it), or None."""
+    adapter = family(env_id)
+    return adapter.counterpart(adapter.check_id(env_id))
