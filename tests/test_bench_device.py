@@ -1,7 +1,8 @@
-"""`fastpop bench device`: a tiny run on brax's inverted pendulum writes its JSON and PNG with
-every measurement positive, process mode on its MuJoCo counterpart included (no timing asserts:
-the machine is shared); a gymnasium --env and a --process-env that cannot run in process mode
-are refused with exit 2."""
+"""`fastpop bench device`: a tiny run on gymnax's Pendulum-v1 writes its JSON and PNG with every
+measurement positive, process mode on gymnasium's Pendulum-v1 included (no timing asserts: the
+machine is shared); a gymnasium --env, a brax-only --backend, an algorithm the actions do not fit
+and a --process-env that cannot run in process mode are refused with exit 2. (The benchmark
+is one code path for every device family; gymnax programs compile in a second, brax's in tens.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 
 import pytest
 
-pytest.importorskip("brax")
+pytest.importorskip("gymnax")
 
 from fastpop.commands import bench as commands
 
@@ -25,13 +26,13 @@ def run(argv: list[str]) -> int:
 
 
 def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
-    argv = ["--env", "brax/inverted_pendulum", *TINY, "--out", str(tmp_path)]
+    argv = ["--env", "gymnax/Pendulum-v1", *TINY, "--out", str(tmp_path)]
     assert run(argv) == 0
-    result = json.loads((tmp_path / "device_brax_inverted_pendulum_cpu.json").read_text())
-    assert (tmp_path / "device_brax_inverted_pendulum_cpu.png").stat().st_size > 0
-    assert result["env"] == "brax/inverted_pendulum" and result["backend"] == "spring"
-    assert result["shapes"] == {"obs": 4, "actions": 1}
-    assert result["command"].startswith("fastpop bench device --env brax/inverted_pendulum")
+    result = json.loads((tmp_path / "device_gymnax_Pendulum-v1_cpu.json").read_text())
+    assert (tmp_path / "device_gymnax_Pendulum-v1_cpu.png").stat().st_size > 0
+    assert result["env"] == "gymnax/Pendulum-v1" and result["backend"] is None
+    assert result["algo"] == "td3" and result["shapes"] == {"obs": 3, "actions": 1}
+    assert result["command"].startswith("fastpop bench device --env gymnax/Pendulum-v1 --pop 2")
     assert result["updates_per_call"] == 8 and result["samples_per_insert"] == 256
     (row,) = result["rows"]
     assert (row["population"], row["envs_per_member"]) == (2, 2)
@@ -46,19 +47,30 @@ def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
     assert row["ratios"]["updates_per_env_step"] == pytest.approx(1.0)  # samples_per_insert
     assert all(value > 0 for value in row["ratios"].values())
     assert row["programs_compiled"] == {"fused": 1, "rollout": 1}  # no recompiles
-    # beside it, process mode on gymnasium's InvertedPendulum-v5 at the same P, E and ratio
-    assert result["process_env"] == "InvertedPendulum-v5"
+    # beside it, process mode on gymnasium's Pendulum-v1 at the same P, E and ratio
+    assert result["process_env"] == "Pendulum-v1"
     process = row["process_mode"]
-    assert (process["env"], process["collectors"]) == ("InvertedPendulum-v5", 2)
+    assert (process["env"], process["collectors"]) == ("Pendulum-v1", 2)
     assert process["env_steps_per_s"] > 0 and process["agent_updates_per_s"] > 0
     assert process["agent_updates_per_s"] == pytest.approx(process["env_steps_per_s"], rel=0.5)
     assert row["ratios"]["fused_env_steps_vs_process_mode"] > 0
     assert "| 2 | 2 |" in capsys.readouterr().out
 
 
-def test_a_gymnasium_id_is_refused(tmp_path, capsys):
-    assert run(["--env", "Pendulum-v1", "--out", str(tmp_path)]) == 2
-    assert "brax environments" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--env", "Pendulum-v1"], "--env Pendulum-v1: device mode steps brax and gymnax"),
+        (["--env", "gymnax/Pendulum-v1", "--backend", "spring"], "only brax environments"),
+        (["--env", "gymnax/CartPole-v1", "--algo", "sac"], "has discrete actions: use dqn"),
+        (["--env", "gymnax/Pendulum-v1", "--algo", "dqn"], "continuous actions: use td3 or sac"),
+        (["--env", "gymnax/CartPol-v1"], "did you mean gymnax/CartPole-v1"),
+    ],
+)
+def test_an_env_or_algorithm_device_mode_cannot_bench_is_refused(tmp_path, capsys, argv, expected):
+    assert run([*argv, "--out", str(tmp_path)]) == 2
+    assert expected in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize(
@@ -68,7 +80,7 @@ def test_a_gymnasium_id_is_refused(tmp_path, capsys):
 def test_a_process_env_that_cannot_run_in_process_mode_is_refused(
     tmp_path, capsys, process_env, expected
 ):
-    argv = ["--env", "brax/inverted_pendulum", "--process-env", process_env]
+    argv = ["--env", "gymnax/Pendulum-v1", "--process-env", process_env]
     assert run([*argv, "--out", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert f"--process-env {process_env}:" in error and expected in error

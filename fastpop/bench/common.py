@@ -12,15 +12,15 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-AUTO = "auto"  # DeviceBenchSettings.process_env: the brax env's MuJoCo counterpart
+AUTO = "auto"  # DeviceBenchSettings.process_env: the device env's gymnasium counterpart
 
 
 class DeviceBenchSettings(NamedTuple):
     """What `fastpop bench device` trains at every (P, E) it measures (bench/device.py), and
     the process-mode training beside it (bench/process_mode.py)."""
 
-    env_id: str  # brax/<name>
-    backend: str | None = None  # brax's pipeline; None: the env's default
+    env_id: str  # brax/<name>, gymnax/<name>
+    backend: str | None = None  # brax's pipeline; None: the env's default (gymnax: None)
     algo: str = "td3"
     seconds: float = 6.0  # per measurement, over all its rounds
     chunk_len: int = 32

@@ -1,7 +1,8 @@
-"""Device-mode benchmark: brax environments stepped on the device while the population learns.
+"""Device-mode benchmark: environments stepped on the device (brax, gymnax) while the
+population learns.
 
-    fastpop bench device --env brax/<name> --pop 1,4,16 --envs-per-member 1,4 [--backend B]
-        [--algo td3|sac] [--seconds S]
+    fastpop bench device --env brax/<name>|gymnax/<name> --pop 1,4,16 --envs-per-member 1,4
+        [--backend B (brax)] [--algo td3|sac|dqn] [--seconds S]
 
 Per population size P and envs per member E, four measurements on JAX's default device, timed
 in alternating rounds (a burst of load on a shared machine hits all four alike):
@@ -13,11 +14,12 @@ in alternating rounds (a burst of load on a shared machine hits all four alike):
   collect  DeviceCollection.next_chunk alone: env step, autoreset, policy, rows; no learner.
   env      the ceiling: jit(scan(vmap(env.step))) of the P x E lanes over chunk_len steps.
   update   `fastpop bench update`'s measurement at these shapes: the vectorized executor on
-           random rows of the brax env's sizes, the learner's agent (networks, batch), P and K.
+           random rows of the env's sizes, the learner's agent (networks, batch), P and K.
 
   process  the same training in process mode (collector processes, rows copied to the device)
-           on the brax env's MuJoCo counterpart, e.g. HalfCheetah-v5 for brax/halfcheetah
-           (bench/process_mode.py), after the four; `--process-env none` leaves it out.
+           on the env's gymnasium counterpart, e.g. HalfCheetah-v5 for brax/halfcheetah,
+           CartPole-v1 for gymnax/CartPole-v1 (bench/process_mode.py), after the four;
+           `--process-env none` leaves it out (MinAtar has no counterpart).
 
 Compile seconds: a program's first call minus its second. Writes
 results/bench/device_<env>_<device>.json and .png (device_report.py).
@@ -38,6 +40,7 @@ from fastpop.bench.common import AUTO, DeviceBenchSettings, device_label, machin
 from fastpop.bench.device_report import table_row
 from fastpop.bench.process_mode import measure_process_mode, process_config
 from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
+from fastpop.collect import device_rollout
 from fastpop.population import replay
 
 ROUNDS = 3  # timed rounds per measurement, the four measurements alternating
@@ -48,11 +51,11 @@ def bench_config(settings: DeviceBenchSettings, size: int, per_member: int) -> c
     """The device-mode training config of one (P, E) measurement (`settings.updates_per_call`
     resolved)."""
     from fastpop.agents import make_agent
-    from fastpop.envs.brax_envs import brax_env_spec
+    from fastpop.envs.device_envs import device_env_spec
 
     env_id, backend, chunk_len = settings.env_id, settings.backend, settings.chunk_len
     agent = settings.agent or {}
-    batch = make_agent(settings.algo, brax_env_spec(env_id, backend), **agent).batch_size
+    batch = make_agent(settings.algo, device_env_spec(env_id, backend), **agent).batch_size
     env = {"id": env_id} | ({} if backend is None else {"backend": backend})
     collect = {"mode": "device", "envs_per_member": per_member, "chunk_len": chunk_len}
     replay = {
@@ -68,6 +71,15 @@ def bench_config(settings: DeviceBenchSettings, size: int, per_member: int) -> c
         "log": {"tensorboard": False},
     }
     return config_lib.config_from_dict(data)
+
+
+def shapes(spec) -> dict:
+    """obs: the vector's size or the grid's shape; actions: the action vector's size, or the
+    number of discrete actions."""
+    obs = spec.obs_shape[0] if len(spec.obs_shape) == 1 else list(spec.obs_shape)
+    if spec.discrete:
+        return {"obs": obs, "actions": spec.num_actions, "discrete": True}
+    return {"obs": obs, "actions": spec.action_dim}
 
 
 def timed(call) -> float:
@@ -137,9 +149,10 @@ class EnvAlone:
     states carried from call to call (donated)."""
 
     def __init__(self, env, lanes: int, steps: int):
+        shape = (steps, lanes) + (() if env.spec.discrete else (env.spec.action_dim,))
+
         def run(state, key):
-            shape = (steps, lanes, env.action_size)
-            actions = jax.random.uniform(key, shape, minval=-1.0, maxval=1.0)
+            actions = device_rollout.random_actions(env.spec, key, shape)
             state = jax.lax.scan(lambda s, a: (jax.vmap(env.step)(s, a), None), state, actions)[0]
             return jax.tree.map(lambda x: x.astype(x.dtype), state)  # as reset's: not weak
 
@@ -155,7 +168,7 @@ class EnvAlone:
 
 
 class UpdateAlone:
-    """`fastpop bench update`'s vectorized measurement at the brax env's shapes: `agent`'s
+    """`fastpop bench update`'s vectorized measurement at the env's shapes: `agent`'s
     update of every member, K per call, on random rows held in per-member device buffers."""
 
     def __init__(self, agent, env_spec, hparams, updates_per_call: int, seed: int = 0):
@@ -167,7 +180,7 @@ class UpdateAlone:
         add = jax.jit(jax.vmap(partial(replay.add, spec)))
         buffers = add(replay.init_population(spec, size), chunks)
         sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
-        unroll = population.scan_unroll(spec, updates_per_call)
+        unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates_per_call)
         plan = population.UpdatePlan(agent, sample_batch, updates_per_call, unroll=unroll)
         self.executor = population.make_executor("vectorized", plan)
         states = population.init_population(agent, key, hparams)
@@ -203,13 +216,13 @@ def calls_round(call, seconds: float, block_each: bool) -> dict:
 def measure(config: config_lib.Config, seconds: float, log, process=None) -> dict:
     """The four measurements of one (P, E), in alternating rounds; then, given `process` (a
     process-mode config), the same training in process mode (bench/process_mode.py)."""
-    from fastpop.envs.brax_envs import make_brax_env
+    from fastpop.envs.device_envs import make_device_env
 
     size, per_member = config.population.size, config.collect.envs_per_member
     chunk_len, updates = config.collect.chunk_len, config.train.updates_per_call
     fused = Fused(config)
     learner = fused.learner
-    env = make_brax_env(config.env.id, config.env.backend)
+    env = make_device_env(config.env.id, config.env.backend)
     env_alone = EnvAlone(env, size * per_member, chunk_len)
     update_alone = UpdateAlone(learner.agent, learner.agent_spec, learner.hparams, updates)
     compile_seconds = dict(fused.compile)
@@ -287,21 +300,17 @@ def bench_device(
     log=print,
 ) -> dict:
     """Every (P, E) measured; the result as written to the JSON file. `settings.process_env`:
-    the gymnasium id trained in process mode beside each row (AUTO: the brax env's MuJoCo
+    the gymnasium id trained in process mode beside each row (AUTO: the env's gymnasium
     counterpart, where it has one; None: no process-mode rows)."""
     from fastpop.agents import make_agent
-    from fastpop.envs.brax_envs import (
-        brax_env_spec,
-        check_brax_id,
-        mujoco_counterpart,
-        resolve_backend,
-    )
+    from fastpop.envs import device_envs
+    from fastpop.envs.brax_envs import is_brax_id, resolve_backend
 
-    env_id = check_brax_id(settings.env_id)
-    backend = resolve_backend(env_id, settings.backend)
+    env_id = device_envs.check_device_id(settings.env_id)
+    backend = resolve_backend(env_id, settings.backend) if is_brax_id(env_id) else None
     process_env = settings.process_env
     if process_env == AUTO:
-        process_env = mujoco_counterpart(env_id)
+        process_env = device_envs.process_counterpart(env_id)
     updates_per_call = settings.updates_per_call or settings.chunk_len
     settings = settings._replace(
         env_id=env_id, backend=backend, updates_per_call=updates_per_call, process_env=process_env
@@ -315,7 +324,7 @@ def bench_device(
             if process_env is not None:
                 process = process_config(settings, size, per_member)
             rows.append(measure(config, settings.seconds, log, process))
-    spec = brax_env_spec(env_id, backend)
+    spec = device_envs.device_env_spec(env_id, backend)
     batch_size = make_agent(settings.algo, spec, **agent).batch_size
     return {
         "env": env_id,
@@ -327,7 +336,7 @@ def bench_device(
         "machine": machine_description(),
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
         "command": command,
-        "shapes": {"obs": spec.obs_shape[0], "actions": spec.action_dim},
+        "shapes": shapes(spec),
         "agent": agent | {"batch_size": batch_size},
         "samples_per_insert": batch_size,
         "chunk_len": settings.chunk_len,

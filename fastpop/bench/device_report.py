@@ -74,9 +74,9 @@ def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
         ax.set(yscale="log", xlabel="population size P", ylabel=label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    backend = f" ({result['backend']})" if result["backend"] else ""
     fig.suptitle(
-        f"device mode: {result['env']} ({result['backend']}), {result['algo'].upper()} "
-        f"on {result['device']}"
+        f"device mode: {result['env']}{backend}, {result['algo'].upper()} on {result['device']}"
     )
     fig.tight_layout()
     png_path = out_dir / f"{stem}.png"

@@ -258,7 +258,7 @@ def make_executors(
     """The executors of `implementations` sampling from `spec`'s buffers, and the FLOPs of one
     member's update."""
     sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
-    unroll = population.scan_unroll(spec, updates_per_call)
+    unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates_per_call)
     plan = population.UpdatePlan(agent, sample_batch, updates_per_call, unroll=unroll)
     executors = {name: population.make_executor(name, plan) for name in implementations}
     batch = sample_batch(population.member(buffers, 0), jax.random.key(0))

@@ -60,7 +60,9 @@ def init(env, key: PRNGKey, lanes: int) -> LaneState:
     reset_key, key = jax.random.split(key)
     states = jax.vmap(env.reset)(jax.random.split(reset_key, lanes))
     return LaneState(
-        env=states,
+        # Strongly typed, as `step`'s selects return them (gymnax's resets hold weakly typed
+        # Python scalars): the lanes a chunk returns must not recompile the next chunk.
+        env=jax.tree.map(lambda x: x.astype(x.dtype), states),
         steps=jnp.zeros(lanes, jnp.int32),
         done=jnp.zeros(lanes, bool),
         starts=jnp.ones(lanes, bool),

@@ -102,15 +102,17 @@ def add_pipeline_parser(benchmarks) -> None:
 def add_device_parser(benchmarks) -> None:
     device = benchmarks.add_parser(
         "device",
-        help="device mode: brax envs and the population update on one device",
+        help="device mode: brax or gymnax envs and the population update on one device",
         description="env-steps/s and agent-updates/s of device-mode training (collect.mode: "
         "device, one update per env step and member) for each population size and envs per "
         "member, against the env stepped alone (the ceiling) and the update alone (bench "
         "update's measurement at the env's shapes) and the same training in process mode on "
-        "the env's MuJoCo counterpart; compile seconds. Writes "
+        "the env's gymnasium counterpart; compile seconds. Writes "
         "results/bench/device_<env>_<device>.json and .png.",
     )
-    device.add_argument("--env", default="brax/halfcheetah", help="a brax/<name> id")
+    device.add_argument(
+        "--env", default="brax/halfcheetah", help="a brax/<name> or gymnax/<name> id"
+    )
     device.add_argument(
         "--pop",
         type=comma_list(positive_int, "population size"),
@@ -124,7 +126,12 @@ def add_device_parser(benchmarks) -> None:
         help="envs per member E, comma-separated (default 1,4)",
     )
     device.add_argument("--backend", default=None, help="brax backend (default: env.backend's)")
-    device.add_argument("--algo", type=one_of("algorithm", ("td3", "sac")), default="td3")
+    device.add_argument(
+        "--algo",
+        type=one_of("algorithm", ("td3", "sac", "dqn")),
+        default=None,
+        help="default: dqn for discrete actions, else td3",
+    )
     device.add_argument(
         "--seconds", type=float, default=6.0, help="timed seconds per measurement (default 6)"
     )
@@ -147,8 +154,9 @@ def add_device_parser(benchmarks) -> None:
         "--process-env",
         default="auto",
         help="a gymnasium id trained in process mode beside each row (collector processes, "
-        "same P, E, networks and update ratio); default auto: the brax env's MuJoCo "
-        "counterpart (brax/halfcheetah: HalfCheetah-v5); none: leave it out",
+        "same P, E, networks and update ratio); default auto: the env's gymnasium "
+        "counterpart (brax/halfcheetah: HalfCheetah-v5, gymnax/CartPole-v1: CartPole-v1); "
+        "none: leave it out",
     )
     device.add_argument("--out", type=Path, default=Path("results/bench"))
 
@@ -217,10 +225,25 @@ def run_device(args: argparse.Namespace) -> int:
     from fastpop.bench.device import bench_device
     from fastpop.bench.device_report import table, write_results
     from fastpop.config import ConfigError
+    from fastpop.envs import device_envs
     from fastpop.envs.brax_envs import check_backend, is_brax_id
 
-    if not is_brax_id(args.env):
-        return fail(f"--env {args.env}: device mode steps brax environments (brax/<name>)")
+    if not device_envs.is_device_id(args.env):
+        return fail(
+            f"--env {args.env}: device mode steps brax and gymnax environments (brax/<name>, "
+            "gymnax/<name>)"
+        )
+    if args.backend is not None and not is_brax_id(args.env):
+        return fail(f"--backend {args.backend}: only brax environments have a physics backend")
+    try:
+        discrete = device_envs.discrete_actions(args.env)
+    except ValueError as error:  # UnknownEnvironment, MissingExtra
+        return fail(str(error))
+    if args.algo is None:
+        args.algo = "dqn" if discrete else "td3"
+    if (args.algo == "dqn") != discrete:
+        kind, fits = ("discrete", "dqn") if discrete else ("continuous", "td3 or sac")
+        return fail(f"--algo {args.algo}: {args.env} has {kind} actions: use {fits}")
     agent = {} if args.hidden_sizes is None else {"hidden_sizes": args.hidden_sizes}
     settings = DeviceBenchSettings(
         args.env,

@@ -20,7 +20,7 @@ import numpy as np
 
 from fastpop.agents.base import Agent
 from fastpop.population import chunking
-from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
+from fastpop.types import PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
 SampleFn = Callable[[PyTree, PRNGKey], Transition]
@@ -129,7 +129,7 @@ def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
     return jax.jit(jax.vmap(agent.init))(keys, hparams)
 
 
-def scan_unroll(spec: EnvSpec, num_updates: int) -> int:
+def scan_unroll(obs_shape: tuple[int, ...], obs_dtype, num_updates: int) -> int:
     """How far to unroll the K-update scan.
 
     XLA:CPU runs convolutions inside a while loop about 13x slower than the same convolutions
@@ -140,7 +140,7 @@ def scan_unroll(spec: EnvSpec, num_updates: int) -> int:
     population 2, this CPU).
     """
     on_cpu = jax.default_backend() == "cpu"
-    atari_frames = len(spec.obs_shape) == 3 and np.dtype(spec.obs_dtype) == np.uint8
+    atari_frames = len(obs_shape) == 3 and np.dtype(obs_dtype) == np.uint8
     return num_updates if on_cpu and atari_frames else 1
 
 

@@ -185,7 +185,7 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     """The strategy's `Training` under the config's execution and replay layout, with its
     members split over `mesh` (population.devices > 1)."""
     updates = config.train.updates_per_call
-    unroll = population.scan_unroll(spec, updates)
+    unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates)
     plan = population.UpdatePlan(agent, sample_batch, updates, config.replay.shared, unroll)
     return update_protocol.make_training(strategy, config.population.execution, plan, mesh)
 
