@@ -62,13 +62,19 @@ def init(env, key: PRNGKey, lanes: int) -> LaneState:
     return LaneState(
         # Strongly typed, as `step`'s selects return them (gymnax's resets hold weakly typed
         # Python scalars): the lanes a chunk returns must not recompile the next chunk.
-        env=jax.tree.map(lambda x: x.astype(x.dtype), states),
+        env=jax.tree.map(_strongly_typed, states),
         steps=jnp.zeros(lanes, jnp.int32),
         done=jnp.zeros(lanes, bool),
         starts=jnp.ones(lanes, bool),
         episode_return=jnp.zeros(lanes, jnp.float32),
         key=key,
     )
+
+
+def _strongly_typed(x: jax.Array) -> jax.Array:
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return x  # typed keys are never weak
+    return x.astype(x.dtype)
 
 
 def _select(mask: jax.Array, a, b):

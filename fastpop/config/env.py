@@ -26,10 +26,11 @@ class EnvConfig:
     atari_terminal_on_life_loss: bool = False
     """Atari training only: a lost life is a terminal step (Mnih et al.; not Machado et al.)."""
     backend: str | None = field(None, choices=BACKENDS)
-    """brax ids only: brax's physics pipeline. null: spring for every environment and platform
-    (`brax_envs.default_backend`), the fastest measured, 2-5x positional and generalized on a
-    CPU (ant, halfcheetah, inverted_pendulum; the table and command: README.md, Brax). spring
-    is brax's least accurate pipeline; generalized is the closest to MuJoCo (mjx: slow on CPU)."""
+    """brax ids only: brax's physics pipeline. null: generalized, brax's own default and the
+    closest to MuJoCo, for every environment and platform (`brax_envs.default_backend`). spring
+    is the choice for speed, 2-5x positional and generalized on a CPU (ant, halfcheetah,
+    inverted_pendulum; the table and command: README.md, Brax), but brax's least accurate
+    pipeline (mjx: slow on a CPU)."""
     episode_length: int | None = field(None, min=1)
     """Device ids only (brax/, gymnax/): an episode is truncated (a time limit, not a terminal)
     after this many steps; null: the family's own, 1000 for brax (its EpisodeWrapper default),

@@ -36,14 +36,14 @@ INSTALL = "pip install -e '.[brax]'"
 _NAMES = """ant fast halfcheetah hopper humanoid humanoidstandup inverted_double_pendulum
 inverted_pendulum pusher reacher swimmer walker2d""".split()  # noqa: SIM905 (as envs._ATARI_GAMES)
 
-# The backend `env.backend: null` picks: the fastest measured, spring, for every environment
-# and platform (one physics per config wherever it runs). env-steps/s of jit(scan(vmap(step)))
-# at batch 256 on a loaded 2-core CPU (`python -m fastpop.envs.brax_envs`, README.md): spring 2-5x
-# positional and generalized on ant, halfcheetah and inverted_pendulum, and quickest to compile.
-# spring is brax's least accurate pipeline; generalized is the closest to MuJoCo. On spring,
-# inverted_pendulum is another system (dt 0.02 s; TD3 and SAC did not learn it in 20-30k steps,
-# results/brax_inverted_pendulum_cpu/): its preset names generalized.
-DEFAULT_BACKEND = "spring"
+# The backend `env.backend: null` picks: brax's own default, generalized (the closest to MuJoCo),
+# for every environment and platform, so `brax/<name>` is the system brax and published results
+# mean. spring is a choice for speed: env-steps/s of jit(scan(vmap(step))) at batch 256 on a
+# loaded 2-core CPU (`python -m fastpop.envs.brax_envs`, README.md): spring 2-5x positional and
+# generalized on ant, halfcheetah and inverted_pendulum, and quickest to compile; but it is
+# brax's least accurate pipeline, and on it inverted_pendulum is another system (dt 0.02 s; TD3
+# and SAC did not learn it in 20-30k steps, results/brax_inverted_pendulum_cpu/).
+DEFAULT_BACKEND = "generalized"
 
 # Each brax environment's task in gymnasium's MuJoCo suite, where it has one: what `fastpop bench
 # device` trains in process mode beside the device-mode row (a brax id itself runs in device
