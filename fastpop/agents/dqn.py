@@ -59,7 +59,8 @@ def epsilon(hparams: DQNHParams, env_steps) -> jax.Array:
     return hparams.epsilon_start + fraction * (hparams.epsilon_end - hparams.epsilon_start)
 
 
-def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
+def q_network(spec: EnvSpec, config: DQNConfig) -> QNetwork:
+    """The action-value network of `config.torso` (null: by observation) for `spec`."""
     if not spec.discrete:
         raise ValueError("DQN needs a discrete action space; use TD3 or SAC for continuous")
     torso = config.torso or networks.default_torso(spec.obs_shape, spec.obs_dtype)
@@ -67,7 +68,11 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         raise ValueError(f"unknown torso {torso!r}; use one of {', '.join(networks.TORSOS)}")
     if torso != "mlp" and len(spec.obs_shape) != 3:
         raise ValueError(f"torso {torso} needs image observations (H, W, C), not {spec.obs_shape}")
-    network = QNetwork(spec.num_actions, config.hidden_sizes, torso, len(spec.obs_shape))
+    return QNetwork(spec.num_actions, config.hidden_sizes, torso, len(spec.obs_shape))
+
+
+def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
+    network = q_network(spec, config)
     optimizer = optax.scale_by_adam(eps=config.adam_eps)
 
     def default_hparams() -> DQNHParams:
