@@ -60,7 +60,7 @@ def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--env", "Pendulum-v1"], "--env Pendulum-v1: device mode steps brax and gymnax"),
+        (["--env", "Pendulum-v1"], "--env Pendulum-v1: device mode steps JAX environments (brax/"),
         (["--env", "gymnax/Pendulum-v1", "--backend", "spring"], "only brax environments"),
         (["--env", "gymnax/CartPole-v1", "--algo", "sac"], "has discrete actions: use dqn"),
         (["--env", "gymnax/Pendulum-v1", "--algo", "dqn"], "continuous actions: use td3 or sac"),

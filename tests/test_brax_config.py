@@ -125,7 +125,7 @@ def test_brax_only_fields_are_refused_for_gymnasium_ids():
     message = refusal(["env.id=CartPole-v1", "algo=dqn", "env.episode_length=200"])
     assert message.startswith(
         "env.episode_length: only environments stepped on the device (env.id: brax/<name>, "
-        "gymnax/<name>) take a time limit here"
+        "gymnax/<name>, playground/<name>) take a time limit here"
     )
     assert "CartPole-v1 is not one: remove env.episode_length" in message
 
@@ -165,8 +165,8 @@ def test_collection_mode_mismatches_are_refused():
     )
     message = refusal(["collect.mode=device"])
     assert message.startswith(
-        "collect.mode: device steps brax and gymnax environments (env.id: brax/<name>, "
-        "gymnax/<name>) on the device, and "
+        "collect.mode: device steps JAX environments (env.id: brax/<name>, gymnax/<name>, "
+        "playground/<name>) on the device, and "
         "Pendulum-v1 is a gymnasium environment, stepped in collector processes: use "
         "collect.mode: processes (or null)"
     )

@@ -19,7 +19,7 @@ class DeviceBenchSettings(NamedTuple):
     """What `fastpop bench device` trains at every (P, E) it measures (bench/device.py), and
     the process-mode training beside it (bench/process_mode.py)."""
 
-    env_id: str  # brax/<name>, gymnax/<name>
+    env_id: str  # brax/<name>, gymnax/<name>, playground/<Name>
     backend: str | None = None  # brax's pipeline; None: the env's default (gymnax: None)
     algo: str = "td3"
     seconds: float = 6.0  # per measurement, over all its rounds

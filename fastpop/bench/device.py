@@ -1,8 +1,8 @@
-"""Device-mode benchmark: environments stepped on the device (brax, gymnax) while the
-population learns.
+"""Device-mode benchmark: environments stepped on the device (brax, gymnax, MuJoCo Playground)
+while the population learns.
 
-    fastpop bench device --env brax/<name>|gymnax/<name> --pop 1,4,16 --envs-per-member 1,4
-        [--backend B (brax)] [--algo td3|sac|dqn] [--seconds S]
+    fastpop bench device --env brax/<name>|gymnax/<name>|playground/<Name> --pop 1,4,16
+        --envs-per-member 1,4 [--backend B (brax)] [--algo td3|sac|dqn] [--seconds S]
 
 Per population size P and envs per member E, four measurements on JAX's default device, timed
 in alternating rounds (a burst of load on a shared machine hits all four alike):

@@ -111,7 +111,7 @@ def add_device_parser(benchmarks) -> None:
         "results/bench/device_<env>_<device>.json and .png.",
     )
     device.add_argument(
-        "--env", default="brax/halfcheetah", help="a brax/<name> or gymnax/<name> id"
+        "--env", default="brax/halfcheetah", help="a brax/, gymnax/ or playground/ id"
     )
     device.add_argument(
         "--pop",
@@ -230,8 +230,7 @@ def run_device(args: argparse.Namespace) -> int:
 
     if not device_envs.is_device_id(args.env):
         return fail(
-            f"--env {args.env}: device mode steps brax and gymnax environments (brax/<name>, "
-            "gymnax/<name>)"
+            f"--env {args.env}: device mode steps JAX environments ({device_envs.ID_FORMS})"
         )
     if args.backend is not None and not is_brax_id(args.env):
         return fail(f"--backend {args.backend}: only brax environments have a physics backend")

@@ -21,8 +21,10 @@ class EnvConfig:
     """gymnasium id (MuJoCo v5, classic control), Atari game (`ALE/Pong-v5`, `Pong`), stepped in
     collector processes; or, stepped on the device, a brax environment `brax/<name>`, any name in
     brax's registry (`brax/halfcheetah`, `brax/inverted_pendulum`, ...; pip install -e
-    '.[brax]') or a gymnax one `gymnax/<name>` (`gymnax/CartPole-v1`, `gymnax/Pendulum-v1`,
-    `gymnax/Breakout-MinAtar`, ...; pip install -e '.[gymnax]')."""
+    '.[brax]'), a gymnax one `gymnax/<name>` (`gymnax/CartPole-v1`, `gymnax/Pendulum-v1`,
+    `gymnax/Breakout-MinAtar`, ...; pip install -e '.[gymnax]') or a MuJoCo Playground one,
+    its DeepMind Control Suite `playground/<Name>` (`playground/CartpoleBalance`,
+    `playground/CheetahRun`, ...; pip install -e '.[playground]')."""
     atari_terminal_on_life_loss: bool = False
     """Atari training only: a lost life is a terminal step (Mnih et al.; not Machado et al.)."""
     backend: str | None = field(None, choices=BACKENDS)
@@ -57,8 +59,8 @@ def check_env(r: Reader, env: EnvConfig) -> EnvConfig:
         env = dataclasses.replace(env, episode_length=length)
     else:
         problems["episode_length"] = (
-            "only environments stepped on the device (env.id: brax/<name>, gymnax/<name>) take "
-            "a time limit here; gymnasium environments keep their registered one"
+            f"only environments stepped on the device (env.id: {device_envs.ID_FORMS}) take a "
+            "time limit here; gymnasium environments keep their registered one"
         )
     for name, problem in problems.items():
         if getattr(env, name) is not None:
@@ -108,8 +110,8 @@ def check_collection(r: Reader, config: Any) -> None:
     if not on_device and mode == "device":
         r.fail(
             "collect.mode",
-            "device steps brax and gymnax environments (env.id: brax/<name>, gymnax/<name>) on "
-            f"the device, and {env_id} is a gymnasium environment, stepped in collector "
+            f"device steps JAX environments (env.id: {device_envs.ID_FORMS}) on the device, "
+            f"and {env_id} is a gymnasium environment, stepped in collector "
             "processes: use collect.mode: processes (or null), or a device id such as "
             "brax/halfcheetah or gymnax/CartPole-v1",
         )

@@ -1,5 +1,6 @@
 """Environments stepped on the device, one protocol for every family: brax (`brax/<name>`,
-brax_envs.py) and gymnax (`gymnax/<name>`, gymnax_envs.py).
+brax_envs.py), gymnax (`gymnax/<name>`, gymnax_envs.py) and MuJoCo Playground
+(`playground/<Name>`, playground_envs.py).
 
     DeviceEnv(reset, step, spec, episode_length)     (fastpop.types)
         reset(key) -> state          state.obs, state.reward, state.done are read
@@ -17,11 +18,12 @@ gymnasium id or None`; nothing outside the adapters branches on the family.
 
 from __future__ import annotations
 
-from fastpop.envs import brax_envs, gymnax_envs
+from fastpop.envs import brax_envs, gymnax_envs, playground_envs
 from fastpop.types import DeviceEnv, EnvSpec
 
-FAMILIES = (brax_envs, gymnax_envs)
-PREFIXES = tuple(family.PREFIX for family in FAMILIES)
+FAMILIES = (brax_envs, gymnax_envs, playground_envs)
+# For messages: "brax/<name>, gymnax/<name>, playground/<name>"
+ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES)
 
 
 def family(env_id: str):

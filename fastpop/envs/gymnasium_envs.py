@@ -161,7 +161,8 @@ def check_env_id(env_id: str) -> str:
     their ALE v5 id (`Pong`, `PongNoFrameskip-v4` -> `ALE/Pong-v5`), made with fastpop's own
     frame skip and sticky-action settings (`AtariOptions`), not the variant's. Raises
     `UnknownEnvironment` with close registered ids, or `MissingExtra` naming what to install.
-    Device ids (`brax/<name>`, `gymnax/<name>`) are checked by their family (device_envs.py).
+    Device ids (`brax/<name>`, `gymnax/<name>`, ...) are checked by their family
+    (device_envs.py).
     """
     if device_envs.is_device_id(env_id):
         return device_envs.check_device_id(env_id)
