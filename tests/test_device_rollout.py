@@ -1,10 +1,12 @@
 """Lanes on the device keep gymnasium's next-step autoreset: every transition's next
 observation is the real next state (a terminal or time-limit final state included), never a
-reset state, checked against stepping the same env from the recorded states. On gymnax's
-CartPole-v1 (a DeviceEnv like brax's: the rollout does not know the family), whose programs
-compile in a second."""
+reset state, checked against stepping the same env from the recorded states: on gymnax's
+CartPole-v1, whose programs compile in a second, and brax's inverted pendulum (Playground's:
+tests/test_playground.py). The rollout does not know the family."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -27,23 +29,35 @@ def cartpole():
 
 
 def random_act(env):
-    return lambda obs, key, t=0: device_rollout.random_actions(env.spec, key, obs.shape[:1])
+    action_shape = () if env.spec.discrete else (env.spec.action_dim,)
+    return lambda obs, key, t=0: device_rollout.random_actions(
+        env.spec, key, obs.shape[:1] + action_shape
+    )
 
 
-def test_next_observations_are_real_next_states_and_resets_start_rows(cartpole):
-    act = random_act(cartpole)
+def brax_pendulum():
+    if importlib.util.find_spec("brax") is None:
+        pytest.skip("brax is not installed")
+    # spring compiles quickest; random pushes topple it within a few steps (termination)
+    return make_device_env("brax/inverted_pendulum", "spring")
+
+
+@pytest.mark.parametrize("family", ["gymnax", "brax"])
+def test_next_observations_are_real_next_states_and_resets_start_rows(cartpole, family):
+    env = cartpole if family == "gymnax" else brax_pendulum()
+    act = random_act(env)
 
     def one(state, key):
         action = act(state.env.obs, key)
-        new_state, row, _ = device_rollout.step(cartpole, TIME_LIMIT, state, action)
+        new_state, row, _ = device_rollout.step(env, TIME_LIMIT, state, action)
         return new_state, (row, state.env)
 
-    state = device_rollout.init(cartpole, jax.random.key(0), LANES)
+    state = device_rollout.init(env, jax.random.key(0), LANES)
     run = jax.jit(lambda s, k: jax.lax.scan(one, s, jax.random.split(k, STEPS)))
     _, (rows, env_states) = run(state, jax.random.key(1))
     rows = jax.tree.map(np.asarray, rows)  # (STEPS, LANES, ...)
     # The state every transition row started from, stepped again with its action.
-    again = jax.jit(jax.vmap(jax.vmap(cartpole.step)))(env_states, jnp.asarray(rows.action))
+    again = jax.jit(jax.vmap(jax.vmap(env.step)))(env_states, jnp.asarray(rows.action))
     starts = ~rows.autoreset[:-1]
     real_next = np.asarray(again.obs)[:-1][starts]
     np.testing.assert_allclose(rows.obs[1:][starts], real_next, rtol=1e-5, atol=1e-6)
