@@ -158,6 +158,10 @@ def test_minatar_grids_go_through_the_chosen_torso(tmp_path, torso):
         assert {(3, 3, 4, 16), (8 * 8 * 16, 128), (128, 3)} <= shapes, shapes
     else:  # the grid flattened into the MLP
         assert {(400, 64), (64, 3)} <= shapes and (3, 3, 4, 16) not in shapes, shapes
-    short = ["train.total_env_steps=1536", "eval.interval=1536", "eval.episodes=2"]
-    trained = train(tmp_path, CARTPOLE, *overrides, "population.size=2", *short)
-    assert all(np.isfinite(r["return_mean"]) for r in rows(trained.run_dir))
+    if torso == "minatar_cnn":  # a short run on the device: rows, updates, an evaluation
+        short = ["train.total_env_steps=768", "eval.interval=768", "eval.episodes=2"]
+        short += ["replay.min_size=256", "collect.warmup_steps=256"]
+        trained = train(tmp_path, CARTPOLE, *overrides, "population.size=2", *short)
+        evaluated = rows(trained.run_dir)
+        assert len(evaluated) == 2 and all(np.isfinite(r["return_mean"]) for r in evaluated)
+        assert trained.learner.updates > 0

@@ -1,6 +1,6 @@
 """MuJoCo Playground on the device (env.id: playground/<Name>): its DeepMind Control Suite ids are
 the package's own, ids that need robot models this machine lacks are refused with exit 2 saying
-why, and a TD3 population trains on CartpoleBalance with time limits that truncate."""
+why, and an env's done is a termination only, its time limit left to the rollout."""
 
 from __future__ import annotations
 
@@ -46,30 +46,28 @@ def test_ids_are_playgrounds_own_and_robots_without_models_are_refused(
         envs.check_env_id("playground/CartpoleBalance")
 
 
-def test_lanes_truncate_at_the_time_limit_and_keep_the_real_final_observation():
-    """The device rollout on a Playground env (its step playground's own, on MJX's JAX
-    pipeline): no terminations (CartpoleBalance ends only on NaN physics), a truncation every
-    `TIME_LIMIT` steps whose row holds the real next state, then the reset step. (Training
-    runs are the same code for every family: tests/test_device_mode.py, test_gymnax.py.)"""
-    from fastpop.collect import device_rollout
-
+def test_done_is_a_termination_and_the_time_limit_is_left_to_the_rollout():
+    """The adapter's DeviceEnv is playground's own reset and step on MJX's JAX pipeline, with
+    no time limit or reset of its own: stepped 1,100 times (past the 1,000-step limit the
+    rollout applies, as for every family: tests/test_device_rollout.py), CartpoleBalance never
+    says done (it ends only on NaN physics) and its simulated time only grows. (The rollout,
+    training and evaluation are one code path for every family; MJX compiles too slowly on a
+    CPU to repeat those tests here.)"""
     env = envs.device_envs.make_device_env("playground/CartpoleBalance")
-    lanes, steps, time_limit = 3, 30, 12
-    act = lambda obs, key, t: device_rollout.random_actions(env.spec, key, (lanes, 1))
+    assert env.spec.obs_shape == (5,) and env.spec.action_dim == 1
+    assert env.episode_length == playground_envs.EPISODE_LENGTH
 
-    def one(state, key):
-        new_state, row, _ = device_rollout.step(env, time_limit, state, act(None, key, 0))
-        return new_state, (row, state.env)
+    def rollout(key):
+        reset_key, action_key = jax.random.split(key)
+        actions = jax.random.uniform(action_key, (1100, 1), minval=-1.0, maxval=1.0)
 
-    state = device_rollout.init(env, jax.random.key(0), lanes)
-    run = jax.jit(lambda s, k: jax.lax.scan(one, s, jax.random.split(k, steps)))
-    _, (rows, env_states) = run(state, jax.random.key(1))
-    rows = jax.tree.map(np.asarray, rows)  # (steps, lanes, ...)
-    assert not rows.terminated.any()
-    truncated_at = sorted({int(t) for t in np.flatnonzero(rows.truncated.any(axis=1))})
-    assert truncated_at == [11, 24] and rows.truncated[[11, 24]].all()  # 12 steps, reset, 12
-    np.testing.assert_array_equal(rows.autoreset[[12, 25]], True)
-    again = jax.jit(jax.vmap(jax.vmap(env.step)))(env_states, rows.action)
-    starts = ~rows.autoreset[:-1]
-    np.testing.assert_allclose(rows.obs[1:][starts], np.asarray(again.obs)[:-1][starts], atol=1e-5)
-    assert (rows.reward[~rows.autoreset] > 0).all()  # CartpoleBalance pays (0, 1] per step
+        def one(state, action):
+            state = env.step(state, action)
+            return state, (state.done, state.reward, state.data.time, state.obs)
+
+        return jax.lax.scan(one, env.reset(reset_key), actions)[1]
+
+    done, reward, time, obs = jax.tree.map(np.asarray, jax.jit(rollout)(jax.random.key(0)))
+    assert not done.any() and np.isfinite(obs).all()
+    assert (np.diff(time) > 0).all()  # one trajectory: never reset inside the env
+    assert ((reward >= 0) & (reward <= 1)).all()  # the Control Suite's rewards
