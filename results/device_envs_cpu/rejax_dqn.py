@@ -51,9 +51,8 @@ def make_dqn() -> DQN:
         ddqn=True,
         total_timesteps=STEPS,
         eval_freq=EVAL_EVERY,
-        agent_kwargs={"hidden_layer_sizes": (64, 64)},
-        eval_callback=eval_callback,
-    )
+        agent_kwargs={"activation": "relu"},  # rejax's DQN network is 64-64 (its default: swish)
+    ).replace(eval_callback=eval_callback)  # 5 episodes, where rejax's own plays 128
 
 
 def main() -> None:
