@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 from rejax import DQN  # noqa: E402
 from rejax.evaluate import evaluate  # noqa: E402
 
-STEPS, EVAL_EVERY, EVAL_EPISODES = 10_000, 2_000, 5
+EVAL_EPISODES = 5
 
 
 def eval_callback(algo, train_state, key):
@@ -30,13 +30,14 @@ def eval_callback(algo, train_state, key):
     return evaluate(act, key, algo.env, algo.env_params, EVAL_EPISODES, max_steps)
 
 
-def make_dqn() -> DQN:
+def make_dqn(env: str, steps: int, eval_every: int) -> DQN:
     """The preset's values in rejax's names: one env, one update per env step after 1,000
     random steps, a hard target copy every 200 steps (polyak 0), epsilon 1 -> 0.02 over the
-    first 6,000 steps (exploration_fraction 0.6 of 10,000), double DQN, 64-64 ReLU network.
+    first 60% of the steps (6,000 of 10,000), double DQN, 64-64 ReLU network (a grid is
+    flattened into it, as fastpop's agent.torso: mlp).
     rejax's own defaults for the rest (Adam's epsilon, gradient clipping)."""
     return DQN.create(
-        env="CartPole-v1",
+        env=env,
         num_envs=1,
         buffer_size=20_000,
         fill_buffer=1_000,
@@ -49,8 +50,8 @@ def make_dqn() -> DQN:
         target_update_freq=200,
         polyak=0.0,
         ddqn=True,
-        total_timesteps=STEPS,
-        eval_freq=EVAL_EVERY,
+        total_timesteps=steps,
+        eval_freq=eval_every,
         agent_kwargs={"activation": "relu"},  # rejax's DQN network is 64-64 (its default: swish)
     ).replace(eval_callback=eval_callback)  # 5 episodes, where rejax's own plays 128
 
@@ -58,9 +59,12 @@ def make_dqn() -> DQN:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--env", default="CartPole-v1", help="a gymnax id")
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--eval-every", type=int, default=2_000)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    algo = make_dqn()
+    algo = make_dqn(args.env, args.steps, args.eval_every)
     keys = jax.random.split(jax.random.PRNGKey(0), args.seeds)
     train = jax.jit(jax.vmap(algo.train))
     compile_start = time.perf_counter()
@@ -70,11 +74,11 @@ def main() -> None:
     end = time.perf_counter()
     returns = np.asarray(returns).mean(axis=-1)  # (seeds, evaluations): mean over episodes
     result = {
-        "command": f"rejax_dqn.py --seeds {args.seeds}",
+        "command": f"rejax_dqn.py --seeds {args.seeds} --env {args.env} --steps {args.steps}",
         "rejax": "0.1.3",
         "jax": jax.__version__,
         "seeds": args.seeds,
-        "env_steps": [EVAL_EVERY * i for i in range(returns.shape[1])],
+        "env_steps": [args.eval_every * i for i in range(returns.shape[1])],
         "returns": returns.round(1).tolist(),
         "seconds": {
             "import_and_setup": compile_start - START,
