@@ -85,3 +85,16 @@ def test_a_process_env_that_cannot_run_in_process_mode_is_refused(
     error = capsys.readouterr().err
     assert f"--process-env {process_env}:" in error and expected in error
     assert not list(tmp_path.iterdir())
+
+
+def test_the_env_alone_ceiling_compiles_once():
+    """gymnax's resets are weakly typed and its steps are not: the env-alone program's first
+    state must be typed as its output, or its second call compiles again (and the reported
+    compile seconds, first call minus second, come out near 0)."""
+    from fastpop.bench.device import EnvAlone
+    from fastpop.envs.device_envs import make_device_env
+
+    env_alone = EnvAlone(make_device_env("gymnax/CartPole-v1"), lanes=4, steps=8)
+    for _ in range(3):
+        env_alone()
+    assert env_alone.run._cache_size() == 1

@@ -154,11 +154,13 @@ class EnvAlone:
         def run(state, key):
             actions = device_rollout.random_actions(env.spec, key, shape)
             state = jax.lax.scan(lambda s, a: (jax.vmap(env.step)(s, a), None), state, actions)[0]
-            return jax.tree.map(lambda x: x.astype(x.dtype), state)  # as reset's: not weak
+            return jax.tree.map(device_rollout.strongly_typed, state)
 
         self.run = jax.jit(run, donate_argnums=0)
         keys = jax.random.split(jax.random.key(0), lanes)
-        self.state = jax.jit(jax.vmap(env.reset))(keys)
+        # Strongly typed as run's output (gymnax's resets are weakly typed): one compile.
+        reset = jax.jit(jax.vmap(env.reset))
+        self.state = jax.tree.map(device_rollout.strongly_typed, reset(keys))
         self.key = jax.random.key(1)
 
     def __call__(self):

@@ -62,7 +62,7 @@ def init(env, key: PRNGKey, lanes: int) -> LaneState:
     return LaneState(
         # Strongly typed, as `step`'s selects return them (gymnax's resets hold weakly typed
         # Python scalars): the lanes a chunk returns must not recompile the next chunk.
-        env=jax.tree.map(_strongly_typed, states),
+        env=jax.tree.map(strongly_typed, states),
         steps=jnp.zeros(lanes, jnp.int32),
         done=jnp.zeros(lanes, bool),
         starts=jnp.ones(lanes, bool),
@@ -71,7 +71,8 @@ def init(env, key: PRNGKey, lanes: int) -> LaneState:
     )
 
 
-def _strongly_typed(x: jax.Array) -> jax.Array:
+def strongly_typed(x: jax.Array) -> jax.Array:
+    """`x` without a weak type (a program given weak and then strong inputs compiles twice)."""
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
         return x  # typed keys are never weak
     return x.astype(x.dtype)
