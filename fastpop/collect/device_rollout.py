@@ -1,5 +1,5 @@
-"""Environments stepped on the device (any DeviceEnv: brax, gymnax), writing replay rows as the
-collectors do.
+"""Environments stepped on the device (any DeviceEnv: brax, gymnax, Playground), writing replay
+rows as the collectors do.
 
 Every lane follows gymnasium's next-step autoreset, exactly as `rollout.RowStream` records a
 vector env: the step after an episode ends is the reset step. Its row holds the episode's

@@ -2,8 +2,9 @@
 
     ProcessCollection   collector processes step CPU simulators (gymnasium); rows arrive through
                         shared-memory rings and are copied to the device (`Workers`)
-    DeviceCollection    device envs (brax, gymnax) stepped on the device by the same policy the
-                        learner trains; rows never leave it, no worker process is started
+    DeviceCollection    device envs (brax, gymnax, Playground) stepped on the device by the
+                        policy the learner trains; rows never leave it, no worker process is
+                        started
 
 Both are a `Collection`, the interface the run loop uses (a distributed run's, in
 fastpop.distributed.multihost, is a third).

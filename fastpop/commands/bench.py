@@ -102,7 +102,8 @@ def add_pipeline_parser(benchmarks) -> None:
 def add_device_parser(benchmarks) -> None:
     device = benchmarks.add_parser(
         "device",
-        help="device mode: brax or gymnax envs and the population update on one device",
+        help="device mode: JAX envs (brax, gymnax, Playground) and the population update on one "
+        "device",
         description="env-steps/s and agent-updates/s of device-mode training (collect.mode: "
         "device, one update per env step and member) for each population size and envs per "
         "member, against the env stepped alone (the ceiling) and the update alone (bench "

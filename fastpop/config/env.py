@@ -1,6 +1,7 @@
 """The config's `env` section and the checks tying it to `collect.mode` and `algo`: which
 environment, on which brax backend, and where its steps run (collector processes stepping
-gymnasium environments on the CPU, or brax and gymnax environments stepped on the device).
+gymnasium environments on the CPU, or brax, gymnax and Playground environments stepped on the
+device).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ class EnvConfig:
     inverted_pendulum; the table and command: README.md, Brax), but brax's least accurate
     pipeline (mjx: slow on a CPU)."""
     episode_length: int | None = field(None, min=1)
-    """Device ids only (brax/, gymnax/): an episode is truncated (a time limit, not a terminal)
-    after this many steps; null: the family's own, 1000 for brax (its EpisodeWrapper default),
-    the registered limit for gymnax (CartPole-v1 500, Pendulum-v1 200, MinAtar 1000, ...).
+    """Device ids only (brax/, gymnax/, playground/): an episode is truncated (a time limit, not
+    a terminal) after this many steps; null: the family's own, 1000 for brax (its EpisodeWrapper
+    default) and Playground, the registered limit for gymnax (CartPole-v1 500, Pendulum-v1 200,
+    MinAtar 1000, ...).
     gymnasium ids keep their registered limit."""
 
 

@@ -15,7 +15,6 @@ brax is imported only when a brax id is checked or built, with that output silen
 from __future__ import annotations
 
 import contextlib
-import difflib
 import functools
 import importlib.util
 import io
@@ -24,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from fastpop.envs.errors import UnknownEnvironment, close_names, missing_extra
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "brax/"
@@ -97,15 +96,11 @@ def check_brax_id(env_id: str) -> str:
     name, names = env_id[len(PREFIX) :], known_names()
     by_key = {_key(known): known for known in names}
     if _key(name) not in by_key:
-        close = difflib.get_close_matches(_key(name), by_key, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(PREFIX + by_key[k] for k in close)}? " if close else ""
+        hint = close_names(_key(name), by_key, PREFIX)
         known = ", ".join(PREFIX + known for known in names)
         raise UnknownEnvironment(f"{env_id}: unknown brax environment; {hint}Known: {known}")
     if not brax_installed():
-        raise MissingExtra(
-            f"environment {env_id!r} needs the 'brax' package, which is not installed; "
-            f"install it with {INSTALL}"
-        )
+        raise missing_extra(env_id, "brax", INSTALL)
     return PREFIX + by_key[_key(name)]
 
 

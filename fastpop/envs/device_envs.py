@@ -51,7 +51,8 @@ def device_env_spec(env_id: str, backend: str | None = None) -> EnvSpec:
 
 
 def default_episode_length(env_id: str) -> int:
-    """The time limit `env.episode_length: null` means: brax's 1000, gymnax's registered one."""
+    """The time limit `env.episode_length: null` means: brax's and Playground's 1000, gymnax's
+    registered one."""
     adapter = family(env_id)
     return adapter.default_episode_length(adapter.check_id(env_id))
 

@@ -11,14 +11,13 @@ continuous actions are passed as the scalar the classic-control envs expect.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.util
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from fastpop.envs.errors import UnknownEnvironment, close_names, missing_extra
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "gymnax/"
@@ -55,15 +54,11 @@ def check_id(env_id: str) -> str:
     name = env_id[len(PREFIX) :]
     by_key = {known.lower(): known for known in NAMES}
     if name.lower() not in by_key:
-        close = difflib.get_close_matches(name.lower(), by_key, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(PREFIX + by_key[k] for k in close)}? " if close else ""
+        hint = close_names(name.lower(), by_key, PREFIX)
         known = ", ".join(PREFIX + known for known in NAMES)
         raise UnknownEnvironment(f"{env_id}: unknown gymnax environment; {hint}Known: {known}")
     if not gymnax_installed():
-        raise MissingExtra(
-            f"environment {env_id!r} needs the 'gymnax' package, which is not installed; "
-            f"install it with {INSTALL}"
-        )
+        raise missing_extra(env_id, "gymnax", INSTALL)
     return PREFIX + by_key[name.lower()]
 
 

@@ -16,14 +16,13 @@ is the rollout's `episode_length`, as for every device env.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib.util
 from pathlib import Path
 
 import numpy as np
 
-from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from fastpop.envs.errors import UnknownEnvironment, close_names, missing_extra
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "playground/"
@@ -109,8 +108,7 @@ def check_id(env_id: str) -> str:
     name = env_id[len(PREFIX) :]
     by_key = {known.lower(): known for known in (*CONTROL_SUITE, *NEEDS_MENAGERIE)}
     if name.lower() not in by_key:
-        close = difflib.get_close_matches(name.lower(), by_key, n=3, cutoff=0.6)
-        hint = f"did you mean {', '.join(PREFIX + by_key[k] for k in close)}? " if close else ""
+        hint = close_names(name.lower(), by_key, PREFIX)
         raise UnknownEnvironment(
             f"{env_id}: unknown MuJoCo Playground environment; {hint}fastpop trains its DeepMind "
             f"Control Suite: {', '.join(PREFIX + known for known in CONTROL_SUITE)}"
@@ -119,10 +117,7 @@ def check_id(env_id: str) -> str:
     if name in NEEDS_MENAGERIE:
         raise UnknownEnvironment(_refusal(PREFIX + name))
     if not playground_installed():
-        raise MissingExtra(
-            f"environment {env_id!r} needs the 'playground' package, which is not installed; "
-            f"install it with {INSTALL}"
-        )
+        raise missing_extra(env_id, "playground", INSTALL)
     return PREFIX + name
 
 
