@@ -17,6 +17,7 @@ from fastpop.population import replay
 from fastpop.run.parts import build_learner
 from fastpop.strategies import cem, diversity, shared_critic
 from fastpop.strategies.base import Evaluation
+from tests.helpers import leaves_allclose
 from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
 
 # --- CEM ---
@@ -230,7 +231,8 @@ def test_dvd_with_lambda_zero_is_independent_td3_on_the_shared_critic():
         expected = jax.grad(parts.actor_loss)(
             population.member(states.actors, member), states.critic, obs[member]
         )
-        assert_same(population.member(grads, member), expected)
+        # the same sums in another program: equal up to float rounding
+        assert leaves_allclose(population.member(grads, member), expected, atol=1e-8)
 
 
 def test_dvd_resets_a_non_finite_member_from_the_best_and_touches_no_other():
