@@ -50,9 +50,9 @@ def test_done_is_a_termination_and_the_time_limit_is_left_to_the_rollout():
     """The adapter's DeviceEnv is playground's own reset and step on MJX's JAX pipeline, with
     no time limit or reset of its own: stepped 1,100 times (past the 1,000-step limit the
     rollout applies, as for every family: tests/test_device_rollout.py), CartpoleBalance never
-    says done (it ends only on NaN physics) and its simulated time only grows. (The rollout,
-    training and evaluation are one code path for every family; MJX compiles too slowly on a
-    CPU to repeat those tests here.)"""
+    says done (it ends only on NaN physics) and its simulated time only grows. (Its lanes in
+    the rollout: tests/test_device_rollout.py. Training and evaluation are one code path for
+    every family; a run's MJX programs compile too slowly on a CPU to repeat them here.)"""
     env = envs.device_envs.make_device_env("playground/CartpoleBalance")
     assert env.spec.obs_shape == (5,) and env.spec.action_dim == 1
     assert env.episode_length == playground_envs.EPISODE_LENGTH
