@@ -1,8 +1,10 @@
-"""Small shared fixtures: tiny agents and random replay buffers."""
+"""Small shared fixtures: tiny agents, random replay buffers, runs trained in this process."""
 
 from __future__ import annotations
 
+import json
 from functools import partial
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -53,3 +55,25 @@ def leaves_allclose(a, b, atol=1e-5) -> bool:
 
 def stacked_hparams(agent, size, **per_member):
     return population.broadcast_hparams(agent.default_hparams(), size, **per_member)
+
+
+QUIET = ["log.tensorboard=false", "checkpoint.interval_seconds=null"]
+
+
+def train_here(tmp_path: Path, preset: Path, *overrides: str):
+    """A run of `preset` trained in this process (no `fastpop train` subprocess) into
+    tmp_path/run: the finished `fastpop.run.loop.Run`."""
+    from fastpop import config as config_lib
+    from fastpop.run import loop
+    from fastpop.run.parts import build_run
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = config_lib.load_config(preset, [*QUIET, *overrides])
+    trained = loop.Run(build_run(config), run_dir, log=lambda message: None)
+    trained.run()
+    return trained
+
+
+def metric_rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -4,7 +4,6 @@ populations learn CartPole-v1 on the device, MinAtar grids go through the config
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -20,32 +19,18 @@ from fastpop import envs  # noqa: E402
 from fastpop.envs import device_envs, gymnax_envs  # noqa: E402
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment  # noqa: E402
 from fastpop.population import replay  # noqa: E402
-from fastpop.run import loop  # noqa: E402
 from fastpop.run.parts import build_run  # noqa: E402
+from tests.helpers import metric_rows, train_here  # noqa: E402
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CARTPOLE = CONFIGS / "dqn_gymnax_cartpole_cpu.yaml"
 PENDULUM = CONFIGS / "td3_gymnax_pendulum_cpu.yaml"
-QUIET = ["log.tensorboard=false", "checkpoint.interval_seconds=null"]
 
 
 def refusal(preset: Path, overrides: list[str]) -> str:
     with pytest.raises(config_lib.ConfigError) as error:
         build_run(config_lib.load_config(preset, overrides))
     return str(error.value)
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def train(tmp_path: Path, preset: Path, *overrides: str) -> loop.Run:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    config = config_lib.load_config(preset, [*QUIET, *overrides])
-    trained = loop.Run(build_run(config), run_dir, log=lambda message: None)
-    trained.run()
-    return trained
 
 
 def test_ids_are_normalized_and_wrong_ones_refused(monkeypatch):
@@ -126,8 +111,8 @@ LEARNED = 100.0
 
 
 def test_dqn_population_learns_cartpole_on_the_device(tmp_path, capsys):
-    trained = train(tmp_path, CARTPOLE, "population.size=2", "eval.interval=10000")
-    final = rows(trained.run_dir)
+    trained = train_here(tmp_path, CARTPOLE, "population.size=2", "eval.interval=10000")
+    final = metric_rows(trained.run_dir)
     assert len(final) == 2 and all(r["return_mean"] >= LEARNED for r in final), final
     # Terminations are the pole falling or the cart leaving; the 500-step limit is no
     # termination (a member this good reaches it), so its transitions bootstrap.
@@ -161,7 +146,7 @@ def test_minatar_grids_go_through_the_chosen_torso(tmp_path, torso):
     if torso == "minatar_cnn":  # a short run on the device: rows, updates, an evaluation
         short = ["train.total_env_steps=768", "eval.interval=768", "eval.episodes=2"]
         short += ["replay.min_size=256", "collect.warmup_steps=256"]
-        trained = train(tmp_path, CARTPOLE, *overrides, "population.size=2", *short)
-        evaluated = rows(trained.run_dir)
+        trained = train_here(tmp_path, CARTPOLE, *overrides, "population.size=2", *short)
+        evaluated = metric_rows(trained.run_dir)
         assert len(evaluated) == 2 and all(np.isfinite(r["return_mean"]) for r in evaluated)
         assert trained.learner.updates > 0

@@ -16,6 +16,7 @@ from fastpop import envs
 from fastpop.commands import cli
 from fastpop.envs import playground_envs
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from tests.helpers import metric_rows, train_here
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_gymnax_pendulum_cpu.yaml"
 
@@ -71,3 +72,27 @@ def test_done_is_a_termination_and_the_time_limit_is_left_to_the_rollout():
     assert not done.any() and np.isfinite(obs).all()
     assert (np.diff(time) > 0).all()  # one trajectory: never reset inside the env
     assert ((reward >= 0) & (reward <= 1)).all()  # the Control Suite's rewards
+
+
+def test_a_short_td3_run_on_cartpole_balance_makes_rows_returns_and_autoresets(tmp_path):
+    """No DM Control task learns within test time on a CPU (the preset's CartpoleBalance: 700-990
+    of 1,000 after 60k steps, results/playground_cpu): a short run of it, with 100-step episodes,
+    evaluates every member twice, learns from the rows in between, and stores exactly one
+    truncation every 100 steps per lane, each followed by its autoreset row."""
+    preset = PRESET.with_name("td3_playground_cartpole_balance_cpu.yaml")
+    short = ["train.total_env_steps=512", "eval.interval=256", "eval.episodes=1"]
+    short += ["env.episode_length=100", "agent.hidden_sizes=[16,16]", "agent.batch_size=32"]
+    short += ["replay.min_size=256", "collect.warmup_steps=256", "collect.chunk_len=16"]
+    trained = train_here(tmp_path, preset, "population.size=2", *short)
+    evaluated = metric_rows(trained.run_dir)
+    assert [(r["eval_index"], r["member"]) for r in evaluated] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(0 <= r["return_mean"] <= 100 for r in evaluated)  # rewards in [0, 1]
+    assert [r["updates"] > 0 for r in evaluated] == [False, False, True, True]
+    buffers = trained.learner.replay.buffers
+    rows = jax.tree.map(lambda x: np.asarray(x)[:, 0, :512], buffers.rows)  # (member, t) of lane 0
+    assert (np.asarray(buffers.size) == 512).all() and not rows.terminated.any()
+    ends = list(range(99, 511, 101))  # 100 steps, then the row the env resets on
+    for member in range(2):
+        assert np.flatnonzero(rows.truncated[member]).tolist() == ends
+        assert np.flatnonzero(rows.autoreset[member]).tolist() == [t + 1 for t in ends]
+    assert not rows.reward[rows.autoreset].any()
