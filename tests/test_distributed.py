@@ -53,7 +53,8 @@ class Processes:
         """`late`: process 1 ends that many seconds after its run (tests/late_finish.py)."""
         port, self.workdir = free_port(), workdir
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+        flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=2".strip()
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["JAX_COMPILATION_CACHE_DIR"] = str(workdir / "jax-cache")  # the resume reuses it
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
