@@ -214,7 +214,6 @@ def test_distributed_without_a_coordinator_exits_2(tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
-        (["env.id=brax/inverted_pendulum"], "device collection (brax ids) is not distributed yet"),
         (["strategy=cemrl", "population.size=3", "replay.shared=true"], "strategy: cemrl with"),
     ],
 )
@@ -223,7 +222,5 @@ def test_a_run_distributed_training_does_not_support_is_refused(overrides, reaso
     from fastpop.distributed.lockstep import check_parts
     from fastpop.run.parts import build_run
 
-    if "brax" in overrides[0]:
-        pytest.importorskip("brax")
     with pytest.raises(ConfigError, match=re.escape(reason)):
         check_parts(build_run(load_config(TD3_PENDULUM, [*FAST, *overrides])))

@@ -184,8 +184,8 @@ class DeviceCollection:
         lanes = tree["lanes"]
         if self._placement is None:
             self.lanes = jax.tree.map(jnp.asarray, lanes)
-        else:
-            self.lanes = sharding.place(lanes, self._placement)
+        else:  # compiled, as `init` is: host values onto a mesh of several processes too
+            self.lanes = jax.jit(lambda lanes: lanes, out_shardings=self._placement)(lanes)
         self.key = tree["key"]
 
     # --- the run loop's interface ---
@@ -231,8 +231,7 @@ class DeviceCollection:
         leaves, meta = snapshot.decode(arrays)
         policy, hparams, _ = jax.tree.unflatten(self._treedef, leaves)
         start = time.perf_counter()
-        program = self._evaluation_program()
-        returns = np.asarray(program(policy, hparams, self._evaluation_key(meta)), np.float64)
+        returns = self._member_returns(policy, hparams, self._evaluation_key(meta))
         self._results.append(
             {
                 "eval_index": meta.eval_index,
@@ -248,6 +247,10 @@ class DeviceCollection:
     def evaluations(self, timeout: float = 0.0) -> list[dict]:
         results, self._results = self._results, []
         return results
+
+    def _member_returns(self, policy, hparams, key) -> np.ndarray:
+        """(P, episodes) returns of a decoded snapshot's members."""
+        return np.asarray(self._evaluation_program()(policy, hparams, key), np.float64)
 
     def _evaluation_key(self, meta: snapshot.SnapshotMeta):
         return jax.random.fold_in(jax.random.key(self.parts.seed), 7919 * (meta.eval_index + 1))

@@ -46,7 +46,13 @@ def _is_key(leaf) -> bool:
 
 
 def _is_split(leaf) -> bool:
-    return isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+    """Split over processes. A replicated array (a key the fused program returns) is not: it is
+    saved as numpy, as its template may be before that program first ran."""
+    return (
+        isinstance(leaf, jax.Array)
+        and not leaf.is_fully_addressable
+        and not leaf.is_fully_replicated
+    )
 
 
 def _process_sharding() -> NamedSharding:
@@ -63,7 +69,11 @@ def plain(tree: Any, per_process: tuple[str, ...] = ("pending",)) -> Any:
     def leaf(value):
         if _is_key(value):
             value = jax.random.key_data(value)
-        return value if _is_split(value) else np.asarray(value)
+        if _is_split(value):
+            return value
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:  # replicated
+            value = value.addressable_shards[0].data
+        return np.asarray(value)
 
     tree = jax.tree.map(leaf, tree)
     sharding = _process_sharding()
@@ -85,8 +95,9 @@ def unplain(restored: Any, template: Any, per_process: tuple[str, ...] = ("pendi
         )
 
     def leaf(value, like):
-        if _is_key(like):
-            return jax.random.wrap_key_data(np.asarray(value), impl=jax.random.key_impl(like))
+        if _is_key(like):  # split keys (device-mode env lanes) are wrapped where they are
+            data = value if _is_split(value) else np.asarray(value)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(like))
         return value
 
     return jax.tree.map(leaf, restored, template)

@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fastpop.run.stop_signals import StopSignals
 from fastpop.schema import ConfigError
 
 HEARTBEAT_SECONDS = 10  # a process silent this long is dead (JAX's coordination service)
@@ -127,11 +128,6 @@ def check_parts(parts) -> None:
     """What a distributed run does not support yet (exit 2 before anything starts); `parts` is
     the run's `fastpop.run.parts.RunParts`."""
     config = parts.config
-    if parts.collection_mode == "device":
-        raise ConfigError(
-            "--distributed runs collect with processes (collect.mode: processes); device "
-            "collection (brax ids) is not distributed yet: train it on one host"
-        )
     if config.strategy in ("cemrl", "dvd") or config.replay.shared:
         raise ConfigError(
             f"--distributed supports members trained apart (strategy independent, pbt, "
@@ -338,3 +334,16 @@ class Watchdog:
 
 
 WATCHDOG = Watchdog()
+
+
+class AgreedSignals(StopSignals):
+    """Ctrl-C / SIGTERM are remembered here and acted on when every process knows of them: the
+    loop's check, once per pass, is the processes' agreement (`LockstepCollection.agree`), which
+    raises the agreed stop. A repeated signal still stops this process at once."""
+
+    def __init__(self, agree: Callable[[], None]):
+        super().__init__()
+        self.agree = agree
+
+    def check(self) -> None:
+        self.agree()

@@ -16,6 +16,9 @@ follows from state that is the same everywhere (the rate limiter, the pending ro
 member arrays are this process's shards (`HostLearner`) or all-gathers made at agreed points
 (`sharding.to_host`).
 
+Device mode (brax, gymnax, Playground ids) steps each process's members' envs on its own devices
+(fastpop.distributed.device_lockstep).
+
 Process 0 writes the run directory (metrics, lineage, plots, members, summary); process i > 0
 writes only its own events under <run>/processes/<i>/. Checkpoints are written by every process
 (fastpop.distributed.checkpoint_sharded).
@@ -34,13 +37,13 @@ import numpy as np
 from fastpop import config as config_lib
 from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.distributed.checkpoint_sharded import ShardedCheckpoints
-from fastpop.distributed.lockstep import WATCHDOG, Lockstep, ProcessLost, lost_from
+from fastpop.distributed.lockstep import WATCHDOG, AgreedSignals, Lockstep, ProcessLost, lost_from
 from fastpop.learn.learner import Learner, LearnerParts
 from fastpop.population import replay, sharding
 from fastpop.run.loop import CHECKPOINTS_DIR, Run
 from fastpop.run.metrics import MetricsWriter
 from fastpop.run.parts import RunParts, RunPieces
-from fastpop.run.stop_signals import StopSignals, stop_exception
+from fastpop.run.stop_signals import stop_exception
 
 PROCESSES_DIR = "processes"
 
@@ -83,13 +86,7 @@ class HostLearner(Learner):
 
     def insert(self, rows) -> None:
         """rows: this process's members' lanes, member-major."""
-        split, count = sharding.members(self.mesh), jax.process_count()
-
-        def to_global(x):
-            shape = (x.shape[0] * count, *x.shape[1:])
-            return jax.make_array_from_process_local_data(split, np.asarray(x), shape)
-
-        super().insert(jax.tree.map(to_global, rows))
+        super().insert(sharding.from_local_members(rows, self.mesh))
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -113,19 +110,6 @@ class HostEvents(MetricsWriter):
 
     def log_lineage(self, events: list[dict]) -> None:
         pass
-
-
-class AgreedSignals(StopSignals):
-    """Ctrl-C / SIGTERM are remembered here and acted on when every process knows of them: the
-    loop's check, once per pass, is the processes' agreement (`LockstepCollection.agree`), which
-    raises the agreed stop. A repeated signal still stops this process at once."""
-
-    def __init__(self, agree: Callable[[], None]):
-        super().__init__()
-        self.agree = agree
-
-    def check(self) -> None:
-        self.agree()
 
 
 class LockstepCollection:
@@ -299,13 +283,20 @@ class DistributedRun(Run):
             log = lambda message, log=log: log(f"[process {process}] {message}")
         config = parts.config
         self.lockstep = Lockstep()
-        local = local_config(config, process, jax.process_count())
-        collection = LockstepCollection(
-            self.lockstep, local, parts.replay_spec, log, lambda: self.progress.elapsed()
-        )
+        learner = HostLearner(parts.learner_parts())
+        elapsed = lambda: self.progress.elapsed()
+        if parts.collection_mode == "device":
+            from fastpop.distributed.device_lockstep import LockstepDeviceCollection
+
+            template = learner.policy_template()
+            collection = LockstepDeviceCollection(
+                self.lockstep, parts.device_parts(), template, elapsed
+            )
+        else:
+            local = local_config(config, process, jax.process_count())
+            collection = LockstepCollection(self.lockstep, local, parts.replay_spec, log, elapsed)
         directory = run_dir / CHECKPOINTS_DIR
         checkpoints = AgreedCheckpoints(directory, config.checkpoint.keep, self.lockstep.exchange)
-        learner = HostLearner(parts.learner_parts())
         pieces = RunPieces(learner, collection, collection.signals, checkpoints)
         super().__init__(parts, run_dir, log, pieces)
         if process:  # its own files only; the run directory is process 0's

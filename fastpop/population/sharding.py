@@ -115,6 +115,18 @@ def local_members(array) -> np.ndarray:
     return np.concatenate([np.asarray(shards[start]) for start in sorted(shards)])
 
 
+def from_local_members(tree, mesh: Mesh):
+    """Each process's block of the leading (member) axis as one array per leaf split over
+    `mesh` like the members: the inverse of `local_members`. Every process calls it together."""
+    split, count = members(mesh), jax.process_count()
+
+    def leaf(x):
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(split, x, (x.shape[0] * count, *x.shape[1:]))
+
+    return jax.tree.map(leaf, tree)
+
+
 def sharded_update(member_loop, shared_replay: bool, mesh: Mesh):
     """update(states, replay, hparams, key) -> (states, metrics (P, K)): shard_map over the
     mesh of vmap(member_loop) over each device's members; the states are donated. Member i

@@ -1,0 +1,104 @@
+"""Device mode under `--distributed`: two processes x 2 forced CPU devices train one TD3 PBT
+population of 4 on gymnax's Pendulum (each process stepping its own members' env lanes), stop,
+and resume; the rows and PBT's decisions equal one process's with 4 devices, uninterrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gymnax")
+
+from tests.runs import REPO, read_jsonl
+from tests.test_distributed import RUN_SECONDS, Processes, assert_rows_once
+
+pytestmark = pytest.mark.xdist_group("distributed")  # one worker runs every subprocess pair
+
+PRESET = REPO / "configs" / "td3_gymnax_pendulum_cpu.yaml"
+OVERRIDES = [
+    "population.size=4",
+    "population.devices=all",
+    "agent.hidden_sizes=[16,16]",
+    "agent.batch_size=32",
+    "replay.samples_per_insert=32",
+    "replay.min_size=256",
+    "collect.warmup_steps=256",
+    "collect.chunk_len=16",
+    "train.updates_per_call=16",
+    "eval.interval=512",
+    "eval.episodes=2",
+    "env.episode_length=100",
+    "log.tensorboard=false",
+    "strategy=pbt",
+    "pbt.interval=512",
+    "pbt.replay=copy",  # a member's buffer crosses between the processes' devices
+    "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}",
+]
+
+
+def settings(*overrides: str) -> list[str]:
+    return [arg for override in [*OVERRIDES, *overrides] for arg in ("--set", override)]
+
+
+def one_process_with_four_devices(workdir: Path) -> subprocess.Popen:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+    flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=4".strip()
+    command = [sys.executable, "-m", "fastpop", "train", str(PRESET), "--out", "reference"]
+    command += settings("train.total_env_steps=2048")
+    log = (workdir / "reference.txt").open("wb")
+    return subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_pair(workdir: Path, args: list[str], tag: str) -> None:
+    pair = Processes(workdir, args, tag=tag)
+    try:
+        codes = pair.wait(RUN_SECONDS)
+    finally:
+        pair.cleanup()
+    assert codes == [0, 0], pair.output(0)[-3000:] + pair.output(1)[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    """(the distributed run, stopped at 1,024 env steps per member and resumed to 2,048; the
+    one-process run of 2,048), the reference trained beside the first pair."""
+    workdir = tmp_path_factory.mktemp("distributed-device")
+    reference = one_process_with_four_devices(workdir)
+    try:
+        args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=1024")]
+        run_pair(workdir, args, "first")
+        run_pair(workdir, ["resume", "run", "--set", "train.total_env_steps=2048"], "resumed")
+        assert reference.wait(RUN_SECONDS) == 0, (workdir / "reference.txt").read_text()[-3000:]
+    finally:
+        reference.kill()
+        reference.wait()
+    return workdir / "run", workdir / "reference"
+
+
+def without_wall_time(path: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "wall_time"} for row in read_jsonl(path)]
+
+
+def test_two_processes_in_device_mode_resume_and_equal_one_process(runs):
+    distributed, reference = runs
+    rows = assert_rows_once(distributed)
+    assert max(row["member_env_steps"] for row in rows) == 2048
+    # Same programs over the same 4 devices, same keys: the same numbers, not just close ones.
+    assert without_wall_time(distributed / "metrics.jsonl") == without_wall_time(
+        reference / "metrics.jsonl"
+    )
+    lineage = without_wall_time(distributed / "lineage.jsonl")
+    assert lineage and lineage == without_wall_time(reference / "lineage.jsonl")
+    events = [event["kind"] for event in read_jsonl(distributed / "events.jsonl")]
+    assert "resumed" in events
+    summary = json.loads((distributed / "summary.json").read_text())
+    assert summary["stopped_by"] == "completed" and summary["collect_mode"] == "device"
+    (newest, *_) = sorted((distributed / "checkpoints").iterdir(), reverse=True)
+    manifest = json.loads((newest / "manifest" / "metadata").read_text())
+    assert manifest["topology"] == {"processes": 2, "devices": 4}
