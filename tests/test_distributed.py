@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -211,16 +210,14 @@ def test_distributed_without_a_coordinator_exits_2(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(
-    ("overrides", "reason"),
-    [
-        (["strategy=cemrl", "population.size=3", "replay.shared=true"], "strategy: cemrl with"),
-    ],
-)
-def test_a_run_distributed_training_does_not_support_is_refused(overrides, reason):
+def test_every_strategy_and_replay_layout_runs_distributed_but_one_device_is_refused():
     from fastpop.config import ConfigError, load_config
     from fastpop.distributed.lockstep import check_parts
     from fastpop.run.parts import build_run
 
-    with pytest.raises(ConfigError, match=re.escape(reason)):
-        check_parts(build_run(load_config(TD3_PENDULUM, [*FAST, *overrides])))
+    parts = lambda *overrides: build_run(load_config(TD3_PENDULUM, [*FAST, *overrides]))
+    for strategy in ("cemrl", "dvd"):  # a shared critic and replay over every process
+        shared = [f"strategy={strategy}", "population.size=3", "replay.shared=true"]
+        check_parts(parts(*shared, "population.devices=all"))
+    with pytest.raises(ConfigError, match=r"set population\.devices: all"):
+        check_parts(parts("population.devices=1"))

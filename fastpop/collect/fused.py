@@ -52,12 +52,21 @@ def fused_iteration(
     return lanes, DeviceState(buffers, states, key, hparams, member_hparams), metrics
 
 
-def compile_fused(training: Training, add_rows: Callable, rollout: Rollout):
+def compile_fused(training: Training, add_rows: Callable, rollout: Rollout, placement=None):
     """`fused_iteration` jitted, with the env lanes and the learner's buffers, states and key
-    donated (hparams are not: the learner keeps them)."""
+    donated (hparams are not: the learner keeps them). `placement`: the shardings of (lanes,
+    buffers, states) over a mesh, kept by the outputs (left free, XLA splits a shared replay
+    over the devices, which every sample would then gather); None on one device."""
 
     def program(lanes, buffers, states, key, collect_key, hparams, member_hparams, plan):
         learner = DeviceState(buffers, states, key, hparams, member_hparams)
-        return fused_iteration(training, add_rows, rollout, lanes, learner, collect_key, plan)
+        lanes, learner, metrics = fused_iteration(
+            training, add_rows, rollout, lanes, learner, collect_key, plan
+        )
+        if placement is not None:
+            kept = (lanes, learner.buffers, learner.states)
+            lanes, buffers, states = jax.lax.with_sharding_constraint(kept, placement)
+            learner = learner._replace(buffers=buffers, states=states)
+        return lanes, learner, metrics
 
     return jax.jit(program, donate_argnums=(0, 1, 2))

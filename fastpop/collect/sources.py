@@ -208,12 +208,18 @@ class DeviceCollection:
         (fastpop.collect.fused) over the learner's state; env lanes, buffers and member states
         are donated. No episodes are reported: their returns would have to cross to the host
         every chunk."""
+        state = learner.device_state()
         if self._fused is None:
+            placement = None
+            if self.parts.mesh is not None:  # as the learner and `init` placed them
+                arrays = (self.lanes, state.buffers, state.states)
+                placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
             rollout = self._rollout_chunk
-            self._fused = fused.compile_fused(learner.training, learner.add_rows, rollout)
+            self._fused = fused.compile_fused(
+                learner.training, learner.add_rows, rollout, placement
+            )
         self.key, key = jax.random.split(self.key)
         plan = learner.plan_chunk(self.parts.collect.envs_per_member)
-        state = learner.device_state()
         self.lanes, state, metrics = self._fused(self.lanes, *state[:3], key, *state[3:], plan)
         learner.adopt_chunk(state, plan, metrics)
         return []

@@ -125,15 +125,10 @@ def resolve(args) -> dict | None:
 
 
 def check_parts(parts) -> None:
-    """What a distributed run does not support yet (exit 2 before anything starts); `parts` is
-    the run's `fastpop.run.parts.RunParts`."""
+    """What a distributed run cannot be (exit 2 before anything starts); `parts` is the run's
+    `fastpop.run.parts.RunParts`. Every strategy, collection mode and replay layout runs: the
+    member axis (and a shared critic or replay, replicated) spans every process's devices."""
     config = parts.config
-    if config.strategy in ("cemrl", "dvd") or config.replay.shared:
-        raise ConfigError(
-            f"--distributed supports members trained apart (strategy independent, pbt, "
-            f"branch_merge; replay.shared: false), not strategy: {config.strategy} with "
-            f"replay.shared: {str(config.replay.shared).lower()}: train it on one host"
-        )
     if config.population.devices == 1:
         raise ConfigError(
             "population.devices: 1, but --distributed spreads the members over every "
