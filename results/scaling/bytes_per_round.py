@@ -31,6 +31,8 @@ def sizes(preset: str, overrides=()) -> dict:
         "replay_bytes_per_member": replay.memory_estimate_bytes(replay_spec),
         "row_bytes": replay.memory_estimate_bytes(replay_spec) // config.replay.capacity,
         "chunk_len": config.collect.chunk_len,
+        # what CEM-RL and DvD all-reduce every update: the shared critic's gradients (TD3)
+        "critic_bytes": tree_bytes(getattr(state, "critic", None)),
     }
 
 
