@@ -1,16 +1,13 @@
 """Device mode, DvD and a shared replay under `--distributed`: two processes x 2 forced CPU
 devices train one DvD population of 4 on gymnax's Pendulum (each process stepping its own
 members' env lanes; the shared critic and replay on every device of both), stop, and resume. The
-rows equal one process's with 4 devices, uninterrupted, to float rounding: the critic's
-gradients are summed over the processes' devices in another order. (CEM-RL needs an odd device
+rows equal one process's on one device, uninterrupted, to float rounding: the critic's gradients
+are summed over the processes' devices in another order. (CEM-RL needs an odd device
 count, so three processes: measured by hand, results/scaling/README.md.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +15,7 @@ import pytest
 
 pytest.importorskip("gymnax")
 
+from tests.helpers import train_here
 from tests.runs import REPO, read_jsonl
 from tests.test_distributed import RUN_SECONDS, Processes, assert_rows_once
 
@@ -29,7 +27,7 @@ OVERRIDES = [
     "population.devices=all",
     "agent.hidden_sizes=[16,16]",
     "agent.batch_size=32",
-    "replay.samples_per_insert=8",  # every update all-reduces the critic over both processes
+    "replay.samples_per_insert=4",  # every update all-reduces the critic over both processes
     "replay.min_size=256",
     "collect.warmup_steps=256",
     "collect.chunk_len=16",
@@ -47,16 +45,6 @@ def settings(*overrides: str) -> list[str]:
     return [arg for override in [*OVERRIDES, *overrides] for arg in ("--set", override)]
 
 
-def one_process_with_four_devices(workdir: Path) -> subprocess.Popen:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
-    flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
-    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=4".strip()
-    command = [sys.executable, "-m", "fastpop", "train", str(PRESET), "--out", "reference"]
-    command += settings("train.total_env_steps=1024")
-    log = (workdir / "reference.txt").open("wb")
-    return subprocess.Popen(command, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT)
-
-
 def run_pair(workdir: Path, args: list[str], tag: str) -> None:
     pair = Processes(workdir, args, tag=tag)
     try:
@@ -67,28 +55,22 @@ def run_pair(workdir: Path, args: list[str], tag: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path]:
-    """(the distributed run, stopped at 512 env steps per member and resumed to 1,024; the
-    one-process run of 1,024), the reference trained beside the first pair."""
+def distributed(tmp_path_factory) -> Path:
+    """The distributed run, stopped at 512 env steps per member and resumed to 1,024."""
     workdir = tmp_path_factory.mktemp("distributed-device")
-    reference = one_process_with_four_devices(workdir)
-    try:
-        args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=512")]
-        run_pair(workdir, args, "first")
-        run_pair(workdir, ["resume", "run", "--set", "train.total_env_steps=1024"], "resumed")
-        assert reference.wait(RUN_SECONDS) == 0, (workdir / "reference.txt").read_text()[-3000:]
-    finally:
-        reference.kill()
-        reference.wait()
-    return workdir / "run", workdir / "reference"
+    args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=512")]
+    run_pair(workdir, args, "first")
+    run_pair(workdir, ["resume", "run", "--set", "train.total_env_steps=1024"], "resumed")
+    return workdir / "run"
 
 
 def without_wall_time(path: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "wall_time"} for row in read_jsonl(path)]
 
 
-def test_two_processes_train_dvd_on_the_device_resume_and_match_one_process(runs):
-    distributed, reference = runs
+def test_two_processes_train_dvd_on_the_device_resume_and_match_one_process(distributed, tmp_path):
+    # The same run uninterrupted on this process's one device (population.devices: all).
+    reference = train_here(tmp_path, PRESET, *OVERRIDES, "train.total_env_steps=1024").run_dir
     rows = assert_rows_once(distributed)
     assert max(row["member_env_steps"] for row in rows) == 1024
     expected = without_wall_time(reference / "metrics.jsonl")
