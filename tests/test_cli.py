@@ -74,7 +74,7 @@ def test_the_help_says_what_train_does_in_both_collection_modes(capsys, monkeypa
         line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["train"]
     ]
     assert "collector processes (gymnasium ids)" in line
-    assert "on the accelerator with the updates (brax ids)" in line
+    assert "on the accelerator with the updates (brax, gymnax, playground ids)" in line
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())

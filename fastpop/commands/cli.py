@@ -36,10 +36,11 @@ def add_train_parser(commands) -> None:
     train = commands.add_parser(
         "train",
         help="train a population: its envs stepped in collector processes (gymnasium ids) or "
-        "on the accelerator with the updates (brax ids)",
+        "on the accelerator with the updates (brax, gymnax, playground ids)",
         description="Train a population from a YAML preset (configs/) with --set overrides. "
         "Gymnasium envs are stepped in collector processes next to the learner "
-        "(collect.mode: processes); brax envs (env.id: brax/<name>) are stepped on the "
+        "(collect.mode: processes); JAX envs (env.id: brax/<name>, gymnax/<name>, "
+        "playground/<Name>) are stepped on the "
         "accelerator, in one compiled program with the updates and no worker processes "
         "(collect.mode: device). "
         "Writes results/runs/<name>/ (or --out): config.yaml, metrics.jsonl, TensorBoard "

@@ -158,12 +158,20 @@ class Lockstep:
         self.client = global_state.client
         self.process, self.count = jax.process_index(), jax.process_count()
         self.step = 0
+        self.seconds = 0.0  # in `exchange`, waits for the slowest process included
 
     def _key(self, step: int, process: int) -> str:
         return f"{KEY_PREFIX}/{step}/{process}"
 
     def exchange(self, payload) -> list:
         """Every process's payload (JSON data), in process order."""
+        start = time.perf_counter()
+        try:
+            return self._exchange(payload)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _exchange(self, payload) -> list:
         step, self.step = self.step, self.step + 1
         self.client.key_value_set(self._key(step, self.process), json.dumps(payload))
         if step >= 2:  # every process has read it: each wrote step - 1 after reading it

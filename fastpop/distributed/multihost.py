@@ -332,6 +332,19 @@ class DistributedRun(Run):
         agreed = self.collection.agreed_elapsed
         return super().elapsed() if agreed is None else agreed
 
+    def _summary(self, stopped_by: str) -> dict:
+        """The run's summary and the lock step's cost: exchanges with the other processes and
+        the seconds spent in them (waits for a slower process included)."""
+        summary = super()._summary(stopped_by)
+        exchanges, seconds = self.lockstep.step, self.lockstep.seconds
+        summary["lockstep"] = {"exchanges": exchanges, "seconds": seconds}
+        if exchanges:
+            self.log(
+                f"lock step: {exchanges:,} exchanges with the other processes, "
+                f"{1000 * seconds / exchanges:.2f} ms each on average (waits included)"
+            )
+        return summary
+
     def open_metrics(self, purge_step):
         if jax.process_index() == 0:
             return super().open_metrics(purge_step)
