@@ -147,6 +147,7 @@ DEVICE_MODE = [  # TD3 on brax's `fast` test env (quick to compile), stepped on 
     "replay.min_size=16",
     "replay.samples_per_insert=4",
     "population.size=4",
+    "replay.shared=true",  # stays on every device through the fused calls (check_placement)
     PRIOR,  # members differ (PBT's moves between devices: td3-pbt-replay-copy)
 ]
 
