@@ -1,11 +1,12 @@
 """Resuming from a checkpoint: a learner saved and restored mid-run continues exactly as the
 uninterrupted one (same transitions in, same member states out), for every algorithm and for
-strategies with host-side (PBT) and device-side (CEM-RL) state; what a resume may change."""
+strategies with host-side (PBT, PB2) and device-side (CEM-RL) state; what a resume may change."""
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 
 import jax
 import numpy as np
@@ -20,6 +21,7 @@ from fastpop.run.metrics import MetricsWriter
 from fastpop.run.parts import build_learner, build_run
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
+from fastpop.strategies.codec import split_strategy_state
 
 SMALL = [
     "agent.hidden_sizes=[8,8]",
@@ -88,6 +90,11 @@ CASES = {
         "replay.shared=true",
         "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}",
     ],
+    "td3-pb2": [  # the GP's observations and each member's last return in the checkpoint
+        "strategy=pb2",
+        "pbt.interval=1",
+        "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}, tau: {uniform: [0, 1]}}",
+    ],
     "td3-cemrl": ["strategy=cemrl", "population.size=5", "replay.shared=true"],
     "td3-dvd": [
         "strategy=dvd",
@@ -96,6 +103,15 @@ CASES = {
         "dvd.embedding_states=4",
     ],
 }
+
+
+def assert_same_strategy_state(actual, expected) -> None:
+    """Equal numbers (NaN where NaN) in the same places: arrays and plain data alike."""
+    actual_arrays, actual_data = split_strategy_state(actual)
+    expected_arrays, expected_data = split_strategy_state(expected)
+    assert json.dumps(actual_data) == json.dumps(expected_data)
+    for got, want in zip(actual_arrays, expected_arrays, strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("overrides", CASES.values(), ids=CASES.keys())
@@ -123,7 +139,8 @@ def test_a_resumed_learner_continues_exactly_as_an_uninterrupted_one(tmp_path, o
     flat_actual = jax.tree.leaves(actual)
     for (leaf_path, want), got in zip(flat_expected, flat_actual, strict=True):
         np.testing.assert_array_equal(got, want, err_msg=jax.tree_util.keystr(leaf_path))
-    if "strategy=pbt" in overrides:
+    if "strategy=pbt" in overrides or "strategy=pb2" in overrides:
+        assert_same_strategy_state(resumed.strategy_state, uninterrupted.strategy_state)
         assert resumed.strategy_state.rounds == uninterrupted.strategy_state.rounds > 0
 
 

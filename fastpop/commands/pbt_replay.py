@@ -25,7 +25,13 @@ from fastpop.commands.evaluate import parse_member
 from fastpop.run.metrics import MEMBERS_FILE, read_metrics, summarize
 
 COMPARISON_PLOT = "replay_vs_pbt.png"
-REPLAYABLE = ("pbt", "independent", "branch_merge", "schedule")  # members with their own hparams
+REPLAYABLE = (
+    "pbt",
+    "pb2",
+    "independent",
+    "branch_merge",
+    "schedule",
+)  # members with their own hparams
 
 
 class ReplayError(ValueError):

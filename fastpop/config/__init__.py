@@ -6,6 +6,12 @@ Callers import the package (`from fastpop import config as config_lib`); this fa
 what they use.
 """
 
+from fastpop.config.build import (
+    atari_options,
+    default_member_hparams,
+    memory_estimate,
+    replay_layout,
+)
 from fastpop.config.env import (
     COLLECTION_MODES,
     EnvConfig,
@@ -20,13 +26,9 @@ from fastpop.config.sections import (
     PopulationConfig,
     ReplayConfig,
     TrainConfig,
-    atari_options,
     config_from_dict,
     config_to_dict,
-    default_member_hparams,
     load_config,
-    memory_estimate,
-    replay_layout,
     save_config,
 )
 from fastpop.schema import (

@@ -1,34 +1,76 @@
 """A run's parts built from its config, in one place: the environment's spec, the agent and the
-replay layout. The learner and every worker process use these: agents are functions, which do not
-cross the spawn boundary, so each process rebuilds its agent from the config; the `ReplaySpec` is
-plain data, derived once by the learner and shipped to the collectors.
+replay layout, and what follows from the config alone (a member's default hparams, Atari's
+options, the replay's memory). The learner and every worker process use these: agents are
+functions, which do not cross the spawn boundary, so each process rebuilds its agent from the
+config; the `ReplaySpec` is plain data, derived once by the learner and shipped to the
+collectors.
 """
 
 from __future__ import annotations
 
-from fastpop import config as config_lib
+from typing import Any
+
 from fastpop.agents import Agent, make_agent
+from fastpop.config.sections import Config
 from fastpop.envs import env_spec
 from fastpop.population import replay
+from fastpop.schema import ConfigError
 from fastpop.types import EnvSpec
 
 
-def build_env_spec(config: config_lib.Config) -> EnvSpec:
+def build_env_spec(config: Config) -> EnvSpec:
     """Observation and action shapes of the config's training environment (for a brax id, its
     environment is built on `env.backend` once and kept for `brax_envs.make_brax_env`)."""
-    return env_spec(config.env.id, config_lib.atari_options(config), config.env.backend)
+    return env_spec(config.env.id, atari_options(config), config.env.backend)
 
 
-def build_agent(config: config_lib.Config, spec: EnvSpec | None = None) -> Agent:
+def build_agent(config: Config, spec: EnvSpec | None = None) -> Agent:
     """The config's agent for its environment; a ConfigError names an algo/env mismatch."""
     spec = build_env_spec(config) if spec is None else spec
     try:
         return make_agent(config.algo, spec, **config.agent)
     except ValueError as error:
-        raise config_lib.ConfigError(f"algo {config.algo!r} on {config.env.id}: {error}") from None
+        raise ConfigError(f"algo {config.algo!r} on {config.env.id}: {error}") from None
 
 
-def build_replay_spec(config: config_lib.Config, spec: EnvSpec) -> replay.ReplaySpec:
+def build_replay_spec(config: Config, spec: EnvSpec) -> replay.ReplaySpec:
     """The layout of one replay buffer: per member, or the one all members share."""
-    capacity, lanes = config_lib.replay_layout(config)
+    capacity, lanes = replay_layout(config)
     return replay.make_replay_spec(spec, capacity, lanes, config.collect.chunk_len)
+
+
+def default_member_hparams(config: Config, agent) -> Any:
+    """One member's HParams: the agent's defaults with the config's values (dtypes kept)."""
+    import jax.numpy as jnp
+
+    defaults = agent.default_hparams()
+    values = {
+        name: jnp.asarray(value, getattr(defaults, name).dtype)
+        for name, value in config.hparams.items()
+        if value is not None  # null: the agent's environment-dependent default
+    }
+    return defaults._replace(**values)
+
+
+def atari_options(config: Config):
+    """The `AtariOptions` of this config's training environments (None for other envs)."""
+    from fastpop.envs import AtariOptions
+
+    if not config.env.id.startswith("ALE/"):
+        return None
+    return AtariOptions(terminal_on_life_loss=config.env.atari_terminal_on_life_loss)
+
+
+def replay_layout(config: Config) -> tuple[int, int]:
+    """(capacity, lanes) of one replay buffer: per member, or the one shared by all members."""
+    size, lanes = config.population.size, config.collect.envs_per_member
+    if config.replay.shared:
+        return config.replay.capacity * size, lanes * size
+    return config.replay.capacity, lanes
+
+
+def memory_estimate(config: Config, env_spec, available_bytes: int | None = None):
+    """`population.replay.memory_estimate` of this config's buffers (see `replay_layout`)."""
+    capacity, lanes = replay_layout(config)
+    size, shared = config.population.size, config.replay.shared
+    return replay.memory_estimate(env_spec, capacity, lanes, size, shared, available_bytes)

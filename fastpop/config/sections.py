@@ -47,6 +47,7 @@ from fastpop.strategies.config import (
     BranchMergeConfig,
     CEMRLConfig,
     DvDConfig,
+    PB2Config,
     PBTConfig,
     check_member_hparams,
     check_strategy,
@@ -178,7 +179,8 @@ class Config:
     algo: str = field("td3", choices=ALGORITHMS)
     """Member algorithm."""
     strategy: str = field("independent", choices=STRATEGIES)
-    """What happens to members between evaluations: nothing (independent), pbt, branch_merge."""
+    """What happens to members between evaluations: nothing (independent), pbt, pb2,
+    branch_merge, cemrl, dvd, schedule."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Environment every member trains and is evaluated on."""
     agent: dict = dataclasses.field(default_factory=dict)
@@ -188,7 +190,9 @@ class Config:
     population: PopulationConfig = dataclasses.field(default_factory=PopulationConfig)
     """Population size, executor and the hparams members start from (grid, priors)."""
     pbt: PBTConfig = dataclasses.field(default_factory=PBTConfig)
-    """Population-based training (strategy: pbt)."""
+    """Population-based training (strategy: pbt; pb2 takes its rounds and selection too)."""
+    pb2: PB2Config = dataclasses.field(default_factory=PB2Config)
+    """PB2's GP-bandit explore (strategy: pb2)."""
     branch_merge: BranchMergeConfig = dataclasses.field(default_factory=BranchMergeConfig)
     """Branch-and-merge rounds (strategy: branch_merge)."""
     cemrl: CEMRLConfig = dataclasses.field(default_factory=CEMRLConfig)
@@ -359,42 +363,3 @@ def save_config(config: Config, path: str | Path) -> None:
     """Write the resolved config as YAML; `load_config(path)` reads back an equal Config."""
     text = yaml.dump(config_to_dict(config), Dumper=_Dumper, sort_keys=False)
     Path(path).write_text(f"# resolved fastpop config (all defaults filled in)\n{text}")
-
-
-def default_member_hparams(config: Config, agent) -> Any:
-    """One member's HParams: the agent's defaults with the config's values (dtypes kept)."""
-    import jax.numpy as jnp
-
-    defaults = agent.default_hparams()
-    values = {
-        name: jnp.asarray(value, getattr(defaults, name).dtype)
-        for name, value in config.hparams.items()
-        if value is not None  # null: the agent's environment-dependent default
-    }
-    return defaults._replace(**values)
-
-
-def atari_options(config: Config):
-    """The `AtariOptions` of this config's training environments (None for other envs)."""
-    from fastpop.envs import AtariOptions
-
-    if not config.env.id.startswith("ALE/"):
-        return None
-    return AtariOptions(terminal_on_life_loss=config.env.atari_terminal_on_life_loss)
-
-
-def replay_layout(config: Config) -> tuple[int, int]:
-    """(capacity, lanes) of one replay buffer: per member, or the one shared by all members."""
-    size, lanes = config.population.size, config.collect.envs_per_member
-    if config.replay.shared:
-        return config.replay.capacity * size, lanes * size
-    return config.replay.capacity, lanes
-
-
-def memory_estimate(config: Config, env_spec, available_bytes: int | None = None):
-    """`population.replay.memory_estimate` of this config's buffers (see `replay_layout`)."""
-    from fastpop.population import replay
-
-    capacity, lanes = replay_layout(config)
-    size, shared = config.population.size, config.replay.shared
-    return replay.memory_estimate(env_spec, capacity, lanes, size, shared, available_bytes)

@@ -2,6 +2,7 @@
 
     independent   members differ by seed and by config-given hparams (a grid or prior samples)
     pbt           population-based training: whole-state exploit, bounded explore
+    pb2           PBT whose explore is a time-varying GP bandit (population-based bandits)
     branch_merge  every round all members restart from the promoted (best) member
     cemrl         CEM over actor parameters, half the samples trained against a shared critic
     dvd           TD3 actors coupled by a diversity (log det) term, shared critic, adaptive lambda
@@ -14,7 +15,7 @@ configuration and which seed of it each member is. See `strategies.base` for the
 
 from __future__ import annotations
 
-STRATEGIES = ("independent", "pbt", "branch_merge", "cemrl", "dvd", "schedule")
+STRATEGIES = ("independent", "pbt", "pb2", "branch_merge", "cemrl", "dvd", "schedule")
 SHARED_CRITIC = ("cemrl", "dvd")  # TD3 members with one shared critic and replay
 
 
@@ -56,7 +57,7 @@ def make_strategy(config):
     from fastpop.strategies.pbt import PBTSettings, make_pbt
 
     size = config.population.size
-    if config.strategy == "pbt":
+    if config.strategy in ("pbt", "pb2"):
         pbt = config.pbt
         settings = PBTSettings(
             pbt.interval,
@@ -68,6 +69,10 @@ def make_strategy(config):
             pbt.fitness_window,
             copy_replay=pbt.replay == "copy",
         )
+        if config.strategy == "pb2":
+            from fastpop.strategies.pb2 import make_pb2
+
+            return make_pb2(size, config_priors(config), config.seed, settings, config.pb2.window)
         return make_pbt(size, config_priors(config), config.seed, settings)
     if config.strategy == "branch_merge":
         return make_branch_merge(size, config.branch_merge.round_steps)

@@ -39,6 +39,13 @@ class PBTConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PB2Config:
+    window: int = field(10, min=1)
+    """Latest evaluations whose observations (hparams, change of return) the GP is fitted to;
+    its time-varying kernel weighs older ones less still."""
+
+
+@dataclasses.dataclass(frozen=True)
 class BranchMergeConfig:
     round_steps: int = field(10_000, min=1)
     """Env steps per member in one round; every round ends with an evaluation of all members."""
@@ -246,7 +253,7 @@ def check_strategy(r: Reader, c: CheckedConfig) -> None:
     size, strategy = c.population.size, c.strategy
     if strategy not in ("independent", "schedule") and size < 2:
         r.fail("population.size", f"strategy {strategy} needs at least 2 members, got {size}")
-    if strategy == "pbt":
+    if strategy in ("pbt", "pb2"):
         try:
             selection_sizes(size, c.pbt.bottom_fraction, c.pbt.top_fraction)
         except ValueError as error:
@@ -254,7 +261,8 @@ def check_strategy(r: Reader, c: CheckedConfig) -> None:
         if not c.population.priors:
             r.fail(
                 "population.priors",
-                "strategy pbt explores the hparams that have a prior; declare at least one, "
+                f"strategy {strategy} explores the hparams that have a prior; declare at least "
+                "one, "
                 "e.g. {actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}}",
             )
     if strategy in SHARED_CRITIC:

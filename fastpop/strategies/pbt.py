@@ -8,7 +8,8 @@ optimizer moments, step counters), so a copied member is the source member, not 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -95,6 +96,23 @@ class PBTState(NamedTuple):
     next_round: int  # member env steps at which the next exploit/explore round is due
     rounds: int  # rounds done
     history: tuple[tuple[float, ...], ...]  # per member: its latest returns, oldest first
+    explorer: Any = ()  # the explorer's own state (PB2's observations)
+
+
+class Explorer(NamedTuple):
+    """How a replaced member's new hparams are chosen: PBT perturbs or resamples the source's
+    (`perturbing`), PB2 asks a GP bandit (`strategies.pb2`).
+
+    init() -> state
+    observe(state, evaluation, hparams) -> state       at every evaluation round
+    choose(state, evaluation, exploits, hparams, rng) -> (state, [(values, extra lineage)])
+        one entry per exploit: the explored hparams (those with a prior) of its target
+    """
+
+    name: str
+    init: Callable[[], Any]
+    observe: Callable
+    choose: Callable
 
 
 def since_last_non_finite(returns: tuple[float, ...]) -> tuple[float, ...]:
@@ -128,42 +146,60 @@ class PBTSettings(NamedTuple):
     copy_replay: bool = False  # a replaced member's replay becomes a copy of its source's
 
 
-def make_pbt(size: int, priors: dict[str, Prior], seed: int, settings: PBTSettings) -> Strategy:
+def perturbing(priors: dict[str, Prior], settings: PBTSettings) -> Explorer:
+    """PBT's explore: each hparam with a prior perturbed or resampled (`explore`)."""
+
+    def choose(state, evaluation, exploits, hparams, rng):
+        choices = []
+        for exploit in exploits:
+            source_values = {name: hparams[exploit.source][name] for name in priors}
+            explored = explore(
+                source_values, priors, rng, settings.perturb_factors, settings.resample_probability
+            )
+            choices.append((explored, {}))
+        return state, choices
+
+    return Explorer("pbt", lambda: (), lambda state, evaluation, hparams: state, choose)
+
+
+def make_pbt(
+    size: int,
+    priors: dict[str, Prior],
+    seed: int,
+    settings: PBTSettings,
+    explorer: Explorer | None = None,
+) -> Strategy:
     """Every `settings.interval` env steps per member (on the first evaluation at or after
     it), the bottom members copy a top member's whole state and explore its hparams."""
     interval, fitness_window = settings.interval, settings.fitness_window
     bottom_fraction, top_fraction = settings.bottom_fraction, settings.top_fraction
     selection_sizes(size, bottom_fraction, top_fraction)  # refuses what selects nobody
+    explorer = explorer or perturbing(priors, settings)
 
     def init() -> PBTState:
-        return PBTState(next_round=interval, rounds=0, history=((),) * size)
+        return PBTState(interval, 0, ((),) * size, explorer.init())
 
     def step(state: PBTState, evaluation: Evaluation, hparams: list[dict]):
         history = tuple(
             (*h, float(r))[-fitness_window:]
             for h, r in zip(state.history, evaluation.returns, strict=True)
         )
+        observed = explorer.observe(state.explorer, evaluation, hparams)
         if evaluation.member_env_steps < state.next_round:
-            return state._replace(history=history), None
+            return state._replace(history=history, explorer=observed), None
         scores = fitness(history)
         rng = stream_rng(seed, PBT_STREAM, state.rounds)
         exploits = truncation_selection(scores, bottom_fraction, top_fraction, rng)
+        observed, choices = explorer.choose(observed, evaluation, exploits, hparams, rng)
         sources, new_hparams, events = np.arange(size), [dict(h) for h in hparams], []
         history = list(history)
-        for target, source in exploits:
-            explored = explore(
-                {name: hparams[source][name] for name in priors},
-                priors,
-                rng,
-                settings.perturb_factors,
-                settings.resample_probability,
-            )
+        for (target, source), (explored, extra) in zip(exploits, choices, strict=True):
             sources[target] = source
             new_hparams[target] = {**hparams[source], **explored}
             history[target] = history[source]  # it is the source's state now
             events.append(
                 {
-                    "strategy": "pbt",
+                    "strategy": explorer.name,
                     "kind": "exploit",
                     "round": state.rounds,
                     "eval_index": evaluation.eval_index,
@@ -174,12 +210,13 @@ def make_pbt(size: int, priors: dict[str, Prior], seed: int, settings: PBTSettin
                     "source_fitness": scores[source],
                     "old_hparams": hparams[target],
                     "new_hparams": new_hparams[target],
+                    **extra,
                 }
             )
         next_round = state.next_round
         while next_round <= evaluation.member_env_steps:
             next_round += interval
-        new_state = PBTState(next_round, state.rounds + 1, tuple(history))
+        new_state = PBTState(next_round, state.rounds + 1, tuple(history), observed)
         return new_state, Selection(sources, new_hparams, events, settings.copy_replay)
 
-    return Strategy("pbt", settings.evaluation_interval, False, init, step)
+    return Strategy(explorer.name, settings.evaluation_interval, False, init, step)

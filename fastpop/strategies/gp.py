@@ -1,0 +1,106 @@
+"""A small Gaussian process over (hparams in the unit box, time) for PB2's explore step.
+
+The kernel is PB2's time-varying squared exponential (Parker-Holder et al., 2020):
+
+    k((x, t), (x', t')) = exp(-|x - x'|^2 / (2 l^2)) * (1 - eps) ** (|t - t'| / 2)
+
+so observations from long ago count less; eps = 0 is an ordinary SE kernel. Targets are
+standardized, so the signal variance is 1. The length scale l, eps and the noise variance are
+chosen by the log marginal likelihood over a fixed grid: deterministic, no optimizer restarts,
+and exact at PB2's sizes (a population times a few dozen evaluations: a few hundred points).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+import numpy as np
+
+LENGTH_SCALES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
+EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.4)
+NOISES = (0.01, 0.1, 0.4)  # in units of the standardized targets' variance
+
+
+class Fit(NamedTuple):
+    x: np.ndarray  # (n, d) inputs in the unit box
+    t: np.ndarray  # (n,) time of each input (evaluation index)
+    y_mean: float
+    y_std: float
+    length_scale: float
+    epsilon: float
+    noise: float
+    cholesky: np.ndarray  # of K + noise * I
+    alpha: np.ndarray  # (K + noise * I)^-1 y, standardized y
+
+
+def kernel(
+    x: np.ndarray,
+    t: np.ndarray,
+    x2: np.ndarray,
+    t2: np.ndarray,
+    length_scale: float,
+    epsilon: float,
+) -> np.ndarray:
+    squared = np.sum((x[:, None, :] - x2[None, :, :]) ** 2, axis=-1)
+    decay = (1.0 - epsilon) ** (np.abs(t[:, None] - t2[None, :]) / 2.0)
+    return np.exp(-squared / (2.0 * length_scale**2)) * decay
+
+
+def _factor(x, t, standardized, length_scale, epsilon, noise):
+    """(cholesky, alpha, log marginal likelihood) of one setting of the kernel."""
+    covariance = kernel(x, t, x, t, length_scale, epsilon) + noise * np.eye(len(x))
+    cholesky = np.linalg.cholesky(covariance)
+    alpha = np.linalg.solve(cholesky.T, np.linalg.solve(cholesky, standardized))
+    log_likelihood = (
+        -0.5 * standardized @ alpha
+        - np.sum(np.log(np.diag(cholesky)))
+        - 0.5 * len(x) * np.log(2 * np.pi)
+    )
+    return cholesky, alpha, log_likelihood
+
+
+def fit(x: np.ndarray, t: np.ndarray, y: np.ndarray) -> Fit:
+    """The grid setting of highest marginal likelihood for (x, t) -> y; needs >= 1 point."""
+    x, t, y = np.asarray(x, np.float64), np.asarray(t, np.float64), np.asarray(y, np.float64)
+    y_mean, y_std = float(y.mean()), float(y.std())
+    y_std = y_std if y_std > 1e-12 else 1.0
+    standardized = (y - y_mean) / y_std
+    best = None
+    for length_scale, epsilon, noise in itertools.product(LENGTH_SCALES, EPSILONS, NOISES):
+        cholesky, alpha, log_likelihood = _factor(x, t, standardized, length_scale, epsilon, noise)
+        if best is None or log_likelihood > best[0]:
+            best = (log_likelihood, Fit(x, t, y_mean, y_std, length_scale, epsilon, noise,
+                                        cholesky, alpha))  # fmt: skip
+    return best[1]
+
+
+def with_pending(model: Fit, x: np.ndarray, t: np.ndarray) -> Fit:
+    """The fit with points that will be observed but are not yet (members already running a
+    configuration, configurations chosen earlier in the same round), each at its predicted mean:
+    the mean is unchanged, the variance there shrinks (GP-BUCB, Desautels et al., 2014), so
+    later choices of a round spread out instead of all landing on one point."""
+    if len(x) == 0:
+        return model
+    predicted, _ = predict(model, x, t)
+    all_x, all_t = np.concatenate([model.x, x]), np.concatenate([model.t, t])
+    standardized = np.concatenate(
+        [
+            model.cholesky @ (model.cholesky.T @ model.alpha),
+            (predicted - model.y_mean) / model.y_std,
+        ]
+    )
+    cholesky, alpha, _ = _factor(
+        all_x, all_t, standardized, model.length_scale, model.epsilon, model.noise
+    )
+    return model._replace(x=all_x, t=all_t, cholesky=cholesky, alpha=alpha)
+
+
+def predict(model: Fit, x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, standard deviation) at each (x, t), in the units of y."""
+    cross = kernel(np.asarray(x, np.float64), np.asarray(t, np.float64), model.x, model.t,
+                   model.length_scale, model.epsilon)  # fmt: skip
+    mean = cross @ model.alpha
+    solved = np.linalg.solve(model.cholesky, cross.T)
+    variance = np.maximum(1.0 - np.sum(solved**2, axis=0), 1e-12)
+    return mean * model.y_std + model.y_mean, np.sqrt(variance) * model.y_std

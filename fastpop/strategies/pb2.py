@@ -1,0 +1,135 @@
+"""Population-based bandits (PB2; Parker-Holder et al., NeurIPS 2020): PBT whose explore step
+is a GP bandit instead of random perturbation.
+
+Ranking, exploit and the rounds are PBT's (`strategies.pbt`, full-state copies). At every
+evaluation each member adds one observation: the hparams it trained with (in the unit box of its
+priors, log scale where a prior is log-uniform) and the change of its return since its previous
+evaluation (since its source's, when it has just copied). At a round, a time-varying GP
+(`strategies.gp`) is fitted to the latest `pb2.window` evaluations' observations, and each
+replaced member takes the candidate of highest UCB, mean + kappa * std of the change predicted at
+the current evaluation; the members that keep running and the choices made earlier in the round
+count as pending, so a round's choices spread out. Hparams without a prior are the source's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from fastpop.strategies import gp
+from fastpop.strategies.base import Evaluation, Strategy
+from fastpop.strategies.pbt import Explorer, PBTSettings, make_pbt
+from fastpop.strategies.priors import Prior
+
+CANDIDATES = 1000  # random points of the unit box scored by UCB per choice (d <= ~10 hparams)
+
+
+class PB2State(NamedTuple):
+    """Plain data, as a checkpoint keeps it exactly (an array would come back as float32)."""
+
+    observations: tuple[tuple[float, ...], ...]  # (evaluation index, change of return, *unit
+    # hparams) of each member over each evaluation interval, oldest first
+    last_returns: tuple[float, ...]  # each member's latest return (NaN: none yet)
+
+
+def to_unit(prior: Prior, value: float) -> float:
+    """Where `value` sits in the prior's box, in [0, 1]: log scale for log-uniform priors,
+    the position among the sorted options for a choice."""
+    if prior.kind == "choice":
+        options = sorted(float(v) for v in prior.values)
+        nearest = min(range(len(options)), key=lambda i: abs(options[i] - float(value)))
+        return nearest / (len(options) - 1) if len(options) > 1 else 0.5
+    low, high, value = float(prior.low), float(prior.high), float(value)
+    if prior.kind == "log_uniform":
+        low, high, value = math.log(low), math.log(high), math.log(max(value, 1e-300))
+    return min(max((value - low) / (high - low), 0.0), 1.0)
+
+
+def from_unit(prior: Prior, unit: float):
+    """The inverse of `to_unit`, rounded to an option or an integer where the prior is one."""
+    if prior.kind == "choice":
+        options = sorted(prior.values, key=float)
+        return options[round(unit * (len(options) - 1))]
+    if prior.kind == "log_uniform":
+        return prior.clip(math.exp(math.log(prior.low) + unit * math.log(prior.high / prior.low)))
+    return prior.clip(prior.low + unit * (prior.high - prior.low))
+
+
+def ucb_kappa(observations: int) -> float:
+    """The exploration weight Ray Tune's PB2 uses, growing slowly with the data."""
+    return math.sqrt(0.2 + max(0.0, math.log(0.4 * max(observations, 1))))
+
+
+def choose_configurations(model: gp.Fit, now: int, pending: np.ndarray, count: int, rng):
+    """`count` points of the unit box, one after another, each the best UCB among random
+    candidates with the pending points and the earlier choices counted as observed."""
+    dims, kappa = pending.shape[1], ucb_kappa(len(model.x))
+    chosen = []
+    for _ in range(count):
+        known = gp.with_pending(model, pending, np.full(len(pending), float(now)))
+        candidates = rng.uniform(size=(CANDIDATES, dims))
+        mean, std = gp.predict(known, candidates, np.full(CANDIDATES, float(now)))
+        best = int(np.argmax(mean + kappa * std))
+        chosen.append((candidates[best], mean[best] + kappa * std[best], mean[best], std[best]))
+        pending = np.concatenate([pending, candidates[best][None]])
+    return chosen
+
+
+def gp_bandit(size: int, priors: dict[str, Prior], window: int) -> Explorer:
+    names = sorted(priors)
+
+    def unit_point(hparams: dict) -> list[float]:
+        return [to_unit(priors[name], hparams[name]) for name in names]
+
+    def init() -> PB2State:
+        return PB2State((), (math.nan,) * size)
+
+    def observe(state: PB2State, evaluation: Evaluation, hparams: list[dict]) -> PB2State:
+        returns = np.asarray(evaluation.returns, np.float64)
+        now, last = evaluation.eval_index, np.asarray(state.last_returns, np.float64)
+        added = tuple(
+            (float(now), float(returns[m] - last[m]), *unit_point(hparams[m]))
+            for m in np.flatnonzero(np.isfinite(returns) & np.isfinite(last))
+        )
+        recent = tuple(o for o in state.observations + added if o[0] > now - window)
+        return PB2State(recent, tuple(float(r) for r in returns))
+
+    def choose(state: PB2State, evaluation: Evaluation, exploits, hparams, rng):
+        last_returns = list(state.last_returns)
+        for target, source in exploits:
+            last_returns[target] = state.last_returns[source]  # it continues the source's state
+        state = state._replace(last_returns=tuple(last_returns))
+        if not exploits:
+            return state, []
+        if not state.observations:  # nothing observed yet: draw from the priors
+            draws = [{n: priors[n].sample(rng) for n in names} for _ in exploits]
+            return state, [(draw, {"acquisition": None}) for draw in draws]
+        targets = {exploit.target for exploit in exploits}
+        running = np.array([unit_point(hparams[m]) for m in range(size) if m not in targets])
+        observations = np.array(state.observations)
+        model = gp.fit(observations[:, 2:], observations[:, 0], observations[:, 1])
+        now = evaluation.eval_index
+        picks = choose_configurations(
+            model, now, running.reshape(-1, len(names)), len(exploits), rng
+        )
+        choices = []
+        for point, acquisition, mean, std in picks:
+            values = {
+                name: from_unit(priors[name], u) for name, u in zip(names, point, strict=True)
+            }
+            extra = {"acquisition": float(acquisition), "predicted_change": float(mean),
+                     "predicted_std": float(std)}  # fmt: skip
+            choices.append((values, extra))
+        return state, choices
+
+    return Explorer("pb2", init, observe, choose)
+
+
+def make_pb2(
+    size: int, priors: dict[str, Prior], seed: int, settings: PBTSettings, window: int
+) -> Strategy:
+    """PBT (`settings`: interval, fractions, fitness window, replay) with PB2's explore over
+    the observations of the latest `window` evaluations."""
+    return make_pbt(size, priors, seed, settings, gp_bandit(size, priors, window))
