@@ -143,7 +143,7 @@ def test_the_gp_fits_a_smooth_function_and_pending_points_shrink_only_the_varian
 @pytest.mark.parametrize(
     "overrides,message",
     [
-        (["strategy=pb2"], "population.priors: strategy pb2 explores the hparams that have"),
+        (["strategy=pb2"], "population.priors: strategy pb2 draws the hparams that have"),
         (["strategy=pb2", "pb2.window=0", "population.priors={actor_lr: {uniform: [0, 1]}}"],
          "pb2.window: must be >= 1, got 0"),
     ],

@@ -95,6 +95,12 @@ CASES = {
         "pbt.interval=1",
         "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}, tau: {uniform: [0, 1]}}",
     ],
+    "td3-halving": [  # rungs at 16, 32, 64 env steps: fresh trials mid-run
+        "strategy=halving",
+        "halving.first_rung=16",
+        "halving.reduction_factor=2",
+        "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}",
+    ],
     "td3-cemrl": ["strategy=cemrl", "population.size=5", "replay.shared=true"],
     "td3-dvd": [
         "strategy=dvd",

@@ -81,7 +81,7 @@ def test_learner_starts_members_with_their_hparams():
             ["strategy=pbt", "population.size=3", TD3_PRIORS],
             r"pbt: .* of 3 members select 0 to replace and 0 to copy from",
         ),
-        (["strategy=pbt"], "population.priors: strategy pbt explores the hparams"),
+        (["strategy=pbt"], "population.priors: strategy pbt draws the hparams"),
         (["population.grid={actor_lr: []}"], "population.grid.actor_lr: expected a non-empty"),
         (["population.grid={discount: [0.9, 1.5]}"], r"must be in \[0, 1\], got 1.5"),
         (["population.priors={actor_lr: {normal: [0, 1]}}"], "unknown kind 'normal'"),

@@ -47,6 +47,7 @@ from fastpop.strategies.config import (
     BranchMergeConfig,
     CEMRLConfig,
     DvDConfig,
+    HalvingConfig,
     PB2Config,
     PBTConfig,
     check_member_hparams,
@@ -180,7 +181,7 @@ class Config:
     """Member algorithm."""
     strategy: str = field("independent", choices=STRATEGIES)
     """What happens to members between evaluations: nothing (independent), pbt, pb2,
-    branch_merge, cemrl, dvd, schedule."""
+    halving, branch_merge, cemrl, dvd, schedule."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
     """Environment every member trains and is evaluated on."""
     agent: dict = dataclasses.field(default_factory=dict)
@@ -193,6 +194,8 @@ class Config:
     """Population-based training (strategy: pbt; pb2 takes its rounds and selection too)."""
     pb2: PB2Config = dataclasses.field(default_factory=PB2Config)
     """PB2's GP-bandit explore (strategy: pb2)."""
+    halving: HalvingConfig = dataclasses.field(default_factory=HalvingConfig)
+    """Successive halving of trials inside the population (strategy: halving)."""
     branch_merge: BranchMergeConfig = dataclasses.field(default_factory=BranchMergeConfig)
     """Branch-and-merge rounds (strategy: branch_merge)."""
     cemrl: CEMRLConfig = dataclasses.field(default_factory=CEMRLConfig)

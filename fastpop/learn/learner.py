@@ -224,14 +224,20 @@ class Learner:
     def all_member_hparams(self) -> list[dict]:
         return update_protocol.member_hparams_list(self.hparams)
 
+    def member_labels(self) -> list[dict] | None:
+        """Per member, what its rows carry beside its hparams (halving: its trial id)."""
+        labels = self.strategy.member_labels
+        return None if labels is None else labels(self.strategy_state)
+
     def finite_members(self) -> np.ndarray:
         """(P,) bool: the member's networks, targets and optimizer state are all finite."""
         return update_protocol.finite_members(self.training, self.states)
 
     def apply_selection(self, selection) -> None:
         """Apply a `strategies.base.Selection` now (what `strategy_step` does with a strategy's)."""
+        self.key, key = jax.random.split(self.key)
         self.states, self.hparams = update_protocol.apply_selection(
-            self.training, self.states, self.hparams, selection, self.replay
+            self.training, self.states, self.hparams, selection, self.replay, key
         )
         self.member_hparams = self.training.adopt(self.hparams)
         self.policy_version += 1

@@ -54,6 +54,14 @@ class Layout(NamedTuple):
     sizes: Callable[[Any], jax.Array]  # rows per lane of every buffer
     copy: Callable[[Any, np.ndarray, list[int]], tuple[Any, list[int]]]
     # copy(buffers, sources, targets) -> (buffers, the targets whose buffer was copied)
+    clear: Callable[[Any, np.ndarray], Any]  # clear(buffers, members): their buffers emptied
+
+
+def _emptied(buffer: replay.ReplayState, members) -> replay.ReplayState:
+    """No rows to sample where `members` (stacked: a (P,) mask; one buffer: a bool): the old
+    rows stay in memory, unreachable, and the next chunk is written from the lane's start."""
+    zero = lambda counter: jnp.where(members, 0, counter).astype(counter.dtype)
+    return buffer._replace(position=zero(buffer.position), size=zero(buffer.size))
 
 
 class Placement(NamedTuple):
@@ -88,6 +96,7 @@ def _shared(spec: replay.ReplaySpec, place: Placement) -> Layout:
         first=lambda buffers: buffers,
         sizes=lambda buffers: buffers.size,
         copy=lambda buffers, sources, targets: (buffers, []),  # one buffer: nothing to copy
+        clear=lambda buffers, members: buffers,  # every member's rows: none is a member's own
     )
 
 
@@ -125,6 +134,7 @@ def _stacked(spec: replay.ReplaySpec, size: int, place: Placement, mesh_sharding
         first=lambda buffers: population.member(buffers, 0),
         sizes=lambda buffers: buffers.size,
         copy=copy,
+        clear=lambda buffers, members: _emptied(buffers, place.put(jnp.asarray(members))),
     )
 
 
@@ -161,6 +171,9 @@ def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
         first=lambda buffers: buffers[0],
         sizes=lambda buffers: population.stack(buffers).size,
         copy=copy,
+        clear=lambda buffers, members: [
+            _emptied(b, bool(cleared)) for b, cleared in zip(buffers, members, strict=True)
+        ],
     )
 
 
@@ -243,6 +256,12 @@ class ReplayStore:
             return
         self.buffers, copied = self._layout.copy(self.buffers, sources, targets)
         self.joins[copied] = True
+
+    def clear_members(self, members: np.ndarray) -> None:
+        """members: (P,) bool; their own buffers emptied (a shared buffer keeps every row)."""
+        if members.any():
+            self.buffers = self._layout.clear(self.buffers, members)
+            self.joins[members] = True  # the next rows start new streams
 
     # --- checkpoints ---
 

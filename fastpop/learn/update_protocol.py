@@ -97,15 +97,30 @@ def selected_hparams(hparams: PyTree, chosen: list[dict]) -> PyTree:
     )
 
 
-def apply_selection(training: Training, states, hparams, selection: Selection, replay):
+def apply_selection(training: Training, states, hparams, selection: Selection, replay, key=None):
     """A strategy's decision on device: member i continues from the state of sources[i] (one
     index gather over the whole member state), with hparams[i], and with a copy of the source's
-    replay if the selection says so; nothing recompiles. Returns (states, hparams)."""
+    replay if the selection says so; members marked fresh start over from a new init (`key`)
+    with an empty replay; nothing recompiles. Returns (states, hparams)."""
     if selection.moves_state:
         states = continue_from(training, states, selection.sources)
     if selection.copy_replay:
         replay.copy_members(selection.sources)
-    return states, selected_hparams(hparams, selection.hparams)
+    hparams = selected_hparams(hparams, selection.hparams)
+    if selection.fresh is not None and selection.fresh.any():
+        states = start_over(training, states, hparams, selection.fresh, key)
+        replay.clear_members(selection.fresh)
+    return states, hparams
+
+
+def start_over(training: Training, states, hparams, fresh: np.ndarray, key) -> Any:
+    """Members where `fresh` get a new init's state (networks, targets, optimizer moments,
+    step counters); the others keep theirs bit for bit."""
+    new, _ = training.init(key, hparams)
+    mask = jnp.asarray(fresh)
+    pick = lambda old, made: jnp.where(mask.reshape(-1, *[1] * (old.ndim - 1)), made, old)
+    stacked = jax.tree.map(pick, training.release(states), training.release(new))
+    return training.adopt(stacked)
 
 
 def executor_training(
@@ -128,12 +143,17 @@ def executor_training(
         )
         sources, events = np.arange(len(evaluation.returns)), []
         if selection is not None:
-            states, hparams = apply_selection(training, states, hparams, selection, round_.replay)
+            states, hparams = apply_selection(
+                training, states, hparams, selection, round_.replay, round_.key
+            )
             sources, events = selection.sources, selection.events
         # Members whose state is still not finite continue from the best finite member's,
         # keeping their own hparams (a sweep keeps its configurations).
         returns = evaluation.returns[sources]
-        indices = reset_indices(evaluation.finite[sources], returns)
+        finite = evaluation.finite[sources]
+        if selection is not None and selection.fresh is not None:
+            finite = finite | selection.fresh  # a fresh trial's new state is finite
+        indices = reset_indices(finite, returns)
         resets = reset_events(strategy.name, evaluation, indices, returns)
         if resets:
             states = continue_from(training, states, indices)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.agents.base import Agent
-from fastpop.population import chunking
+from fastpop.population import chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
@@ -39,6 +39,8 @@ class UpdatePlan(NamedTuple):
     num_updates: int
     shared_replay: bool = False
     unroll: int = 1
+    fresh_wait: int = 0  # rows a member's own buffer must hold before it updates (halving's
+    # fresh trials start with an empty one); 0: members update whenever the run does
 
 
 def stack(members: Sequence[PyTree]) -> PyTree:
@@ -148,14 +150,20 @@ def member_update_loop(plan: UpdatePlan):
     """K consecutive (sample, update) steps of one member, as one scan."""
     agent, sample_batch, num_updates = plan.agent, plan.sample_batch, plan.num_updates
 
-    def run(state, replay, hparams, key):
+    def run(state, buffer, hparams, key):
         def one_update(state, step_key):
             sample_key, update_key = jax.random.split(step_key)
-            batch = sample_batch(replay, sample_key)
+            batch = sample_batch(buffer, sample_key)
             return agent.update(state, batch, hparams, update_key)
 
         keys = jax.random.split(key, num_updates)
-        return jax.lax.scan(one_update, state, keys, unroll=plan.unroll)
+        updated, metrics = jax.lax.scan(one_update, state, keys, unroll=plan.unroll)
+        if not plan.fresh_wait:
+            return updated, metrics
+        waits = ~replay.can_sample(buffer, plan.fresh_wait)
+        keep = lambda old, new: jnp.where(waits, old, new)
+        unmeasured = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan, jnp.float32), metrics)
+        return jax.tree.map(keep, state, updated), jax.tree.map(keep, unmeasured, metrics)
 
     return run
 

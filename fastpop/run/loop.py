@@ -84,7 +84,11 @@ class Run:
         if self.resumed_from is None:
             hparams = self.learner.all_member_hparams()
             indices = strategies.member_configurations(config)  # config_index, seed_index
-            members = [{"member": m, **indices[m], "hparams": h} for m, h in enumerate(hparams)]
+            labels = self.learner.member_labels() or [{}] * len(hparams)
+            members = [
+                {"member": m, **indices[m], **labels[m], "hparams": h}
+                for m, h in enumerate(hparams)
+            ]
             members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
             (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
         else:  # rows logged after the checkpoint are written again by this run
@@ -279,7 +283,7 @@ class Run:
         with self.watch.phase("evaluation snapshot"):
             arrays = snapshot.encode(self.learner.policy_leaves(), meta)
             self.collection.evaluate(arrays)
-        self.pending.add(arrays, self.learner.all_member_hparams())
+        self.pending.add(arrays, self.learner.all_member_hparams(), self.learner.member_labels())
         progress.snapshot_env_steps = self.member_env_steps
         progress.eval_index += 1
         self.timers["evaluation_snapshots"] += time.perf_counter() - start
@@ -296,11 +300,12 @@ class Run:
     def _receive_evaluations(self, timeout: float = 0.0) -> None:
         self._resend_lost_snapshots()
         for result in self.collection.evaluations(timeout):
-            hparams = self.pending.take(result["eval_index"])
-            if hparams is None:
+            taken = self.pending.take(result["eval_index"])
+            if taken is None:
                 continue  # a duplicate after an evaluator restart
             self.progress.latest_returns = np.array(result["return_mean"])
-            rows = evaluation_rows(result, hparams, self.config.eval.episodes)
+            hparams, labels = taken
+            rows = evaluation_rows(result, hparams, self.config.eval.episodes, labels)
             self.metrics.log_evaluation(rows)
             if not self.training_done:
                 with self.watch.phase(f"{self.strategy.name} strategy step"):

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from fastpop.run.ranking import rank_trials
+
 METRICS_FILE = "metrics.jsonl"
 SCALARS_FILE = "scalars.jsonl"
 EVENTS_FILE = "events.jsonl"
@@ -376,4 +378,5 @@ def summarize(rows: list[dict]) -> dict:
         "evaluations": len(rounds),
         "env_steps": max(int(r["env_steps"]) for r in rows),
         "wall_time": max(float(r["wall_time"]) for r in rows),
+        **({"trials": rank_trials(rows, _is_number)} if any("trial" in r for r in rows) else {}),
     }

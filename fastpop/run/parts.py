@@ -186,7 +186,11 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     members split over `mesh` (population.devices > 1)."""
     updates = config.train.updates_per_call
     unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates)
-    plan = population.UpdatePlan(agent, sample_batch, updates, config.replay.shared, unroll)
+    # halving's fresh trials wait for replay.min_size rows in their emptied buffers
+    fresh_wait = config.replay.min_size if config.strategy == "halving" else 0
+    plan = population.UpdatePlan(
+        agent, sample_batch, updates, config.replay.shared, unroll, fresh_wait
+    )
     return update_protocol.make_training(strategy, config.population.execution, plan, mesh)
 
 

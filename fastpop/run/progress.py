@@ -82,19 +82,20 @@ class PendingEvaluations:
     be given again what its predecessor never answered."""
 
     def __init__(self):
-        self.snapshots: dict[int, tuple[dict, list[dict]]] = {}
+        # eval index -> (snapshot arrays, member hparams, member labels or None)
+        self.snapshots: dict[int, tuple[dict, list[dict], list[dict] | None]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.snapshots)
 
-    def add(self, arrays: dict, hparams: list[dict]) -> None:
+    def add(self, arrays: dict, hparams: list[dict], labels: list[dict] | None = None) -> None:
         index = snapshot.decode(arrays)[1].eval_index
-        self.snapshots[index] = (arrays, hparams)
+        self.snapshots[index] = (arrays, hparams, labels)
 
-    def take(self, eval_index: int) -> list[dict] | None:
-        """The hparams of the answered snapshot; None for a duplicate answer."""
+    def take(self, eval_index: int) -> tuple[list[dict], list[dict] | None] | None:
+        """(hparams, labels) of the answered snapshot; None for a duplicate answer."""
         entry = self.snapshots.pop(eval_index, None)
-        return None if entry is None else entry[1]
+        return None if entry is None else entry[1:]
 
     def in_order(self) -> list[dict]:
         return [self.snapshots[index][0] for index in sorted(self.snapshots)]
@@ -102,20 +103,28 @@ class PendingEvaluations:
     def saved(self) -> tuple[list[dict], list[dict]]:
         """(snapshot arrays, plain data) for a checkpoint, in eval-index order."""
         order = sorted(self.snapshots)
-        data = [{"eval_index": i, "hparams": self.snapshots[i][1]} for i in order]
+        data = [
+            {"eval_index": i, "hparams": self.snapshots[i][1], "labels": self.snapshots[i][2]}
+            for i in order
+        ]
         return [self.snapshots[i][0] for i in order], data
 
     @classmethod
     def restored(cls, arrays: list[dict], data: list[dict]) -> PendingEvaluations:
         pending = cls()
         for entry, snapshot_arrays in zip(data, arrays, strict=True):
-            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, entry["hparams"])
+            labels = entry.get("labels")  # absent in checkpoints of earlier versions
+            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, entry["hparams"], labels)
         return pending
 
 
-def evaluation_rows(result: dict, hparams: list[dict], episodes: int) -> list[dict]:
-    """metrics.jsonl rows (one per member) of one evaluation result."""
+def evaluation_rows(
+    result: dict, hparams: list[dict], episodes: int, labels: list[dict] | None = None
+) -> list[dict]:
+    """metrics.jsonl rows (one per member) of one evaluation result; `labels`: per member,
+    fields of the strategy's (halving's trial) put beside `member`."""
     size = len(result["return_mean"])
+    labels = labels or [{}] * size
     return [
         {
             "eval_index": result["eval_index"],
@@ -124,6 +133,7 @@ def evaluation_rows(result: dict, hparams: list[dict], episodes: int) -> list[di
             "member_env_steps": result["env_steps"] // size,
             "updates": result["updates"],
             "member": member,
+            **labels[member],
             "return_mean": result["return_mean"][member],
             "return_std": result["return_std"][member],
             "episodes": episodes,

@@ -3,6 +3,7 @@
     independent   members differ by seed and by config-given hparams (a grid or prior samples)
     pbt           population-based training: whole-state exploit, bounded explore
     pb2           PBT whose explore is a time-varying GP bandit (population-based bandits)
+    halving       successive halving (asynchronous, ASHA's rule): stopped trials restart fresh
     branch_merge  every round all members restart from the promoted (best) member
     cemrl         CEM over actor parameters, half the samples trained against a shared critic
     dvd           TD3 actors coupled by a diversity (log det) term, shared critic, adaptive lambda
@@ -15,7 +16,7 @@ configuration and which seed of it each member is. See `strategies.base` for the
 
 from __future__ import annotations
 
-STRATEGIES = ("independent", "pbt", "pb2", "branch_merge", "cemrl", "dvd", "schedule")
+STRATEGIES = ("independent", "pbt", "pb2", "halving", "branch_merge", "cemrl", "dvd", "schedule")
 SHARED_CRITIC = ("cemrl", "dvd")  # TD3 members with one shared critic and replay
 
 
@@ -74,6 +75,15 @@ def make_strategy(config):
 
             return make_pb2(size, config_priors(config), config.seed, settings, config.pb2.window)
         return make_pbt(size, config_priors(config), config.seed, settings)
+    if config.strategy == "halving":
+        from fastpop.strategies.halving import HalvingSettings, make_halving, rung_schedule
+
+        halving = config.halving
+        rungs = rung_schedule(
+            halving.first_rung, halving.reduction_factor, config.train.total_env_steps
+        )
+        settings = HalvingSettings(rungs, halving.bottom_fraction, config.eval.interval)
+        return make_halving(size, config_priors(config), config.seed, settings)
     if config.strategy == "branch_merge":
         return make_branch_merge(size, config.branch_merge.round_steps)
     if config.strategy == "cemrl":

@@ -23,6 +23,7 @@ import numpy as np
 PRIOR_STREAM = 1
 PBT_STREAM = 2
 DVD_STREAM = 3
+HALVING_STREAM = 4
 
 
 def stream_rng(seed: int, stream: int, *counters: int) -> np.random.Generator:
@@ -75,6 +76,8 @@ class Selection(NamedTuple):
     hparams: list[dict]
     events: list[dict]
     copy_replay: bool = False
+    fresh: np.ndarray | None = None  # (P,) bool: members that start over as new trials (new
+    # networks and optimizer state, an empty replay of their own); their hparams are `hparams`
 
     @property
     def moves_state(self) -> bool:
@@ -108,6 +111,8 @@ class Strategy(NamedTuple):
     init: Callable[[], Any]
     step: Callable[[Any, Evaluation, list[dict]], tuple[Any, Selection | None]]
     learning: Learning | None = None  # shared-parameter strategies (cemrl, dvd)
+    member_labels: Callable[[Any], list[dict]] | None = None  # per member, fields its
+    # metrics rows and members.json carry (halving: {"trial": id}); None: none
 
 
 def no_selection(state, evaluation: Evaluation, hparams: list[dict]):

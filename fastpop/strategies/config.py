@@ -46,6 +46,16 @@ class PB2Config:
 
 
 @dataclasses.dataclass(frozen=True)
+class HalvingConfig:
+    first_rung: int = field(10_000, min=1)
+    """A trial's age (env steps per member since it started) at its first rung."""
+    reduction_factor: float = field(3.0, gt=1)
+    """Each rung is this many times older than the one before."""
+    bottom_fraction: float = field(0.5, gt=0, max=1)
+    """Share of the returns recorded at a rung whose trials are stopped there (in (0, 1))."""
+
+
+@dataclasses.dataclass(frozen=True)
 class BranchMergeConfig:
     round_steps: int = field(10_000, min=1)
     """Env steps per member in one round; every round ends with an evaluation of all members."""
@@ -108,6 +118,10 @@ class CheckedConfig(Protocol):
     def branch_merge(self) -> BranchMergeConfig: ...
     @property
     def dvd(self) -> DvDConfig: ...
+    @property
+    def halving(self) -> HalvingConfig: ...
+    @property
+    def train(self) -> Any: ...
 
 
 def check_member_hparams(
@@ -258,13 +272,14 @@ def check_strategy(r: Reader, c: CheckedConfig) -> None:
             selection_sizes(size, c.pbt.bottom_fraction, c.pbt.top_fraction)
         except ValueError as error:
             r.fail("pbt", str(error))
-        if not c.population.priors:
-            r.fail(
-                "population.priors",
-                f"strategy {strategy} explores the hparams that have a prior; declare at least "
-                "one, "
-                "e.g. {actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}}",
-            )
+    if strategy == "halving":
+        check_halving(r, c)
+    if strategy in ("pbt", "pb2", "halving") and not c.population.priors:
+        r.fail(
+            "population.priors",
+            f"strategy {strategy} draws the hparams that have a prior; declare at least one, "
+            "e.g. {actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}}",
+        )
     if strategy in SHARED_CRITIC:
         check_shared_critic(r, c)
     if strategy == "branch_merge":
@@ -280,3 +295,21 @@ def check_strategy(r: Reader, c: CheckedConfig) -> None:
                 "branch_merge.step_size_multipliers",
                 f"needs one multiplier per member ({size}), got {len(multipliers)}",
             )
+
+
+def check_halving(r: Reader, c: CheckedConfig) -> None:
+    from fastpop.strategies.halving import rung_schedule
+
+    halving, total = c.halving, c.train.total_env_steps
+    if halving.bottom_fraction >= 1:
+        r.fail(
+            "halving.bottom_fraction",
+            f"must be in (0, 1): the share of a rung's trials stopped there, got "
+            f"{halving.bottom_fraction}",
+        )
+    if not rung_schedule(halving.first_rung, halving.reduction_factor, total):
+        r.fail(
+            "halving.first_rung",
+            f"the rung schedule is empty: the first rung ({halving.first_rung} env steps per "
+            f"member) must be below train.total_env_steps ({total})",
+        )

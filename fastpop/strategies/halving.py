@@ -1,0 +1,126 @@
+"""Successive halving inside one population, asynchronous as in ASHA (Li et al., 2020).
+
+Each member slot runs one trial at a time: hparams drawn from the priors, trained from scratch.
+A trial's age is the env steps its slot has taken since the trial started; rungs are ages on a
+geometric schedule (`rung_schedule`). When a trial reaches a rung its return there is recorded,
+and it is stopped if it is among the bottom `bottom_fraction` of every return recorded at that
+rung so far, itself included (a trial arriving late is judged against all who came before, as
+ASHA judges it; the first arrivals, all together, lose exactly the bottom fraction). A stopped
+trial's slot starts a fresh trial at once: new hparams from the priors, new networks and
+optimizer state, its own replay emptied (its updates wait until it holds `replay.min_size` rows
+again), a new trial id. A non-finite return ranks last. Past the last rung, trials train on.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from fastpop.strategies.base import HALVING_STREAM, Evaluation, Selection, Strategy, stream_rng
+from fastpop.strategies.pbt import rank
+from fastpop.strategies.priors import Prior
+
+
+def rung_schedule(
+    first_rung: int, reduction_factor: float, total_env_steps: int
+) -> tuple[int, ...]:
+    """Trial ages (env steps per member) of the rungs: first_rung * reduction_factor**k below
+    the run's total; empty when the first rung is not below it."""
+    rungs, age = [], float(first_rung)
+    while round(age) < total_env_steps:
+        if not rungs or round(age) > rungs[-1]:
+            rungs.append(round(age))
+        age *= reduction_factor
+    return tuple(rungs)
+
+
+def stopped_at_rung(results: list[float], arrivals: list[int], bottom_fraction: float) -> set[int]:
+    """Which of the `arrivals` (indices into `results`, the returns recorded at one rung, in
+    the order they were recorded) rank among the bottom floor(fraction * n) of all n results."""
+    order = rank(np.asarray(results, np.float64))  # best first, NaN last, ties: earlier first
+    place = np.empty(len(results), int)
+    place[order] = np.arange(len(results))
+    cut = len(results) - math.floor(bottom_fraction * len(results))
+    return {i for i in arrivals if place[i] >= cut}
+
+
+class HalvingState(NamedTuple):
+    trials: tuple[int, ...]  # per member slot: the id of the trial it runs
+    starts: tuple[int, ...]  # per member slot: member env steps when its trial started
+    passed: tuple[int, ...]  # per member slot: rungs its trial has reached
+    results: tuple[tuple[tuple[int, float], ...], ...]  # per rung: (trial, return) recorded
+    next_trial: int
+
+
+class HalvingSettings(NamedTuple):
+    rungs: tuple[int, ...]  # trial ages, `rung_schedule`
+    bottom_fraction: float  # of the returns recorded at a rung, whose trials are stopped
+    evaluation_interval: int
+
+
+def make_halving(
+    size: int, priors: dict[str, Prior], seed: int, settings: HalvingSettings
+) -> Strategy:
+    """Members start as trials 0..size-1 (their initial hparams, as `independent` gives them);
+    each new trial draws every hparam with a prior from `stream_rng(seed, HALVING_STREAM, id)`."""
+    rungs = settings.rungs
+
+    def init() -> HalvingState:
+        return HalvingState(tuple(range(size)), (0,) * size, (0,) * size, ((),) * len(rungs), size)
+
+    def step(state: HalvingState, evaluation: Evaluation, hparams: list[dict]):
+        steps = evaluation.member_env_steps
+        arrived = [m for m in range(size) if state.passed[m] < len(rungs)
+                   and steps - state.starts[m] >= rungs[state.passed[m]]]  # fmt: skip
+        if not arrived:
+            return state, None
+        results = [list(r) for r in state.results]
+        results += [[] for _ in range(len(rungs) - len(results))]  # a resume ran the total up
+        where = {}  # member -> (rung, index of its result there)
+        for member in arrived:
+            rung = state.passed[member]
+            where[member] = (rung, len(results[rung]))
+            results[rung].append((state.trials[member], float(evaluation.returns[member])))
+        stopped = set()
+        for rung in {r for r, _ in where.values()}:
+            mine = {i: m for m, (r, i) in where.items() if r == rung}
+            returns = [value for _, value in results[rung]]
+            losers = stopped_at_rung(returns, list(mine), settings.bottom_fraction)
+            stopped |= {mine[i] for i in losers}
+        trials, starts, passed = list(state.trials), list(state.starts), list(state.passed)
+        new_hparams, events, next_trial = [dict(h) for h in hparams], [], state.next_trial
+        for member in arrived:
+            passed[member] += 1
+            if member not in stopped:
+                continue
+            rng = stream_rng(seed, HALVING_STREAM, next_trial)
+            new_hparams[member] = {**hparams[member],
+                                   **{n: p.sample(rng) for n, p in priors.items()}}  # fmt: skip
+            rung = where[member][0]
+            events.append({
+                "strategy": "halving", "kind": "trial", "eval_index": evaluation.eval_index,
+                "member_env_steps": steps, "target": member, "source": member,
+                "rung": rung, "rung_age": rungs[rung], "stopped_trial": trials[member],
+                "trial": next_trial, "target_fitness": float(evaluation.returns[member]),
+                "recorded_at_rung": len(results[rung]), "old_hparams": hparams[member],
+                "new_hparams": new_hparams[member],
+            })  # fmt: skip
+            trials[member], starts[member], passed[member] = next_trial, steps, 0
+            next_trial += 1
+        new_state = HalvingState(
+            tuple(trials), tuple(starts), tuple(passed),
+            tuple(tuple(r) for r in results), next_trial,
+        )  # fmt: skip
+        if not stopped:
+            return new_state, None
+        fresh = np.isin(np.arange(size), sorted(stopped))
+        return new_state, Selection(np.arange(size), new_hparams, events, False, fresh)
+
+    def labels(state: HalvingState) -> list[dict]:
+        return [{"trial": trial} for trial in state.trials]
+
+    return Strategy(
+        "halving", settings.evaluation_interval, False, init, step, member_labels=labels
+    )
