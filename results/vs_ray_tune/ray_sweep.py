@@ -241,6 +241,8 @@ class RowsCallback(tune.Callback):
             "trial": trial.trial_id,
             "wall_seconds": result["wall_time"] - self.t0["t0"],
             "env_steps": result["env_steps"],
+            "trained_env_steps": result["env_steps_this_step"],  # counts steps redone after
+            # an exploit (`env_steps` is the trial's count, taken over from its source)
             "return": result["episode_return"],
             "hparams": result["hparams"],  # what this step trained with
         }
