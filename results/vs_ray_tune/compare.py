@@ -37,7 +37,7 @@ def fastpop_arm(run_dir: Path) -> dict:
     return {
         "results": [(r["member"], r["wall_time"], r["env_steps"], r["return_mean"]) for r in rows],
         "seconds": summary["wall_time"],
-        "env_steps": summary["env_steps"],
+        "env_steps": summary["member_env_steps"] * size,
         "running": float(size),  # every member steps and updates in every chunk
         "trials": size,
     }
