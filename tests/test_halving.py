@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from fastpop.analysis.sweep import load_member_curves
 from fastpop.commands.cli import main
 from fastpop.run.metrics import read_metrics, summarize
 from fastpop.run.resume import resume_run
@@ -140,6 +141,11 @@ def test_device_mode_resumed_mid_rung_writes_the_rows_of_an_uninterrupted_run(tm
     assert sorted(t["trial"] for t in ranked) == sorted(trials)
     finals = [t["final_return"] for t in ranked]
     assert finals == sorted(finals, reverse=True)
+    # The aggregate's curves are the slots, each naming the trials it ran, in order.
+    slots = {curve.member: curve.config_label for curve in load_member_curves(whole)}
+    for member in range(4):
+        ran = list(dict.fromkeys(r["trial"] for r in evaluated if r["member"] == member))
+        assert slots[member] == "trials " + ", ".join(map(str, ran))
 
 
 @pytest.mark.parametrize(

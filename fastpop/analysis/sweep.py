@@ -141,12 +141,15 @@ def load_member_curves(run_dir: Path) -> list[MemberCurve]:
             raise ValueError(f"{run_dir / MEMBERS_FILE}: has no entry for member {member}")
         index = configurations[member][0]
         column = lambda name, rows=member_rows: np.array([float(r[name]) for r in rows])
+        trials = list(dict.fromkeys(r["trial"] for r in member_rows if "trial" in r))
+        # A halving slot ran several trials, one after another: its curve is the slot's.
+        label = f"trials {', '.join(map(str, trials))}" if trials else labels[index]
         curves.append(
             MemberCurve(
                 run=run_label(run_dir, config),
                 member=member,
                 config_index=index,
-                config_label=labels[index],
+                config_label=label,
                 env_id=config_value(config, "env.id"),
                 wall_minutes=column("wall_time") / 60,
                 member_env_steps=column("member_env_steps"),
