@@ -133,8 +133,11 @@ def executor_training(
     else:
         policies = lambda states: population.member_policies(agent, states)
 
+    make_members = jax.jit(jax.vmap(agent.init))  # once: halving's fresh trials reuse it
+
     def init(key, hparams):
-        return executor.adopt(population.init_population(agent, key, hparams)), strategy.init()
+        keys = jax.random.split(key, population.population_size(hparams))
+        return executor.adopt(make_members(keys, hparams)), strategy.init()
 
     def between_rounds(round_: Round) -> RoundResult:
         evaluation, states, hparams = round_.evaluation, round_.states, round_.hparams
