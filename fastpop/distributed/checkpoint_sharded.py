@@ -62,9 +62,11 @@ def _process_sharding() -> NamedSharding:
     return NamedSharding(jax.sharding.Mesh(grid, ("processes", "local")), P("processes"))
 
 
-def plain(tree: Any, per_process: tuple[str, ...] = ("pending",)) -> Any:
+def plain(tree: Any, per_process: tuple[str, ...] = ("pending",), shapes_only=False) -> Any:
     """What orbax writes: split arrays as they are, keys as key data, the rest as numpy; the
-    subtrees named in `per_process` stacked on a process axis."""
+    subtrees named in `per_process` stacked on a process axis. `shapes_only`: a restore's
+    target, where a replicated array's values are not read (zeros of its shape and dtype: a
+    replicated array made in place with one device per process has no readable local shard)."""
 
     def leaf(value):
         if _is_key(value):
@@ -72,6 +74,8 @@ def plain(tree: Any, per_process: tuple[str, ...] = ("pending",)) -> Any:
         if _is_split(value):
             return value
         if isinstance(value, jax.Array) and not value.is_fully_addressable:  # replicated
+            if shapes_only:
+                return np.zeros(value.shape, value.dtype)
             value = value.addressable_shards[0].data
         return np.asarray(value)
 
@@ -176,7 +180,7 @@ class ShardedCheckpoints:
         structure, shapes and shardings (the live state of a run made from the config)."""
         manifest = self.manifest(step)
         live = template(manifest["metadata"])
-        target = _abstract(plain(live))
+        target = _abstract(plain(live, shapes_only=True))
         args = self.ocp.args.Composite(**{ARRAYS: self.ocp.args.StandardRestore(target)})
         problem = None
         try:
