@@ -133,11 +133,10 @@ def executor_training(
     else:
         policies = lambda states: population.member_policies(agent, states)
 
-    make_members = jax.jit(jax.vmap(agent.init))  # once: halving's fresh trials reuse it
+    initialize = population.initializer(agent)  # compiled once: fresh trials reuse it
 
     def init(key, hparams):
-        keys = jax.random.split(key, population.population_size(hparams))
-        return executor.adopt(make_members(keys, hparams)), strategy.init()
+        return executor.adopt(initialize(key, hparams)), strategy.init()
 
     def between_rounds(round_: Round) -> RoundResult:
         evaluation, states, hparams = round_.evaluation, round_.states, round_.hparams

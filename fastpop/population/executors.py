@@ -125,10 +125,20 @@ def member_policies(agent: Agent, states: PyTree) -> PyTree:
     return jax.vmap(agent.policy_params)(states)
 
 
+def initializer(agent: Agent) -> Callable[[PRNGKey, PyTree], PyTree]:
+    """`init_population` of `agent` compiled once, for callers that initialise members again
+    (halving's fresh trials)."""
+    init_members = jax.jit(jax.vmap(agent.init))
+
+    def initialize(key: PRNGKey, hparams: PyTree) -> PyTree:
+        return init_members(jax.random.split(key, population_size(hparams)), hparams)
+
+    return initialize
+
+
 def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
     """Independently initialised members, stacked; member i uses split(key, P)[i]."""
-    keys = jax.random.split(key, population_size(hparams))
-    return jax.jit(jax.vmap(agent.init))(keys, hparams)
+    return initializer(agent)(key, hparams)
 
 
 def scan_unroll(obs_shape: tuple[int, ...], obs_dtype, num_updates: int) -> int:
