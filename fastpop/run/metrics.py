@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from fastpop.run.ranking import rank_trials
+from fastpop.run.ranking import best_first, is_number, last_and_best, rank_trials
 
 METRICS_FILE = "metrics.jsonl"
 SCALARS_FILE = "scalars.jsonl"
@@ -211,7 +211,7 @@ class MetricsWriter:
         self._append(self._scalars, [{"step": int(step), **values}])
         if self._tensorboard is not None:
             for name, value in values.items():
-                if _is_number(value):
+                if is_number(value):
                     self._tensorboard.add_scalar(name, float(value), int(step))
         self._track("log_scalars", int(step), _plain(values, "scalars"))
 
@@ -258,10 +258,10 @@ def evaluation_scalars(rows: list[dict]) -> tuple[int, dict[str, float]]:
     for row in rows:
         prefix = f"member_{int(row['member'])}"
         for name, value in row.items():
-            if name not in ("member", "env_steps", "eval_index", "hparams") and _is_number(value):
+            if name not in ("member", "env_steps", "eval_index", "hparams") and is_number(value):
                 scalars[f"{prefix}/{name}"] = float(value)
         for name, value in row["hparams"].items():
-            if _is_number(value):
+            if is_number(value):
                 scalars[f"{prefix}/hparams/{name}"] = float(value)
     returns = finite_returns(rows)
     if returns:
@@ -275,16 +275,9 @@ def lineage_scalars(event: dict) -> tuple[int, dict[str, float]]:
     prefix = f"member_{int(event['target'])}"
     scalars = {f"{prefix}/lineage/source": float(event["source"])}
     for name, value in event.get("new_hparams", {}).items():
-        if _is_number(value):
+        if is_number(value):
             scalars[f"{prefix}/lineage/hparams/{name}"] = float(value)
     return int(event["env_steps"]), scalars
-
-
-def _is_number(value: Any) -> bool:
-    try:
-        return not isinstance(value, bool | str) and math.isfinite(float(value))
-    except (TypeError, ValueError):
-        return False
 
 
 def median(values: list[float]) -> float:
@@ -295,7 +288,7 @@ def median(values: list[float]) -> float:
 
 
 def finite_returns(rows: Iterable[dict]) -> list[float]:
-    return [float(r["return_mean"]) for r in rows if _is_number(r["return_mean"])]
+    return [float(r["return_mean"]) for r in rows if is_number(r["return_mean"])]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -345,20 +338,11 @@ def summarize(rows: list[dict]) -> dict:
     rounds = evaluation_rounds(rows)
     last_round = rounds[-1]
     best = max(
-        (r for r in last_round if _is_number(r["return_mean"])),
+        (r for r in last_round if is_number(r["return_mean"])),
         key=lambda r: r["return_mean"],
         default=None,
     )
-    last_by_member = {int(row["member"]): row for group in rounds for row in group}
-    best_by_member: dict[int, float] = {}
-    for row in rows:
-        if _is_number(row["return_mean"]):
-            member = int(row["member"])
-            best_by_member[member] = max(best_by_member.get(member, -math.inf), row["return_mean"])
-    ranking = sorted(
-        last_by_member.values(),
-        key=lambda r: -r["return_mean"] if _is_number(r["return_mean"]) else math.inf,
-    )
+    last_by_member, best_by_member = last_and_best(rounds, "member")
     return {
         "best_member": None if best is None else int(best["member"]),
         "best_return": math.nan if best is None else float(best["return_mean"]),
@@ -373,10 +357,10 @@ def summarize(rows: list[dict]) -> dict:
                 "best_return": best_by_member.get(int(r["member"]), math.nan),
                 "hparams": r["hparams"],
             }
-            for r in ranking
+            for r in best_first(last_by_member.values())
         ],
         "evaluations": len(rounds),
         "env_steps": max(int(r["env_steps"]) for r in rows),
         "wall_time": max(float(r["wall_time"]) for r in rows),
-        **({"trials": rank_trials(rows, _is_number)} if any("trial" in r for r in rows) else {}),
+        **({"trials": rank_trials(rounds)} if any("trial" in r for r in rows) else {}),
     }
