@@ -75,5 +75,16 @@ def train_here(tmp_path: Path, preset: Path, *overrides: str):
     return trained
 
 
+def refused_train(tmp_path: Path, capsys, preset: Path, *overrides: str) -> str:
+    """`fastpop train preset --set ...` must exit 2 leaving no run directory: its stderr."""
+    from fastpop.commands.cli import main
+
+    run_dir = tmp_path / "run"
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    assert main(["train", str(preset), "--out", str(run_dir), *sets]) == 2
+    assert not run_dir.exists()
+    return capsys.readouterr().err
+
+
 def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

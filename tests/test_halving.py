@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from fastpop.analysis.sweep import load_member_curves
-from fastpop.commands.cli import main
 from fastpop.run.metrics import read_metrics, summarize
 from fastpop.run.resume import resume_run
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.halving import HalvingSettings, make_halving, rung_schedule
 from fastpop.strategies.priors import Prior
+from tests.helpers import refused_train
 from tests.runs import TD3_PENDULUM
 from tests.test_device_mode import rows, run
 from tests.test_resume import learner_for, rows_for
@@ -160,7 +160,4 @@ def test_device_mode_resumed_mid_rung_writes_the_rows_of_an_uninterrupted_run(tm
     ],
 )  # fmt: skip
 def test_bad_halving_configs_exit_2_naming_the_field(overrides, message, tmp_path, capsys):
-    argv = ["train", str(TD3_PENDULUM), "--out", str(tmp_path / "run")]
-    assert main([*argv, *[arg for o in overrides for arg in ("--set", o)]]) == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+    assert message in refused_train(tmp_path, capsys, TD3_PENDULUM, *overrides)

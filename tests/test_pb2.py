@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from fastpop.commands.cli import main
 from fastpop.strategies import gp
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.pb2 import from_unit, make_pb2, to_unit
 from fastpop.strategies.pbt import PBTSettings, make_pbt
 from fastpop.strategies.priors import Prior
+from tests.helpers import refused_train
 from tests.runs import TD3_PENDULUM
 
 BOWL = {"a": Prior("uniform", 0.0, 1.0), "b": Prior("log_uniform", 1e-4, 1e-2)}
@@ -149,7 +149,4 @@ def test_the_gp_fits_a_smooth_function_and_pending_points_shrink_only_the_varian
     ],
 )  # fmt: skip
 def test_bad_pb2_configs_exit_2_naming_the_field(overrides, message, tmp_path, capsys):
-    argv = ["train", str(TD3_PENDULUM), "--out", str(tmp_path / "run")]
-    assert main([*argv, *[arg for o in overrides for arg in ("--set", o)]]) == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+    assert message in refused_train(tmp_path, capsys, TD3_PENDULUM, *overrides)
