@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fastpop import compile_cache, compile_stats
 from fastpop.commands import bench as bench_commands
 from fastpop.commands import evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
@@ -70,7 +71,16 @@ def add_train_parser(commands) -> None:
         "and metrics.jsonl or checkpoints/, and no file fastpop does not write there) and no "
         "live run holds; anything else is refused and left as it is",
     )
+    add_verbose(train)
     lockstep.add_arguments(train)
+
+
+def add_verbose(parser) -> None:
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="name every program JAX compiles or loads from the compilation cache, with seconds",
+    )
 
 
 def add_resume_parser(commands) -> None:
@@ -92,6 +102,7 @@ def add_resume_parser(commands) -> None:
         metavar="SECTION.KEY=VALUE",
         help="change a resume-safe value, e.g. train.total_env_steps=2000000 (repeatable)",
     )
+    add_verbose(resume)
     lockstep.add_arguments(resume)
 
 
@@ -252,6 +263,7 @@ def execute(run, run_dir: Path) -> int:
         )
         if len(final["ranking"]) > 1:
             print(format_ranking(final["ranking"], (run_dir / "members.json")))
+    summary["compiles"] = compile_stats.counts() | {"cache": compile_cache.status()}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     try:
         paths = plot_runs([run_dir])
@@ -330,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pbt-replay": run_pbt_replay,
         "plot": run_plot,
     }
+    if args.command != "bench":  # the benchmarks time compiles: they opt in themselves
+        compile_cache.enable()
+    compile_stats.install(print if getattr(args, "verbose", False) else None)
+    if getattr(args, "verbose", False):
+        print(f"compilation cache: {compile_cache.status()}")
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:  # Ctrl-C before a run handles it (imports, building, compiling)

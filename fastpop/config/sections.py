@@ -129,6 +129,9 @@ class TrainConfig:
     """Updates per member in one compiled call (K of the scan)."""
     max_wall_seconds: float | None = field(None, gt=0)
     """Stop (with a checkpoint) after this many seconds; null: no limit."""
+    compile_cache: bool = True
+    """Keep compiled programs in JAX's persistent compilation cache (under ~/.cache/fastpop), so
+    that a rerun starts in seconds; false: compile everything anew (fastpop/compile_cache.py)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import jax
 
+from fastpop import compile_cache
+
 _memory: dict[str, dict] = {}
 
 
@@ -48,11 +50,8 @@ def key(*what: str) -> str:
 
 
 def path() -> Path | None:
-    directory = os.environ.get("FASTPOP_CACHE_DIR")
-    if directory is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        directory = os.path.join(base, "fastpop")
-    return Path(directory) / "tuning.json" if directory else None
+    directory = compile_cache.user_cache_dir()
+    return directory / "tuning.json" if directory is not None else None
 
 
 def _read(file: Path) -> dict:

@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from fastpop import compile_cache, population, strategies
 from fastpop import config as config_lib
-from fastpop import population, strategies
 from fastpop.agents import Agent
 from fastpop.collect.segments import memory_order_problem
 from fastpop.collect.sources import Collection, DeviceCollection, DeviceParts, ProcessCollection
@@ -84,6 +84,8 @@ class RunParts(NamedTuple):
 
 def build_run(config: config_lib.Config) -> RunParts:
     """A run's parts; everything that can refuse the config is checked here (ConfigError)."""
+    if not config.train.compile_cache:  # before anything compiles: JAX opens its cache once
+        compile_cache.disable("train.compile_cache: false")
     mode, device_env = _collection(config)
     if mode == "processes" and (problem := memory_order_problem()) is not None:
         raise config_lib.ConfigError(f"{problem} (or step device envs with collect.mode: device)")

@@ -47,6 +47,7 @@ class Run(Protocol):
 SAFE_ON_RESUME = (
     "train.total_env_steps",
     "train.max_wall_seconds",
+    "train.compile_cache",
     "checkpoint.interval_seconds",
     "checkpoint.interval_env_steps",
     "checkpoint.keep",
