@@ -6,9 +6,11 @@ the directory of the tuning cache), one file per compiled program (XLA's seriali
 executable, compressed) plus its last-use time. It is bounded: JAX evicts the least recently
 used programs past FASTPOP_COMPILE_CACHE_MAX_BYTES (default 1 GiB), under a file lock that also
 makes concurrent runs and their processes (spawned collectors, `--distributed` processes)
-read and write it safely. Off: FASTPOP_COMPILE_CACHE=0, FASTPOP_CACHE_DIR="", or the config's
-`train.compile_cache: false`. A user's own JAX_COMPILATION_CACHE_DIR wins: fastpop then
-changes none of JAX's cache settings and never evicts anything there.
+read and write it safely. Off: FASTPOP_COMPILE_CACHE=0 or FASTPOP_CACHE_DIR="" (from the
+start), or the config's `train.compile_cache: false` (from the moment the run is built: the few
+small programs that checking the config compiles may still use it). A user's own
+JAX_COMPILATION_CACHE_DIR wins: fastpop then changes none of JAX's cache settings and never
+evicts anything there.
 
 Every program is kept, however fast it compiled (JAX's default keeps only those over 1 s):
 fastpop's start-up compiles dozens of programs of 0.05-1 s each (initializers, evaluation,
@@ -107,15 +109,19 @@ def enable() -> str:
 
 
 def disable(why: str) -> str:
-    """Turn off the cache fastpop set (a user's JAX_COMPILATION_CACHE_DIR stays as it is)."""
+    """Turn off the cache fastpop set (a user's JAX_COMPILATION_CACHE_DIR stays as it is), for
+    this process's later compiles and the processes it starts from now on."""
     global _status
-    if os.environ.get(OWNED_VARIABLE) and os.environ.get(DIRECTORY_VARIABLE) == os.environ.get(
-        OWNED_VARIABLE
-    ):
+    directory = os.environ.get(DIRECTORY_VARIABLE)
+    if directory and directory != os.environ.get(OWNED_VARIABLE):
+        return _status  # a user's own cache: theirs to turn off
+    if directory:
         import jax
+        from jax.experimental.compilation_cache import compilation_cache
 
         del os.environ[DIRECTORY_VARIABLE], os.environ[OWNED_VARIABLE]
         jax.config.update("jax_compilation_cache_dir", None)
+        compilation_cache.reset_cache()  # JAX opened it at the first compile: close it
     _status = f"off ({why})"
     return _status
 
