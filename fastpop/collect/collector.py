@@ -125,23 +125,24 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         atari_vector=config.collect.atari_vector,
         num_collectors=config.collect.num_collectors,
     )
-    env_spec = build_env_spec(config)
-    agent = build_agent(config, env_spec)
-    treedef = jax.tree.structure(policy_template(agent, config.population.size))
     slot_members = (spec.first_slot + np.arange(spec.num_slots)) // envs_per_member
-    acting = make_acting(
-        config.algo,
-        agent,
-        env_spec,
-        spec.num_slots,
-        envs_per_member,
-        jax.random.key(spec.env_seed),
-    )
+
+    def build_acting():
+        """The agent, its batched policy and the published tree's structure: built at the first
+        step that acts with a policy, so the warm-up's random steps start without waiting for
+        JAX to trace and compile them (16 collectors doing it at once on 2 cores took ~20 s)."""
+        env_spec = build_env_spec(config)
+        agent = build_agent(config, env_spec)
+        treedef = jax.tree.structure(policy_template(agent, config.population.size))
+        key = jax.random.key(spec.env_seed)
+        acting = make_acting(config.algo, agent, env_spec, spec.num_slots, envs_per_member, key)
+        return acting, treedef
+
     warmup_env_steps = -(-config.collect.warmup_steps // envs_per_member)
     stream = RowStream(spec.replay_spec, spec.num_slots)
     params = ParamChannel.attach(spec.params)
     ring = ChunkRing.attach(spec.ring)
-    version = 0
+    version, acting, leaves = 0, None, None  # leaves: the newest policy not yet handed over
     episodes: list[tuple[int, float, int]] = []
     timers = {"env_seconds": 0.0, "policy_seconds": 0.0, "blocked_seconds": 0.0}
     steps = 0  # env steps per env, counted from the start of the run
@@ -151,15 +152,20 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         while not stop_event.is_set():
             newer = params.read_if_newer(version)
             if newer is not None:
-                policy, hparams, run_member_steps = jax.tree.unflatten(treedef, newer[1])
                 if version == 0:  # a restarted collector joins a run already under way
-                    steps = int(run_member_steps) // envs_per_member
-                version = newer[0]
-                acting.set_policy(*jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams)))
+                    steps = int(newer[1][-1]) // envs_per_member  # the tree's last leaf
+                version, leaves = newer
             start = time.perf_counter()
             if steps < warmup_env_steps or version == 0:
                 actions = envs.action_space.sample()
             else:
+                if acting is None:
+                    acting, treedef = build_acting()
+                if leaves is not None:
+                    policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
+                    slots = jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams))
+                    acting.set_policy(*slots)
+                    leaves = None
                 actions = acting(obs, steps)
             stepped = time.perf_counter()
             next_obs, reward, terminated, truncated = envs.step(actions)

@@ -105,6 +105,10 @@ class ProcessCollection:
         self._keep_up()
         return self.workers.feed(learner)
 
+    def waiting_on(self) -> str | None:
+        """What start-up waits for: collectors not yet sending rows (None once all are)."""
+        return self.workers.waiting_on()
+
     def evaluate(self, arrays: dict) -> None:
         self.workers.evaluate(arrays)
 

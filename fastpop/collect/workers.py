@@ -117,7 +117,9 @@ class Workers:
         self.evaluator_restarts = 0
         self.stats: dict[str, dict] = {}
         self.collectors: list = [None] * len(self.blocks)
-        self.evaluator = None
+        self.evaluator = None  # started once every collector sent rows, or when first needed
+        self.delivered = [False] * len(self.blocks)  # whether each collector has sent rows yet
+        self.started = time.monotonic()
         self.stopped = False
 
     def __enter__(self) -> Workers:
@@ -144,7 +146,7 @@ class Workers:
             self.eval_ring = ChunkRing.create(snapshot.layout(self.initial_leaves), EVAL_SLOTS, 0)
             for index in range(len(self.blocks)):
                 self._start_collector(index)
-            self._start_evaluator()
+            self.started = time.monotonic()
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -234,11 +236,14 @@ class Workers:
 
     def next_chunk(self):
         """One chunk from every collector, concatenated over slots; (None, []) if not ready."""
-        for ring, pending in zip(self.rings, self.pending, strict=True):
+        for index, (ring, pending) in enumerate(zip(self.rings, self.pending, strict=True)):
             if not pending:
                 chunk = ring.try_get()
                 if chunk is not None:
                     pending.append(chunk)
+                    self.delivered[index] = True
+        if self.evaluator is None and all(self.delivered):
+            self._start_evaluator()  # after the collectors' start-up: the CPU was theirs
         if not all(self.pending):
             return None, []
         chunks = [pending.popleft() for pending in self.pending]
@@ -250,12 +255,26 @@ class Workers:
         )
         return rows, [episode for chunk in chunks for episode in chunk.episodes]
 
+    def waiting_on(self) -> str | None:
+        """What start-up still waits for (the progress line says it), None once rows flow."""
+        if all(self.delivered):
+            return None
+        ready = sum(self.delivered)
+        return (
+            f"{ready}/{len(self.delivered)} collectors sent their first rows "
+            f"({time.monotonic() - self.started:.0f}s since they started: importing, making envs)"
+        )
+
     def evaluate(self, arrays: dict) -> None:
+        if self.evaluator is None:
+            self._start_evaluator()
         while not self.eval_ring.put(arrays, timeout=1.0):
             self.check()  # a full ring means a slow evaluator: wait, but notice if it died
 
     def evaluations(self, timeout: float = 0.0) -> list[dict]:
         """Evaluation results that arrived, after waiting up to `timeout` s for the first."""
+        if self.results is None:  # no evaluator yet: nothing was asked
+            return []
         if timeout and not self.result_backlog:
             self.results.poll(timeout)
         messages, self.result_backlog = [*self.result_backlog, *received(self.results)], []
@@ -279,7 +298,7 @@ class Workers:
                     reason,
                     lambda i=index: self._start_collector(i),
                 )
-        if self.evaluator.exitcode is not None:
+        if self.evaluator is not None and self.evaluator.exitcode is not None:
             self.evaluator_restarts += 1
             reason = reasons.get(-1) or describe_exit(self.evaluator.exitcode)
             self._restart_or_fail(

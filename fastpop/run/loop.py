@@ -351,6 +351,9 @@ class Run:
         if self.config.train.max_wall_seconds is not None:
             seconds_left = min(seconds_left, self.config.train.max_wall_seconds - elapsed)
         left = f"~{seconds_left:.0f}s left" if math.isfinite(seconds_left) else "starting"
+        waiting_on = getattr(self.collection, "waiting_on", None)  # process mode's workers
+        if env_steps == 0 and waiting_on is not None and (waiting := waiting_on()):
+            left = f"starting: {waiting}"
         returns = self.progress.latest_returns
         if np.all(np.isnan(returns)):
             training = self.progress.training_returns
