@@ -300,10 +300,12 @@ def bench_device(
     per_member_values: list[int],
     command: str = "",
     log=print,
+    on_row=None,
 ) -> dict:
     """Every (P, E) measured; the result as written to the JSON file. `settings.process_env`:
     the gymnasium id trained in process mode beside each row (AUTO: the env's gymnasium
-    counterpart, where it has one; None: no process-mode rows)."""
+    counterpart, where it has one; None: no process-mode rows). `on_row(rows)`, if given, is
+    called with the rows so far after each (P, E)."""
     from fastpop.agents import make_agent
     from fastpop.envs import device_envs
     from fastpop.envs.brax_envs import is_brax_id, resolve_backend
@@ -326,6 +328,8 @@ def bench_device(
             if process_env is not None:
                 process = process_config(settings, size, per_member)
             rows.append(measure(config, settings.seconds, log, process))
+            if on_row is not None:
+                on_row(rows)
     spec = device_envs.device_env_spec(env_id, backend)
     batch_size = make_agent(settings.algo, spec, **agent).batch_size
     return {

@@ -54,13 +54,20 @@ def collection_rate(config: config_lib.Config, seconds: float) -> float:
 
 
 def bench_pipeline(
-    env_id: str, population_size: int, collectors: list[int], seconds: float, train_seconds: float
+    env_id: str,
+    population_size: int,
+    collectors: list[int],
+    seconds: float,
+    train_seconds: float,
+    train_collectors: int = 1,
+    warmup_steps: int = 5_000,
 ) -> dict:
+    """Collection with each count of `collectors`, then a training run of `train_seconds` fed
+    by `train_collectors` collectors: its learner's utilisation (agent-updates/s against the
+    update benchmark's at the same population) and the share of its learning time the run loop
+    spent idle, waiting for rows. Learning starts after `warmup_steps` env steps per member."""
     from fastpop.bench.update import UpdateBenchSettings, bench_update
     from fastpop.envs import env_spec
-    from fastpop.run.loop import Run
-    from fastpop.run.parts import build_run
-    from fastpop.run.progress import samples_per_insert_line
 
     algo = "dqn" if env_spec(env_id).discrete else "td3"  # Atari ids: DQN's Nature CNN
     base = {
@@ -90,24 +97,49 @@ def bench_pipeline(
             f"collection: {count} collector(s) {rate:,.0f} env steps/s "
             f"({rate / count / result['raw_gymnasium_steps_per_s']:.2f}x raw per collector)"
         )
-    settings = UpdateBenchSettings(algo, min_seconds=seconds)
+    settings = UpdateBenchSettings(algo, min_seconds=seconds, matmul_size=256)  # no use here
     update = bench_update(settings, [population_size], ["vectorized"], log=lambda line: None)
-    update_rate = update["rows"][0]["agent_updates_per_s"]
+    training = {"seconds": train_seconds, "collectors": train_collectors, "warmup": warmup_steps}
+    result["learner"] = learner_utilisation(
+        base, update["rows"][0]["agent_updates_per_s"], **training
+    )
+    return result
+
+
+def learner_utilisation(
+    base: dict, update_rate: float, seconds: float, collectors: int, warmup: int
+) -> dict:
+    """A training run of config `base` for `seconds`, fed by `collectors` collectors: its
+    agent-updates/s once learning runs against `update_rate` (the update benchmark's)."""
+    from fastpop.run.loop import Run
+    from fastpop.run.parts import build_run
+    from fastpop.run.progress import samples_per_insert_line
+
     config = config_lib.config_from_dict(
         {
             **base,
-            "collect": {"warmup_steps": 5_000, "num_collectors": 1},
-            "replay": {"min_size": 5_000},
-            "train": {"total_env_steps": 10_000_000, "max_wall_seconds": train_seconds},
+            "collect": {"warmup_steps": warmup, "num_collectors": collectors},
+            "replay": {"min_size": warmup},
+            "train": {"total_env_steps": 10_000_000, "max_wall_seconds": seconds},
             "eval": {"interval": 10_000_000},
         }
     )
     with tempfile.TemporaryDirectory() as run_dir:
         run = Run(build_run(config), Path(run_dir), log=lambda line: None)
         summary = run.run()
+    if summary["learning_started_at"] is None:
+        raise ValueError(
+            f"the training run never updated in {seconds:g} s ({warmup} warm-up steps per "
+            "member): give it more seconds or fewer warm-up steps"
+        )
     learning_seconds = summary["wall_time"] - summary["learning_started_at"]
-    run_rate = summary["updates_per_member"] * population_size / learning_seconds
-    result["learner"] = {
+    run_rate = summary["updates_per_member"] * config.population.size / learning_seconds
+    print(
+        f"learner: {run_rate:,.0f} agent-updates/s in the run vs {update_rate:,.0f} in the "
+        f"update benchmark ({run_rate / update_rate:.2f}x); {samples_per_insert_line(summary)}"
+    )
+    return {
+        "collectors": collectors,
         "update_benchmark_agent_updates_per_s": update_rate,
         "run_agent_updates_per_s": run_rate,
         "utilisation": run_rate / update_rate,
@@ -115,16 +147,14 @@ def bench_pipeline(
         "learning_seconds": learning_seconds,
         "samples_per_insert_target": summary["samples_per_insert_target"],
         "samples_per_insert_achieved": summary["samples_per_insert_achieved"],
+        # an upper bound of the idle share after learning began: the loop's idle seconds
+        # include those of the warm-up before it
+        "idle_fraction_of_learning": summary["learner_seconds"].get("idle", 0.0) / learning_seconds,
         "time_breakdown": {
             "learner_seconds": summary["learner_seconds"],
             "workers": summary["workers"],
         },
     }
-    print(
-        f"learner: {run_rate:,.0f} agent-updates/s in the run vs {update_rate:,.0f} in the "
-        f"update benchmark ({run_rate / update_rate:.2f}x); {samples_per_insert_line(summary)}"
-    )
-    return result
 
 
 def write_pipeline_results(result: dict, out_dir: Path) -> Path:

@@ -97,11 +97,13 @@ def flops_per_update(agent: Agent, hparams, batch: Transition) -> float:
     return cost(agent.update, state, batch, hparams, key)
 
 
-def matmul_gflops(size: int | None = None, repeats: int = 5) -> float:
-    """Best-of-N float32 GFLOP/s of one large square matmul on the default device."""
+def matmul_gflops(size: int | None = None, repeats: int = 5, precision: str | None = None) -> float:
+    """Best-of-N GFLOP/s of one large square float32 matmul on the default device, at JAX's
+    default precision (TF32 on NVIDIA GPUs that have it) or at `precision` ("highest": full
+    float32)."""
     size = size or (2048 if jax.devices()[0].platform == "cpu" else 8192)
     a = jax.random.normal(jax.random.key(0), (size, size))
-    matmul = jax.jit(jnp.matmul)
+    matmul = jax.jit(partial(jnp.matmul, precision=precision))
     matmul(a, a).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
@@ -165,6 +167,7 @@ class UpdateBenchSettings(NamedTuple):
     batch_size: int | None = None  # None: the agent's default
     min_seconds: float = 2.0  # per implementation and population size, over all rounds
     seed: int = 0
+    matmul_size: int | None = None  # of the reference matmul; None: `matmul_gflops`' default
 
 
 def bench_update(
@@ -228,7 +231,7 @@ def bench_update(
         },
         "updates_per_call": updates_per_call,
         "flops_per_update": flops,
-        "matmul_gflops_per_s": matmul_gflops(),
+        "matmul_gflops_per_s": matmul_gflops(settings.matmul_size),
         "rows": rows,
     }
 

@@ -1,4 +1,5 @@
-"""`fastpop bench update | pipeline | checkpoint | device`: the parsers and handlers.
+"""`fastpop bench update | pipeline | checkpoint | device | gpu`: the parsers and handlers
+(gpu's in bench_gpu.py).
 
 The benchmarks themselves are imported only when one runs, so building the parser stays fast.
 """
@@ -15,6 +16,7 @@ from fastpop.bench import checkpoint
 from fastpop.bench.checkpoint_timing import fill_replay, tree_bytes
 from fastpop.bench.common import build_learner
 from fastpop.commands.args import comma_list, fail, one_of, positive_int, positive_int_arg
+from fastpop.commands.bench_gpu import add_gpu_parser, run_gpu
 
 IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
 
@@ -27,6 +29,7 @@ def add_parser(commands) -> argparse.ArgumentParser:
     add_pipeline_parser(benchmarks)
     add_checkpoint_parser(benchmarks)
     add_device_parser(benchmarks)
+    add_gpu_parser(benchmarks)
     return parser
 
 
@@ -169,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
         "pipeline": run_pipeline,
         "checkpoint": run_checkpoint,
         "device": run_device,
+        "gpu": run_gpu,
     }
     return handlers[args.bench](args)
 

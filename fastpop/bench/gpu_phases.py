@@ -1,0 +1,298 @@
+"""The phases of `fastpop bench gpu`, each the existing benchmark at the sizes of the GPU
+programme (or tiny ones, `--smoke`), writing its files into the output directory as it goes.
+
+Each phase runs in a child process of its own (bench/gpu_runner.py) under a time cap, and keeps
+`phase_<name>.json` up to date: what it has finished so far, `complete` once it has ended. A
+phase given a deadline starts no new item (an algorithm, an env sweep, a training run) that
+would begin after it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from pathlib import Path
+
+from fastpop.bench.common import write_json
+
+PHASES = ("update", "device", "pipeline", "pbt")
+TIGHT_DEFAULT = "default"  # jnp.matmul's default precision: TF32 on NVIDIA GPUs that have it
+
+# EvoRL's PBT-SAC iteration (its pbt_param_sac configs: workflow_steps_per_iter 1024, each step
+# a rollout of 2 env steps and one SAC update of batch 256), per member. The pbt phase trains
+# sac_pbt_brax_ant at that ratio (replay.samples_per_insert = 256 / 2).
+EVORL_ITERATION = {"updates": 1024, "env_steps": 2048}
+CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs"
+
+# Every pbt-phase run: no replay in its stop checkpoint (GBs at these sizes), no TensorBoard.
+RUN_OVERRIDES = ["checkpoint.replay=false", "log.tensorboard=false"]
+FULL_PLANS = {
+    "update": {
+        "algos": {
+            "td3": [1, 2, 4, 8, 16, 32, 64, 80, 128, 256],
+            "sac": [1, 2, 4, 8, 16, 32, 64, 80, 128, 256],
+            "dqn": [1, 2, 4, 8, 16, 32, 64],
+        },
+        "impls": ["vectorized", "sequential", "torch"],
+        "min_seconds": 1.0,
+        "updates_per_call": 10,
+        "matmul_size": None,
+    },
+    "device": {  # (env id, population sizes, envs per member): each a product, most wanted first
+        "sweeps": [
+            ("brax/halfcheetah", [16, 64, 256], [1]),
+            ("brax/ant", [64, 256], [4]),
+            ("brax/halfcheetah", [64], [4, 16]),
+            ("brax/ant", [256], [1, 16]),
+            ("gymnax/Pendulum-v1", [16, 256], [1, 16]),
+            ("playground/CartpoleBalance", [64, 256], [4]),
+        ],
+        "seconds": 3.0,
+        "chunk_len": 32,
+        "agent": None,  # the algorithm's networks (256-256)
+    },
+    "pipeline": {
+        "env": "HalfCheetah-v5",
+        "population": 80,
+        "collectors": [1, 2, 4, 8, 14],
+        "seconds": 8.0,
+        "train_seconds": 120.0,
+        "train_collectors": 14,
+        "warmup_steps": 5_000,
+    },
+    "pbt": {  # each run's train.max_wall_seconds: wall_seconds, at most wall_fraction of the cap
+        "wall_seconds": 120.0,
+        "wall_fraction": 0.36,
+        "runs": [
+            ("td3_pbt_halfcheetah", ["eval.episodes=2", "collect.num_collectors=14"]),
+            ("sac_pbt_brax_ant", ["eval.episodes=2", "replay.samples_per_insert=128"]),
+        ],
+    },
+}
+_TINY_REPLAY = ["replay.capacity=2000", "replay.min_size=200", "collect.warmup_steps=200"]
+_TINY_AGENT = ["agent.hidden_sizes=[32,32]", "agent.batch_size=32", "population.size=2"]
+_TINY_PBT = ["pbt.bottom_fraction=0.5", "pbt.top_fraction=0.5"]  # of 2 members: 1 each
+_TINY = [*_TINY_REPLAY, *_TINY_AGENT, *_TINY_PBT, "eval.interval=200", "eval.episodes=1"]
+SMOKE_PLANS = {
+    "update": {
+        "algos": {"td3": [1, 2], "sac": [1]},  # DQN's Nature CNN compiles for long on a CPU
+        "impls": ["vectorized", "sequential"],
+        "min_seconds": 0.03,
+        "updates_per_call": 2,
+        "matmul_size": 128,
+    },
+    "device": {
+        "sweeps": [("gymnax/Pendulum-v1", [2], [1]), ("gymnax/Pendulum-v1", [2], [2])],
+        "seconds": 0.06,
+        "chunk_len": 8,
+        "agent": {"hidden_sizes": [32, 32], "batch_size": 32},
+    },
+    "pipeline": {
+        "env": "Pendulum-v1",
+        "population": 2,
+        "collectors": [1],
+        "seconds": 0.3,
+        "train_seconds": 10.0,
+        "train_collectors": 1,
+        "warmup_steps": 256,
+    },
+    "pbt": {
+        "wall_seconds": 5.0,
+        "wall_fraction": 0.36,
+        "runs": [
+            ("td3_pbt_halfcheetah", [*_TINY, "env.id=Pendulum-v1", "collect.num_collectors=1"]),
+            (
+                "sac_pbt_brax_ant",
+                [
+                    *_TINY,
+                    "env.id=gymnax/Pendulum-v1",
+                    "collect.envs_per_member=1",
+                    "collect.chunk_len=16",
+                    "train.updates_per_call=8",
+                    "pbt.interval=400",
+                ],
+            ),
+        ],
+    },
+}
+# Seconds each phase may run (bench/gpu_runner.py kills it after): one remote 10-minute
+# command holds `update`, one `device`, one `pipeline` and `pbt`; about 25 minutes in all.
+FULL_CAPS = {"update": 450.0, "device": 510.0, "pipeline": 240.0, "pbt": 330.0}
+SMOKE_CAPS = {"update": 120.0, "device": 120.0, "pipeline": 120.0, "pbt": 120.0}
+
+
+class PhaseRecord(dict):
+    """`phase_<name>.json`: what the phase has done so far, written again at each `save`."""
+
+    def __init__(self, out_dir: Path, phase: str, plan: dict, cap: float):
+        super().__init__(phase=phase, complete=False, cap_seconds=cap, plan=plan, files=[])
+        self.path = out_dir / f"phase_{phase}.json"
+        self.start = time.perf_counter()
+        self.deadline = self.start + cap
+
+    def add_files(self, *paths: Path) -> None:
+        """Paths in the output directory, recorded relative to it."""
+        names = [p.relative_to(self.path.parent).as_posix() for p in paths]
+        self["files"] += [name for name in names if name not in self["files"]]
+
+    def time_left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def save(self) -> None:
+        self["seconds"] = time.perf_counter() - self.start
+        write_json(dict(self), self.path)
+
+
+def environment() -> dict:
+    """What the child process's JAX sees: device, platform version (CUDA's), versions."""
+    import jax
+    import jaxlib
+
+    device = jax.devices()[0]
+    return {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "device_count": jax.device_count(),
+        "platform_version": device.client.platform_version,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "environment_info": jax.print_environment_info(return_string=True),
+    }
+
+
+def run_phase(phase: str, out_dir: Path, plan: dict, cap: float, command: str) -> bool:
+    """One phase in this process; whether it completed (its error is in its record if not)."""
+    record = PhaseRecord(out_dir, phase, plan, cap)
+    record["command"] = command
+    try:
+        record["environment"] = environment()
+        record.save()
+        {"update": update_phase, "device": device_phase, "pipeline": pipeline_phase}.get(
+            phase, pbt_phase
+        )(out_dir, plan, record)
+        record["complete"] = True
+    except Exception as error:  # recorded; the next phase still runs
+        record["error"] = f"{type(error).__name__}: {error}"
+        record["traceback"] = traceback.format_exc()
+        print(f"bench gpu: phase {phase} failed: {record['error']}", flush=True)
+    record.save()
+    return record["complete"]
+
+
+def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
+    """`fastpop bench update` for each algorithm, after the reference matmuls."""
+    from fastpop.bench.update import UpdateBenchSettings, bench_update, matmul_gflops
+    from fastpop.bench.update import write_results as write_update
+
+    size = plan["matmul_size"]
+    record["matmul_gflops_per_s"] = {
+        "float32": matmul_gflops(size, precision="highest"),
+        TIGHT_DEFAULT: matmul_gflops(size),
+    }
+    record["algos"] = {}
+    record.save()
+    for algo, populations in plan["algos"].items():
+        if record.time_left() <= 0:
+            record["algos"][algo] = {"skipped": "the phase's time cap had passed"}
+            continue
+        settings = UpdateBenchSettings(
+            algo, plan["updates_per_call"], None, plan["min_seconds"], matmul_size=size
+        )
+        result = bench_update(settings, populations, plan["impls"])
+        json_path, png_path = write_update(result, out_dir)
+        record["algos"][algo] = {"json": json_path.name, "png": png_path.name}
+        record.add_files(json_path, png_path)
+        record.save()
+
+
+def device_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
+    """`fastpop bench device` for each sweep; sweeps of one env share its files (rows merged),
+    and a sweep that fails (an env family not installed) is recorded and skipped."""
+    from fastpop.bench.common import DeviceBenchSettings
+    from fastpop.bench.device import bench_device
+    from fastpop.bench.device_report import write_results as write_device
+    from fastpop.envs import device_envs
+
+    results, record["envs"], record["sweeps"] = {}, {}, []
+    for env_id, populations, per_member in plan["sweeps"]:
+        sweep = {"env": env_id, "populations": populations, "envs_per_member": per_member}
+        record["sweeps"].append(sweep)
+        if record.time_left() <= 0:
+            sweep["skipped"] = "the phase's time cap had passed"
+            continue
+        earlier = results.get(env_id, {}).get("rows", [])
+
+        def partial(rows, env_id=env_id, earlier=earlier):
+            record["envs"][env_id] = {"rows_so_far": earlier + rows}
+            record.save()
+
+        try:
+            algo = "dqn" if device_envs.discrete_actions(env_id) else "td3"
+            settings = DeviceBenchSettings(
+                env_id,
+                None,
+                algo,
+                plan["seconds"],
+                plan["chunk_len"],
+                agent=plan["agent"],
+                process_env=None,
+            )
+            result = bench_device(
+                settings, populations, per_member, record["command"], on_row=partial
+            )
+        except Exception as error:  # MissingExtra, out of memory: the next sweep still runs
+            sweep["error"] = f"{type(error).__name__}: {error}"
+            record.save()
+            continue
+        result["rows"] = earlier + result["rows"]
+        results[env_id] = result
+        json_path, png_path = write_device(result, out_dir)
+        record["envs"][env_id] = {"json": json_path.name, "png": png_path.name}
+        record.add_files(json_path, png_path)
+        record.save()
+
+
+def pipeline_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
+    """`fastpop bench pipeline`: collection per collector count, the learner's utilisation."""
+    from fastpop.bench.pipeline import bench_pipeline, write_pipeline_results
+
+    result = bench_pipeline(
+        plan["env"],
+        plan["population"],
+        plan["collectors"],
+        plan["seconds"],
+        plan["train_seconds"],
+        train_collectors=plan["train_collectors"],
+        warmup_steps=plan["warmup_steps"],
+    )
+    path = write_pipeline_results(result, out_dir)
+    record["json"] = path.name
+    record.add_files(path)
+
+
+def pbt_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
+    """Each preset trained for a fixed wall time into `runs/<preset>/` (metrics, summary.json,
+    the walltime-vs-return plot)."""
+    from fastpop.bench.gpu_training import train_preset
+
+    wall = min(plan["wall_seconds"], plan["wall_fraction"] * record["cap_seconds"])
+    record["runs"] = {}
+    for preset, overrides in plan["runs"]:
+        if record.time_left() < wall:
+            record["runs"][preset] = {"skipped": "too little of the phase's time cap was left"}
+            continue
+        run_dir = out_dir / "runs" / preset
+        config = CONFIGS_DIR / f"{preset}.yaml"
+        run = train_preset(config, [*RUN_OVERRIDES, *overrides], wall, run_dir)
+        record["runs"][preset] = run
+        record.add_files(*(out_dir / path for path in run["plots"]))
+        record.save()
+
+
+def read_record(out_dir: Path, phase: str) -> dict | None:
+    path = out_dir / f"phase_{phase}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,229 @@
+"""README.md of a `fastpop bench gpu` directory: the machine, each phase's status and files,
+the GPU targets of issue 24 judged met or missed, and the main numbers of each phase."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from fastpop.bench.gpu_phases import EVORL_ITERATION, PHASES, TIGHT_DEFAULT, read_record
+
+EVORL_SECONDS = 25.0  # EvoRL's PBT-SAC iteration at 256 members on one RTX 3090
+
+
+def nvidia_smi() -> str:
+    """The driver's view of the GPUs (model, driver, memory), or why there is none."""
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"]
+    try:
+        result = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"none ({type(error).__name__}: nvidia-smi did not answer)"
+    return "; ".join(line.strip() for line in result.stdout.splitlines() if line.strip())
+
+
+def load(out_dir: Path, name: str | None) -> dict | None:
+    try:
+        return json.loads((out_dir / name).read_text()) if name else None
+    except (OSError, ValueError):
+        return None
+
+
+def verdict(value: float | None, threshold: float, at_most: bool = False, why: str = "") -> str:
+    if value is None:
+        return f"not measured{f' ({why})' if why else ''}"
+    met = value <= threshold if at_most else value >= threshold
+    return "**met**" if met else "**missed**"
+
+
+def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, str]]:
+    """TD3 at P=80: vectorized >= 50x sequential JAX and >= 100x PyTorch; >= 50% of the
+    measured default-precision matmul rate at every measured P >= 80."""
+    names = ("TD3 P=80: vectorized / sequential JAX", "TD3 P=80: vectorized / PyTorch")
+    flops_name = "TD3 P>=80: update GFLOP/s / matmul (default precision), lowest P"
+    td3 = load(out_dir, ((record or {}).get("algos") or {}).get("td3", {}).get("json"))
+    if td3 is None:
+        missing = verdict(None, 0, why="no TD3 update results")
+        return [(name, "-", missing) for name in (*names, flops_name)]
+    rate = {(r["impl"], r["population"]): r for r in td3["rows"]}
+    vectorized = rate.get(("vectorized", 80))
+    rows = []
+    for name, baseline, threshold in ((names[0], "sequential", 50), (names[1], "torch", 100)):
+        other = rate.get((baseline, 80))
+        value = (
+            vectorized["agent_updates_per_s"] / other["agent_updates_per_s"]
+            if vectorized and other
+            else None
+        )
+        why = f"no {baseline} row at P=80"
+        shown = "-" if value is None else f"{value:.1f}x"
+        rows.append((f"{name} >= {threshold}x", shown, verdict(value, threshold, why=why)))
+    matmul = record["matmul_gflops_per_s"][TIGHT_DEFAULT]
+    big = [r for r in td3["rows"] if r["impl"] == "vectorized" and r["population"] >= 80]
+    fractions = {r["population"]: r["gflops_per_s"] / matmul for r in big}
+    value = min(fractions.values()) if fractions else None
+    shown = ", ".join(f"P={p}: {f:.0%}" for p, f in sorted(fractions.items())) or "-"
+    rows.append((f"{flops_name} >= 50%", shown, verdict(value, 0.5, why="no P >= 80")))
+    return rows
+
+
+def pbt_target(record: dict | None) -> tuple[str, str, str]:
+    """Device-mode SAC PBT, 256 members on brax/ant: an EvoRL-sized iteration in <= 5 s."""
+    name = "SAC PBT, 256 members, brax/ant: seconds per EvoRL iteration <= 5"
+    name += f" (EvoRL: {EVORL_SECONDS:g} on an RTX 3090)"
+    run = ((record or {}).get("runs") or {}).get("sac_pbt_brax_ant") or {}
+    if run.get("population") != 256 or run.get("env") != "brax/ant":
+        return name, "-", verdict(None, 5, why="no run at 256 members on brax/ant")
+    rate = run.get("updates_per_member_per_s")
+    if not rate:
+        return name, "-", verdict(None, 5, why="no update ran")
+    seconds = EVORL_ITERATION["updates"] / rate
+    return name, f"{seconds:.2f} s ({rate:.0f} updates/member/s)", verdict(seconds, 5, True)
+
+
+def pipeline_target(out_dir: Path, record: dict | None) -> tuple[str, str, str]:
+    """Process mode, TD3 at P=80 with 14 collectors: the learner busy >= 85% of the time."""
+    name = "process mode, TD3 P=80, 14 collectors: learner utilisation >= 85%"
+    result = load(out_dir, (record or {}).get("json"))
+    learner = (result or {}).get("learner") or {}
+    if result is None or result["population"] != 80 or learner.get("collectors") != 14:
+        return name, "-", verdict(None, 0.85, why="no run at P=80 with 14 collectors")
+    value = learner["utilisation"]
+    return name, f"{value:.0%}", verdict(value, 0.85)
+
+
+def environment_lines(records: dict) -> list[str]:
+    seen = next((r["environment"] for r in records.values() if r and "environment" in r), None)
+    lines = [f"- GPU (nvidia-smi: model, driver, memory): {nvidia_smi()}"]
+    if seen is None:
+        return [*lines, "- JAX's device: not read (no phase started)"]
+    lines += [
+        f"- JAX's device: {seen['device_kind']} ({seen['platform']}, {seen['device_count']} "
+        f"device(s)); platform version (CUDA's on a GPU): {seen['platform_version']!r}",
+        f"- jax {seen['jax']}, jaxlib {seen['jaxlib']}",
+        "",
+        "```",
+        seen["environment_info"].strip(),
+        "```",
+    ]
+    return lines
+
+
+def update_lines(out_dir: Path, record: dict) -> list[str]:
+    matmul = record.get("matmul_gflops_per_s") or {}
+    lines = ["### update"]
+    if matmul:
+        lines.append(
+            f"Matmul measured in the phase: {matmul['float32']:,.0f} GFLOP/s at float32 "
+            f"(precision highest), {matmul[TIGHT_DEFAULT]:,.0f} at JAX's default (TF32 where "
+            "the GPU has it)."
+        )
+    for algo, files in (record.get("algos") or {}).items():
+        result = load(out_dir, files.get("json"))
+        if result is None:
+            lines.append(f"- {algo}: {files.get('skipped', 'no result')}")
+            continue
+        lines += ["", f"{algo.upper()} (`{files['json']}`, `{files['png']}`):", ""]
+        lines += ["| impl | P | agent-updates/s | x sequential | GFLOP/s | compile s |"]
+        lines += ["|---|---:|---:|---:|---:|---:|"]
+        for r in result["rows"]:
+            speedup = r.get("speedup_over_sequential")
+            lines.append(
+                f"| {r['impl']} | {r['population']} | {r['agent_updates_per_s']:,.0f} | "
+                f"{'-' if speedup is None else f'{speedup:.1f}'} | {r['gflops_per_s']:,.1f} | "
+                f"{r['compile_seconds']:.1f} |"
+            )
+    return lines
+
+
+def device_lines(out_dir: Path, record: dict) -> list[str]:
+    from fastpop.bench.device_report import table
+
+    lines = ["### device"]
+    for sweep in record.get("sweeps", []):
+        problem = sweep.get("error") or sweep.get("skipped")
+        if problem:
+            sizes = f"P={sweep['populations']} E={sweep['envs_per_member']}"
+            lines.append(f"- {sweep['env']} {sizes}: {problem}")
+    for env_id, files in (record.get("envs") or {}).items():
+        result = load(out_dir, files.get("json"))
+        if result is not None:
+            lines += ["", f"{env_id} (`{files['json']}`, `{files['png']}`):", "", table(result)]
+        else:
+            lines.append(f"- {env_id}: {len(files.get('rows_so_far', []))} row(s) when it stopped")
+    return lines
+
+
+def pipeline_lines(out_dir: Path, record: dict) -> list[str]:
+    result = load(out_dir, record.get("json"))
+    if result is None:
+        return ["### pipeline", "no result"]
+    lines = ["### pipeline", "", f"{result['env']}, P={result['population']} (`{record['json']}`):"]
+    lines.append(f"- raw gymnasium: {result['raw_gymnasium_steps_per_s']:,.0f} env steps/s")
+    for row in result["collection"]:
+        lines.append(
+            f"- {row['collectors']} collector(s): {row['env_steps_per_s']:,.0f} env steps/s "
+            f"({row['per_collector_vs_raw']:.2f}x raw per collector)"
+        )
+    learner = result["learner"]
+    lines.append(
+        f"- training with {learner['collectors']} collector(s): "
+        f"{learner['run_agent_updates_per_s']:,.0f} agent-updates/s against "
+        f"{learner['update_benchmark_agent_updates_per_s']:,.0f} in the update benchmark "
+        f"(utilisation {learner['utilisation']:.0%}); idle "
+        f"{learner['idle_fraction_of_learning']:.0%} of the learning time"
+    )
+    return lines
+
+
+def pbt_lines(record: dict) -> list[str]:
+    lines = ["### pbt"]
+    for preset, run in (record.get("runs") or {}).items():
+        if "skipped" in run:
+            lines.append(f"- {preset}: {run['skipped']}")
+            continue
+        rate = run.get("updates_per_member_per_s")
+        lines.append(
+            f"- {preset}: {run['population']} members, {run['env']} ({run['collect_mode']} "
+            f"mode), {run['wall_seconds']:.0f} s, {run['member_env_steps']:,} env steps and "
+            f"{run['updates_per_member']:,} updates per member"
+            + (f", {rate:.1f} updates/member/s ({run['rates_measured']})" if rate else "")
+            + f"; plots: {', '.join(f'`{p}`' for p in run['plots']) or run.get('no_plot')}"
+        )
+    return lines
+
+
+def write_readme(out_dir: Path, manifest: dict) -> Path:
+    """README.md from the manifest and the phases' records (rewritten after each phase)."""
+    records = {phase: read_record(out_dir, phase) for phase in PHASES}
+    lines = ["# fastpop bench gpu", ""]
+    if manifest.get("smoke"):
+        lines += ["**Smoke sizes** (`--smoke`): tiny populations and envs; no target judged.", ""]
+    lines += [f"Last command: `{manifest.get('command', '')}`", "", "## Machine", ""]
+    lines += environment_lines(records)
+    lines += ["", "## Phases", "", "| phase | status | seconds | cap (s) | files |"]
+    lines += ["|---|---|---:|---:|---|"]
+    for phase, entry in manifest["phases"].items():
+        files = ", ".join(f"`{f}`" for f in entry.get("files", [])) or "-"
+        status = entry["status"] + (f": {entry['error']}" if "error" in entry else "")
+        lines.append(
+            f"| {phase} | {status} | {entry.get('seconds', 0):.0f} | {entry['cap_seconds']:.0f} | "
+            f"{files} |"
+        )
+    lines += ["", "## Targets (issue 24)", "", "| target | measured | verdict |", "|---|---|---|"]
+    targets = update_targets(out_dir, records["update"])
+    targets += [pbt_target(records["pbt"]), pipeline_target(out_dir, records["pipeline"])]
+    lines += [f"| {name} | {measured} | {judged} |" for name, measured, judged in targets]
+    lines += ["", "## Results", ""]
+    sections = {
+        "update": lambda r: update_lines(out_dir, r),
+        "device": lambda r: device_lines(out_dir, r),
+        "pipeline": lambda r: pipeline_lines(out_dir, r),
+        "pbt": pbt_lines,
+    }
+    for phase, section in sections.items():
+        if records[phase] is not None:
+            lines += [*section(records[phase]), ""]
+    path = out_dir / "README.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

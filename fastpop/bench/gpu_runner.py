@@ -1,0 +1,123 @@
+"""`fastpop bench gpu`'s driver: each phase in a child process of its own, killed at its time
+cap, the directory's manifest (`bench_gpu.json`) and README.md summary rewritten after each.
+
+A child is started fresh for every phase so that no phase inherits another's device memory, a
+crash or an out-of-memory error ends one phase only, and a cap can stop a phase stuck in a long
+compile. This process never initialises an accelerator: what the device is comes from the
+children's records (and nvidia-smi).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from fastpop.bench.common import write_json
+from fastpop.bench.gpu_phases import read_record, run_phase
+from fastpop.bench.gpu_report import write_readme
+
+MANIFEST = "bench_gpu.json"  # marks a directory `fastpop bench gpu` wrote
+GRACE_SECONDS = 30.0  # after the cap's SIGTERM, before SIGKILL (a run's stop checkpoint)
+
+
+class PhaseCapped(Exception):
+    """SIGTERM in a phase's child: its cap passed (or the driver stopped)."""
+
+
+def _raise_capped(signum, frame):
+    raise PhaseCapped("the phase's time cap passed, or `fastpop bench gpu` was stopped")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _stop_when_orphaned(parent: int) -> None:
+    """SIGTERM to this child if the driver dies (killed, say, by a remote command's limit)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child(phase: str, out_dir: str, plan: dict, cap: float, command: str) -> None:
+    os.setpgrp()  # the phase's own collector processes go with it when the cap kills it
+    signal.signal(signal.SIGTERM, _raise_capped)
+    watch = threading.Thread(target=_stop_when_orphaned, args=(os.getppid(),), daemon=True)
+    watch.start()
+    complete = run_phase(phase, Path(out_dir), plan, cap, command)
+    raise SystemExit(0 if complete else 1)
+
+
+def read_manifest(out_dir: Path) -> dict:
+    try:
+        return json.loads((out_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {"phases": {}}
+
+
+def stop(process, grace: float) -> None:
+    """SIGTERM to the child's process group, then SIGKILL after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        if not process.is_alive():
+            return
+        try:
+            os.killpg(process.pid, sig)
+        except (ProcessLookupError, PermissionError):  # not yet its own group
+            process.kill() if sig == signal.SIGKILL else process.terminate()
+        process.join(wait)
+
+
+def run_phases(
+    out_dir: Path, phases: list[str], plans: dict, caps: dict, command: str, smoke: bool, log=print
+) -> dict:
+    """Every phase in turn; the manifest (what each phase did), also written to the directory."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(out_dir)
+    manifest |= {"smoke": smoke, "command": command}
+    context = multiprocessing.get_context("spawn")
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the child, then exit
+    try:
+        for phase in phases:
+            run_one(out_dir, phase, plans[phase], caps[phase], command, manifest, context, log)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return manifest
+
+
+def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
+    """One phase in a child process under its cap; the manifest and README.md updated."""
+    log(f"bench gpu: phase {phase} (cap {cap:.0f} s)")
+    entry = {"cap_seconds": cap, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    manifest["phases"][phase] = entry | {"status": "running"}
+    write_json(manifest, out_dir / MANIFEST)
+    start = time.perf_counter()
+    args = (phase, str(out_dir), plan, cap, command)
+    process = context.Process(target=_child, args=args, name=f"bench-gpu-{phase}")
+    process.start()
+    grace = min(GRACE_SECONDS, 0.1 * cap + 2.0)
+    try:
+        process.join(cap)
+    except BaseException:  # Ctrl-C or SIGTERM: the child, in its own group, is stopped too
+        stop(process, grace)
+        raise
+    capped = process.is_alive()
+    if capped:
+        stop(process, grace)
+    record = read_record(out_dir, phase) or {}
+    if record.get("complete") and process.exitcode == 0:
+        status = "done"
+    else:
+        status = "capped" if capped else "failed"
+    entry |= {"status": status, "seconds": time.perf_counter() - start}
+    entry |= {"exit_code": process.exitcode, "files": record.get("files", [])}
+    if status == "failed":
+        entry["error"] = record.get("error", f"the phase's process exited {process.exitcode}")
+    manifest["phases"][phase] = entry
+    write_json(manifest, out_dir / MANIFEST)
+    write_readme(out_dir, manifest)
+    log(f"bench gpu: phase {phase} {status} in {entry['seconds']:.0f} s")

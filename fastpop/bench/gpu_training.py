@@ -1,0 +1,73 @@
+"""The pbt phase's training runs: a preset trained for a fixed wall time, as `fastpop train`
+would (its run directory, summary.json and walltime-vs-return plot), and its throughput."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+
+def train_preset(config_path: Path, overrides: list[str], wall_seconds: float, run_dir: Path):
+    """Train `config_path` with `overrides` for `wall_seconds` into `run_dir` (replaced: it lies
+    in a `fastpop bench gpu` directory); what the report needs of the run."""
+    from fastpop import config as config_lib
+    from fastpop.analysis.plot import plot_runs
+    from fastpop.run.loop import Run
+    from fastpop.run.parts import build_run
+
+    config = config_lib.load_config(
+        config_path, [*overrides, f"train.max_wall_seconds={wall_seconds:g}"]
+    )
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    summary = Run(build_run(config), run_dir).run()
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    record = {
+        "config": str(config_path.name),
+        "overrides": overrides,
+        "env": config.env.id,
+        "algo": config.algo,
+        "population": config.population.size,
+        "collect_mode": summary["collect_mode"],
+        "run_dir": str(run_dir.relative_to(run_dir.parents[1])),
+        "wall_seconds": summary["wall_time"],
+        "learning_started_at": summary["learning_started_at"],
+        "member_env_steps": summary["member_env_steps"],
+        "updates_per_member": summary["updates_per_member"],
+        "stopped_by": summary["stopped_by"],
+    } | learning_rates(run_dir, summary)
+    try:
+        record["plots"] = [str(p.relative_to(run_dir.parents[1])) for p in plot_runs([run_dir])]
+    except ValueError as error:  # no evaluation finished in the wall time
+        record["plots"], record["no_plot"] = [], str(error)
+    return record
+
+
+def learning_rates(run_dir: Path, summary: dict) -> dict:
+    """Updates and env steps per member per second while learning: between the first and the
+    last evaluation rows that follow the first update (the loop's own pace, without start-up,
+    the final evaluation or the stop checkpoint), else over the whole time since the first
+    update (an underestimate)."""
+    from fastpop.run.metrics import read_metrics
+
+    start = summary["learning_started_at"]
+    if start is None:
+        return {"updates_per_member_per_s": None, "member_env_steps_per_s": None}
+    rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    times = sorted({(r["wall_time"], r["updates"], r["member_env_steps"]) for r in rows})
+    times = [t for t in times if t[0] > start and t[1] > 0]
+    if len(times) >= 2 and times[-1][0] > times[0][0]:
+        (t0, u0, s0), (t1, u1, s1) = times[0], times[-1]
+        how = "between evaluation rows"
+    else:
+        (t0, u0, s0) = (start, 0, 0)
+        (t1, u1, s1) = (summary["wall_time"], summary["updates_per_member"], 0)
+        how = "since the first update, final evaluation included"
+    seconds = t1 - t0
+    return {
+        "updates_per_member_per_s": (u1 - u0) / seconds,
+        "member_env_steps_per_s": (s1 - s0) / seconds if s1 else None,
+        "rates_measured": how,
+    }

@@ -1,0 +1,104 @@
+"""`fastpop bench gpu`: the GPU programme (update, device, pipeline, pbt phases) as one command,
+each phase under its own time cap, its files written into --out as soon as it ends."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from fastpop.commands.args import comma_list, fail
+
+# Kept in step with bench/gpu_phases.py's PHASES (tests/test_bench_gpu.py checks), so that
+# building the parser imports no benchmark.
+PHASES = ("update", "device", "pipeline", "pbt")
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budget {text!r}: not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"budget {text!r}: must be a finite number > 0")
+    return value
+
+
+def add_gpu_parser(benchmarks) -> None:
+    gpu = benchmarks.add_parser(
+        "gpu",
+        help="the whole GPU programme in phases: update, device, pipeline, pbt",
+        description="Runs the GPU measurements in phases, each in a process of its own killed "
+        "at its time cap, each writing its JSON / PNG into --out as soon as it ends: update "
+        "(TD3 / SAC at P up to 256, DQN up to 64; vectorized, sequential, PyTorch; matmul at "
+        "float32 and default precision), device (brax halfcheetah and ant, gymnax, Playground "
+        "at P up to 256, E 1..16), pipeline (1-14 collectors on HalfCheetah-v5, 80-member "
+        "TD3's learner utilisation), pbt (td3_pbt_halfcheetah and sac_pbt_brax_ant for a fixed "
+        "wall time). DIR/README.md sums up the machine, the phases and the targets met or "
+        "missed. Default caps: update 450 s, device 510 s, pipeline 240 s, pbt 330 s.",
+    )
+    gpu.add_argument("--out", type=Path, required=True, help="the results directory")
+    gpu.add_argument(
+        "--phases",
+        type=comma_list(str, "phase", PHASES),
+        default=list(PHASES),
+        help=f"phases to run, comma-separated from {','.join(PHASES)} (default all)",
+    )
+    gpu.add_argument(
+        "--budget-seconds",
+        type=positive_seconds,
+        default=None,
+        help="seconds for the chosen phases together, shared in proportion to their default "
+        "caps (default: the sum of their caps)",
+    )
+    gpu.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes and cheap envs (gymnax / classic control): the same phases on a CPU "
+        "in about a minute",
+    )
+
+
+def check_out_dir(out: Path, manifest_name: str) -> str | None:
+    """Why --out cannot be written, or None: absent, empty, or written by `fastpop bench gpu`
+    before (its manifest there; its phases' files are replaced, nothing else is touched)."""
+    if out.exists() and not out.is_dir():
+        return f"--out {out}: is a file; choose a directory"
+    if not out.exists() or not any(out.iterdir()):
+        return None
+    if not (out / manifest_name).is_file():
+        held = sorted(entry.name for entry in out.iterdir())
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        return (
+            f"--out {out}: already exists and was not written by `fastpop bench gpu` (it has no "
+            f"{manifest_name}; it holds {shown}); nothing was written. Choose an absent or "
+            "empty directory"
+        )
+    return None
+
+
+def gpu_command(args: argparse.Namespace) -> str:
+    """The `fastpop bench gpu` command these arguments stand for."""
+    words = ["fastpop", "bench", "gpu", "--out", str(args.out), "--phases", ",".join(args.phases)]
+    if args.budget_seconds is not None:
+        words += ["--budget-seconds", f"{args.budget_seconds:g}"]
+    return shlex.join(words + (["--smoke"] if args.smoke else []))
+
+
+def run_gpu(args: argparse.Namespace) -> int:
+    """The `fastpop bench gpu` handler: 0 when every chosen phase ended, 1 otherwise."""
+    from fastpop.bench import gpu_phases
+    from fastpop.bench.gpu_runner import MANIFEST, run_phases
+
+    if problem := check_out_dir(args.out, MANIFEST):
+        return fail(problem)
+    phases = [phase for phase in gpu_phases.PHASES if phase in args.phases]
+    plans = gpu_phases.SMOKE_PLANS if args.smoke else gpu_phases.FULL_PLANS
+    caps = dict(gpu_phases.SMOKE_CAPS if args.smoke else gpu_phases.FULL_CAPS)
+    if args.budget_seconds is not None:
+        scale = args.budget_seconds / sum(caps[phase] for phase in phases)
+        caps = {phase: cap * scale for phase, cap in caps.items()}
+    manifest = run_phases(args.out, phases, plans, caps, gpu_command(args), args.smoke)
+    print(f"wrote {args.out / 'README.md'}")
+    statuses = [manifest["phases"][phase]["status"] for phase in phases]
+    return 0 if all(status == "done" for status in statuses) else 1
