@@ -95,6 +95,7 @@ def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
     entry = {"cap_seconds": cap, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     manifest["phases"][phase] = entry | {"status": "running"}
     write_json(manifest, out_dir / MANIFEST)
+    (out_dir / f"phase_{phase}.json").unlink(missing_ok=True)  # an earlier run's, if any
     start = time.perf_counter()
     args = (phase, str(out_dir), plan, cap, command)
     process = context.Process(target=_child, args=args, name=f"bench-gpu-{phase}")

@@ -1,0 +1,174 @@
+"""`fastpop bench gpu`: the GPU programme's phases at smoke sizes on the CPU (so the command
+cannot rot before a GPU runs it), its time caps, its output directory, and the targets its
+README judges."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+pytest.importorskip("gymnax")
+
+from fastpop.bench import gpu_phases
+from fastpop.bench.gpu_report import judge_targets
+from fastpop.commands import bench as commands
+from fastpop.commands import bench_gpu
+
+PHASE_FILES = {
+    "update": {"update_td3_cpu.json", "update_td3_cpu.png", "update_sac_cpu.json"},
+    "device": {"device_gymnax_Pendulum-v1_cpu.json", "device_gymnax_Pendulum-v1_cpu.png"},
+    "pipeline": {"pipeline_Pendulum-v1_cpu.json"},
+    "pbt": {
+        "runs/td3_pbt_halfcheetah/walltime_vs_return.png",
+        "runs/sac_pbt_brax_ant/walltime_vs_return.png",
+    },
+}
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fastpop")
+    commands.add_parser(parser.add_subparsers(dest="command"))
+    return commands.run(parser.parse_args(["bench", "gpu", *argv]))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_gpu") / "cpu"
+    return out, run(["--out", str(out), "--smoke"])
+
+
+def test_smoke_runs_every_phase_and_writes_its_files(smoke):
+    out, code = smoke
+    assert code == 0
+    manifest = json.loads((out / "bench_gpu.json").read_text())
+    assert manifest["smoke"] is True
+    assert list(manifest["phases"]) == list(gpu_phases.PHASES)
+    for phase, files in PHASE_FILES.items():
+        entry = manifest["phases"][phase]
+        assert entry["status"] == "done", entry
+        assert files <= set(entry["files"]), (phase, entry["files"])
+        assert all((out / name).stat().st_size > 0 for name in entry["files"])
+        record = json.loads((out / f"phase_{phase}.json").read_text())
+        assert record["complete"] and record["environment"]["platform"] == "cpu"
+    update = json.loads((out / "phase_update.json").read_text())
+    assert set(update["matmul_gflops_per_s"]) == {"float32", "default"}
+    td3 = json.loads((out / "update_td3_cpu.json").read_text())
+    assert {(r["impl"], r["population"]) for r in td3["rows"]} == {
+        (impl, size) for impl in ("vectorized", "sequential") for size in (1, 2)
+    }
+    # the device phase's two sweeps of one env are merged into its one file
+    device = json.loads((out / "device_gymnax_Pendulum-v1_cpu.json").read_text())
+    assert [(r["population"], r["envs_per_member"]) for r in device["rows"]] == [(2, 1), (2, 2)]
+    pipeline = json.loads((out / "pipeline_Pendulum-v1_cpu.json").read_text())
+    assert [row["collectors"] for row in pipeline["collection"]] == [1]
+    assert pipeline["learner"]["collectors"] == 1 and pipeline["learner"]["utilisation"] > 0
+    runs = json.loads((out / "phase_pbt.json").read_text())["runs"]
+    assert runs["td3_pbt_halfcheetah"]["collect_mode"] == "processes"
+    assert runs["sac_pbt_brax_ant"]["collect_mode"] == "device"
+    for preset in runs:
+        summary = json.loads((out / "runs" / preset / "summary.json").read_text())
+        assert summary["stopped_by"] == "completed" and summary["wall_time"] > 0
+
+
+def test_the_summary_names_the_machine_phases_and_targets(smoke):
+    out, _ = smoke
+    readme = (out / "README.md").read_text()
+    assert "**Smoke sizes**" in readme and "jax 0.10" in readme and "nvidia-smi" in readme
+    for phase in gpu_phases.PHASES:
+        assert f"| {phase} | done |" in readme
+    assert readme.count("| not measured") == 5  # smoke sizes judge no target
+    assert "| 2 | 2 |" in readme  # the device table
+
+
+def test_a_capped_phase_keeps_the_finished_ones(smoke):
+    """A phase killed at its cap is recorded as capped; the phases before it keep their files
+    and their entries (the run can be split into one command per phase group)."""
+    out, _ = smoke
+    assert run(["--out", str(out), "--smoke", "--phases", "pbt", "--budget-seconds", "0.5"]) == 1
+    manifest = json.loads((out / "bench_gpu.json").read_text())
+    assert manifest["phases"]["pbt"]["status"] == "capped"
+    for phase in ("update", "device", "pipeline"):
+        assert manifest["phases"][phase]["status"] == "done"
+        assert all((out / name).is_file() for name in manifest["phases"][phase]["files"])
+    assert "| pbt | capped |" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--phases", "update,gpu"], "unknown phase 'gpu'; choose from update, device, pipeline"),
+        (["--budget-seconds", "-3"], "budget '-3': must be a finite number > 0"),
+        (["--budget-seconds", "ten"], "budget 'ten': not a number of seconds"),
+    ],
+)
+def test_bad_arguments_exit_2_and_write_nothing(tmp_path, capsys, argv, expected):
+    out = tmp_path / "gpu"
+    with pytest.raises(SystemExit) as exit_:
+        run(["--out", str(out), "--smoke", *argv])
+    assert exit_.value.code == 2
+    assert expected in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_directory_fastpop_did_not_write_is_refused_untouched(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    assert run(["--out", str(tmp_path), "--smoke"]) == 2
+    error = capsys.readouterr().err
+    assert "was not written by `fastpop bench gpu`" in error and "notes.txt" in error
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert run(["--out", str(tmp_path / "notes.txt"), "--smoke"]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_the_command_line_knows_every_phase():
+    assert bench_gpu.PHASES == gpu_phases.PHASES
+    assert set(gpu_phases.FULL_PLANS) == set(gpu_phases.SMOKE_PLANS) == set(gpu_phases.PHASES)
+    assert set(gpu_phases.FULL_CAPS) == set(gpu_phases.SMOKE_CAPS) == set(gpu_phases.PHASES)
+    assert sum(gpu_phases.FULL_CAPS.values()) <= 26 * 60  # the whole in about 25 minutes
+    assert gpu_phases.FULL_CAPS["update"] <= 570 and gpu_phases.FULL_CAPS["device"] <= 570
+    assert gpu_phases.FULL_CAPS["pipeline"] + gpu_phases.FULL_CAPS["pbt"] <= 570
+
+
+def update_files(tmp_path, vectorized: float, sequential: float, torch: float, gflops: float):
+    rows = [
+        {"impl": "vectorized", "population": 80, "agent_updates_per_s": vectorized},
+        {"impl": "sequential", "population": 80, "agent_updates_per_s": sequential},
+        {"impl": "torch", "population": 80, "agent_updates_per_s": torch},
+    ]
+    for row in rows:
+        row |= {"gflops_per_s": gflops, "compile_seconds": 0.0, "speedup_over_sequential": 1.0}
+    (tmp_path / "update_td3_x.json").write_text(json.dumps({"rows": rows}))
+    record = {
+        "phase": "update",
+        "matmul_gflops_per_s": {"float32": 50.0, "default": 100.0},
+        "algos": {"td3": {"json": "update_td3_x.json", "png": "update_td3_x.png"}},
+    }
+    (tmp_path / "phase_update.json").write_text(json.dumps(record))
+
+
+def test_the_targets_are_judged_from_the_recorded_numbers(tmp_path):
+    update_files(tmp_path, vectorized=6000, sequential=100, torch=50, gflops=60)
+    records = {"update": json.loads((tmp_path / "phase_update.json").read_text())}
+    run = {"population": 256, "env": "brax/ant", "updates_per_member_per_s": 1024 / 4.0}
+    records["pbt"] = {"runs": {"sac_pbt_brax_ant": run}}
+    pipeline = {"population": 80, "learner": {"collectors": 14, "utilisation": 0.8}}
+    (tmp_path / "pipeline_x.json").write_text(json.dumps(pipeline))
+    records["pipeline"] = {"json": "pipeline_x.json"}
+    judged = judge_targets(tmp_path, records)
+    assert [verdict for _, _, verdict in judged] == ["**met**"] * 4 + ["**missed**"]
+    assert [measured for _, measured, _ in judged] == [
+        "60.0x",  # vectorized / sequential
+        "120.0x",  # vectorized / PyTorch
+        "P=80: 60%",  # of the default-precision matmul
+        "4.00 s (256 updates/member/s)",  # an EvoRL iteration: 1024 updates per member
+        "80%",
+    ]
+    records["update"]["matmul_gflops_per_s"]["default"] = 200.0  # 30%: missed
+    records["pbt"]["runs"]["sac_pbt_brax_ant"]["population"] = 8  # not the target's size
+    judged = judge_targets(tmp_path, records)
+    assert judged[2][2] == "**missed**"
+    assert judged[3][2] == "not measured (no run at 256 members on brax/ant)"
+    assert all(verdict.startswith("not measured") for _, _, verdict in judge_targets(tmp_path, {}))
