@@ -80,3 +80,28 @@ def test_the_help_says_what_train_does_in_both_collection_modes(capsys, monkeypa
     text = " ".join(capsys.readouterr().out.split())
     assert "stepped in collector processes next to the learner (collect.mode: processes)" in text
     assert "no worker processes (collect.mode: device)" in text
+
+
+def test_only_fastpop_s_own_errors_are_bad_input(tmp_path, monkeypatch, capsys):
+    """A factory's ValueError (a refused config) is exit 2 naming it; a ValueError from deeper
+    down (JAX, a bug) is not passed off as the user's mistake: it propagates."""
+    from fastpop import strategies
+    from fastpop.run import loop
+    from tests.runs import TD3_PENDULUM
+
+    def refuse(config):
+        raise ValueError("this strategy refuses the population")
+
+    monkeypatch.setattr(strategies, "make_strategy", refuse)
+    out = tmp_path / "refused"
+    assert main(["train", str(TD3_PENDULUM), "--out", str(out)]) == 2
+    assert "this strategy refuses the population" in capsys.readouterr().err
+    assert not out.exists()
+    monkeypatch.undo()
+
+    def internal(*args, **kwargs):
+        raise ValueError("an internal array mismatch")
+
+    monkeypatch.setattr(loop.Run, "__init__", internal)
+    with pytest.raises(ValueError, match="an internal array mismatch"):
+        main(["train", str(TD3_PENDULUM), "--out", str(tmp_path / "internal")])

@@ -47,13 +47,20 @@ class Processes:
     """`python -m fastpop ARGS --distributed` as processes 0 .. count-1 of one run."""
 
     def __init__(
-        self, workdir: Path, args: list[str], count: int = 2, tag: str = "run", late: float = 0
+        self,
+        workdir: Path,
+        args: list[str],
+        count: int = 2,
+        tag: str = "run",
+        late: float = 0,
+        devices: int = 2,
     ):
-        """`late`: process 1 ends that many seconds after its run (tests/late_finish.py)."""
+        """`late`: process 1 ends that many seconds after its run (tests/late_finish.py);
+        `devices`: forced CPU devices per process."""
         port, self.workdir = free_port(), workdir
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
         flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=2".strip()
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["JAX_COMPILATION_CACHE_DIR"] = str(workdir / "jax-cache")  # the resume reuses it
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
@@ -151,9 +158,11 @@ def test_resume_on_another_topology_exits_2(trained, workdir):
     assert "1 processes with 2 devices" in one.output(0)
 
 
-def wait_for_a_round_after_resume(run: Processes, metrics: Path, before: int) -> None:
+def wait_for_a_round_after_resume(
+    run: Processes, metrics: Path, before: int, size: int = 4
+) -> None:
     deadline = time.monotonic() + RUN_SECONDS
-    while len(read_jsonl(metrics)) < before + 4:
+    while len(read_jsonl(metrics)) < before + size:
         assert run.processes[0].poll() is None, run.output(0)[-3000:]
         assert time.monotonic() < deadline, run.output(0)[-3000:]
         time.sleep(0.2)
@@ -212,7 +221,7 @@ def test_distributed_without_a_coordinator_exits_2(tmp_path):
 
 def test_every_strategy_and_replay_layout_runs_distributed_but_one_device_is_refused():
     from fastpop.config import ConfigError, load_config
-    from fastpop.distributed.lockstep import check_parts
+    from fastpop.distributed.flags import check_parts
     from fastpop.run.parts import build_run
 
     parts = lambda *overrides: build_run(load_config(TD3_PENDULUM, [*FAST, *overrides]))
@@ -221,3 +230,35 @@ def test_every_strategy_and_replay_layout_runs_distributed_but_one_device_is_ref
         check_parts(parts(*shared, "population.devices=all"))
     with pytest.raises(ConfigError, match=r"set population\.devices: all"):
         check_parts(parts("population.devices=1"))
+
+
+class FakeCoordination:
+    """The coordination service's calls `wait_for_survivors` makes: who is live, which keys."""
+
+    def __init__(self, live: set[int]):
+        self.live, self.keys, self.asked = live, {}, 0
+
+    def get_live_nodes(self, processes):
+        self.asked += 1
+        return [p for p in processes if p in self.live]
+
+    def key_value_try_get(self, key):
+        if key not in self.keys:
+            raise KeyError(key)
+        return self.keys[key]
+
+
+def test_the_coordinator_leaves_after_every_live_survivor_has_stopped():
+    """Process 0 shutting its service down under a survivor gets that one aborted by JAX's
+    client without a message: so it waits for the survivors' word, only theirs, and bounded."""
+    from fastpop.distributed.lockstep import DONE_PREFIX, STOPPED_PREFIX, wait_for_survivors
+
+    service = FakeCoordination(live={0, 2, 3})  # process 1 was lost
+    assert wait_for_survivors(service, 4, seconds=0.5) == [2, 3]
+    service.keys[f"{STOPPED_PREFIX}/2"] = "1"
+    assert wait_for_survivors(service, 4, seconds=0.5) == [3]
+    service.keys[f"{DONE_PREFIX}/3"] = "1"  # it had ended normally
+    service.asked = 0
+    assert wait_for_survivors(service, 4, seconds=30) == []
+    assert service.asked == 1  # one question (the lost process is not live), no waiting
+    assert wait_for_survivors(FakeCoordination(live={0}), 4, seconds=30) == []

@@ -14,7 +14,7 @@ from fastpop import compile_cache, compile_stats
 from fastpop.commands import bench as bench_commands
 from fastpop.commands import evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
-from fastpop.distributed import lockstep
+from fastpop.distributed import flags as distributed_flags
 from fastpop.run.run_state import SAFE_ON_RESUME
 
 
@@ -72,7 +72,7 @@ def add_train_parser(commands) -> None:
         "live run holds; anything else is refused and left as it is",
     )
     add_verbose(train)
-    lockstep.add_arguments(train)
+    distributed_flags.add_arguments(train)
 
 
 def add_verbose(parser) -> None:
@@ -103,7 +103,7 @@ def add_resume_parser(commands) -> None:
         help="change a resume-safe value, e.g. train.total_env_steps=2000000 (repeatable)",
     )
     add_verbose(resume)
-    lockstep.add_arguments(resume)
+    distributed_flags.add_arguments(resume)
 
 
 def add_plot_parser(commands) -> None:
@@ -157,14 +157,14 @@ def run_train(args: argparse.Namespace) -> int:
     from fastpop.config import ConfigError, load_config
 
     try:
-        if (arguments := lockstep.resolve(args)) is not None:
+        if (arguments := distributed_flags.resolve(args)) is not None:
             from fastpop.commands import (
                 train_distributed,  # jax.distributed starts before any JAX call
             )
 
             return train_distributed.train(args, arguments, execute)
         config = load_config(args.config, args.overrides)
-    except (ConfigError, ValueError) as error:
+    except ConfigError as error:
         return fail(str(error))
     return train_config(config, args.out or Path("results/runs") / config.name, args.overwrite)
 
@@ -186,7 +186,7 @@ def train_config(config, run_dir: Path, overwrite: bool) -> int:
             # refuses what cannot run before anything is written
             run = Run(build_run(config), run_dir)
             descriptor = run_directory.replace(run_dir, descriptor)
-        except (ConfigError, ValueError) as error:
+        except ConfigError as error:  # not any ValueError: JAX's own are not the user's input
             return fail(str(error))
         return execute(run, run_dir)
     finally:
@@ -217,7 +217,7 @@ def run_resume(args: argparse.Namespace) -> int:
     if not args.run_dir.is_dir():
         return fail(f"{args.run_dir}: no such run directory")
     try:
-        arguments = lockstep.resolve(args)
+        arguments = distributed_flags.resolve(args)
     except ConfigError as error:
         return fail(str(error))
     if arguments is not None:
@@ -231,7 +231,7 @@ def run_resume(args: argparse.Namespace) -> int:
     try:
         try:
             run = resume_run(args.run_dir, args.overrides)
-        except (CheckpointError, ConfigError, ValueError) as error:
+        except (CheckpointError, ConfigError) as error:
             return fail(str(error))
         return execute(run, args.run_dir)
     finally:

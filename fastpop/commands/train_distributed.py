@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from fastpop.commands.args import fail
-from fastpop.distributed import lockstep
+from fastpop.distributed import flags, lockstep
 from fastpop.run.checkpoint import CheckpointError, complete_checkpoints
 from fastpop.schema import ConfigError
 
@@ -101,10 +101,10 @@ def train(args, arguments: dict, execute) -> int:
         try:
             config = load_config(args.config, args.overrides)
             parts = build_run(config)  # population.devices checked here too
-            lockstep.check_parts(parts)
+            flags.check_parts(parts)
             run_dir = args.out or Path("results/runs") / config.name
             run = DistributedRun(parts, run_dir)
-        except (ConfigError, ValueError) as error:
+        except ConfigError as error:  # not any ValueError: JAX's own are not the user's input
             return fail(str(error))
         problem, descriptor = _owner_verdict(run, run_dir, args.overwrite)
         if problem is not None:
@@ -123,7 +123,7 @@ def resume(run_dir: Path, overrides: list[str], arguments: dict, execute) -> int
         descriptor = lock_run_directory(run_dir) if jax.process_index() == 0 else None
         try:
             run = _resumed_run(run_dir, overrides)
-        except (CheckpointError, ConfigError, ValueError) as error:
+        except (CheckpointError, ConfigError) as error:
             return fail(str(error))
         return _execute_here(run, execute, descriptor)
 
@@ -152,7 +152,7 @@ def _resumed_run(run_dir: Path, overrides: list[str]):
     _check_config_file(Path(run_dir) / CONFIG_FILE, saved)
     config = run_state.resume_config(saved, overrides, str(checkpoints.path(steps[0])))
     parts = build_run(config)
-    lockstep.check_parts(parts)
+    flags.check_parts(parts)
     run = DistributedRun(parts, Path(run_dir))
     run.restore_latest(run.log)
     if run.member_env_steps >= config.train.total_env_steps:

@@ -1,10 +1,5 @@
-"""Several processes (hosts) training one population: `--distributed`, jax.distributed's
-start-up, and the lock step the processes keep.
-
-    fastpop train CONFIG --distributed [--coordinator HOST:PORT --num-processes N --process-id I]
-
-Without the three flags, jax.distributed detects them (Slurm's srun, Open MPI's mpirun, ...);
-`--distributed` where nothing is detected is refused (exit 2) before anything starts.
+"""Several processes (hosts) training one population (`--distributed`; its flags are
+`fastpop.distributed.flags`): jax.distributed's start-up and the lock step the processes keep.
 
 The processes agree on every decision of the run loop through `Lockstep.exchange`: each writes a
 small JSON payload under a per-step key of jax.distributed's key-value store (the coordinator,
@@ -15,9 +10,10 @@ HEARTBEAT_SECONDS + a slice, while a live one that is busy (compiling, writing a
 waited for. Collectives of a dead peer (gloo on CPU) fail at once rather than hang.
 
 Recoverability (`jax_enable_recoverability`) is switched on so that the coordination service does
-not abort every process when one dies: the survivors stop by themselves, naming the lost one.
-If process 0 (the coordinator) dies, JAX's client aborts the others at once ("Terminating process
-because the JAX distributed service detected fatal errors"): bounded, but without their message.
+not abort every process when one dies: the survivors stop by themselves, naming the lost one,
+process 0 last (`leave_after_loss`: the others talk to its service). If process 0 (the
+coordinator) dies, JAX's client aborts the others at once ("Terminating process because the JAX
+distributed service detected fatal errors"): bounded, but without their message.
 """
 
 from __future__ import annotations
@@ -31,19 +27,14 @@ import time
 from collections.abc import Callable
 
 from fastpop.run.stop_signals import StopSignals
-from fastpop.schema import ConfigError
 
 HEARTBEAT_SECONDS = 10  # a process silent this long is dead (JAX's coordination service)
 GRACE_SECONDS = 3.0  # the loop's own notice of a lost process, before the watchdog acts
 SLICE_MS = 1000
 KEY_PREFIX = "fastpop/lockstep"
 DONE_PREFIX = "fastpop/done"  # a process that ended normally, not lost
+STOPPED_PREFIX = "fastpop/stopped"  # a process that stopped because another was lost
 END_KEY = "fastpop/end"  # the coordinator has seen every process done
-DETECTION_HELP = (
-    "pass --coordinator HOST:PORT --num-processes N --process-id I to every process (the "
-    "coordinator is process 0's host and a free port), or start the processes with srun (Slurm) "
-    "or mpirun (Open MPI), whose environment jax.distributed reads"
-)
 
 
 class ProcessLost(RuntimeError):
@@ -59,81 +50,6 @@ class ProcessLost(RuntimeError):
             "continue with fastpop resume RUN_DIR --distributed on every process"
         )
         self.process = process
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("several processes (hosts): jax.distributed")
-    group.add_argument(
-        "--distributed",
-        action="store_true",
-        help="train one population over the devices of several processes (hosts); see "
-        "README 'More devices, more machines'",
-    )
-    group.add_argument("--coordinator", default=None, metavar="HOST:PORT", help=DETECTION_HELP)
-    group.add_argument("--num-processes", type=int, default=None, metavar="N")
-    group.add_argument("--process-id", type=int, default=None, metavar="I")
-
-
-def _detected() -> bool:
-    """An environment jax.distributed can read the coordinator from (Slurm, Open MPI, ...)."""
-    from jax._src import clusters
-
-    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        return True
-    for cluster in clusters.ClusterEnv._cluster_types:
-        try:
-            if cluster.opt_in_only_method:
-                continue
-            if cluster.is_env_present():
-                return True
-        except Exception:  # a detector that cannot even look is not a detection
-            continue
-    return False
-
-
-def resolve(args) -> dict | None:
-    """The arguments of jax.distributed.initialize from the flags (None without --distributed);
-    ConfigError for flags that cannot start a run."""
-    flags = {"--coordinator": args.coordinator, "--num-processes": args.num_processes}
-    flags["--process-id"] = args.process_id
-    given = [name for name, value in flags.items() if value is not None]
-    if not args.distributed:
-        if given:
-            raise ConfigError(f"{given[0]} belongs to --distributed; add --distributed")
-        return None
-    if args.coordinator is not None:
-        missing = [name for name, value in flags.items() if value is None]
-        if missing:
-            raise ConfigError(f"--coordinator needs {' and '.join(missing)} too; {DETECTION_HELP}")
-        host, _, port = args.coordinator.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"--coordinator {args.coordinator}: expected HOST:PORT")
-        if args.num_processes < 1 or not 0 <= args.process_id < args.num_processes:
-            raise ConfigError(
-                f"--process-id {args.process_id} --num-processes {args.num_processes}: the "
-                "process ids are 0 .. N-1 and N >= 1"
-            )
-    elif given:
-        raise ConfigError(f"{given[0]} without --coordinator; {DETECTION_HELP}")
-    elif not _detected():
-        raise ConfigError(f"--distributed: no coordinator given or detected; {DETECTION_HELP}")
-    return {
-        "coordinator_address": args.coordinator,
-        "num_processes": args.num_processes,
-        "process_id": args.process_id,
-    }
-
-
-def check_parts(parts) -> None:
-    """What a distributed run cannot be (exit 2 before anything starts); `parts` is the run's
-    `fastpop.run.parts.RunParts`. Every strategy, collection mode and replay layout runs: the
-    member axis (and a shared critic or replay, replicated) spans every process's devices."""
-    config = parts.config
-    if config.population.devices == 1:
-        raise ConfigError(
-            "population.devices: 1, but --distributed spreads the members over every "
-            "process's devices; set population.devices: all"
-        )
 
 
 def initialize(arguments: dict) -> None:
@@ -221,7 +137,7 @@ def finish(lost: bool, code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     if lost:
-        os._exit(code)
+        leave_after_loss(code)
     client, me, count = global_state.client, jax.process_index(), jax.process_count()
     client.key_value_set(f"{DONE_PREFIX}/{me}", "1", allow_overwrite=True)
     try:
@@ -233,30 +149,83 @@ def finish(lost: bool, code: int) -> None:
             wait_for_key(client, END_KEY, 0, count)
     except ProcessLost as error:
         print(f"fastpop: error: {error}", file=sys.stderr, flush=True)
-        os._exit(code or 1)
+        leave_after_loss(code or 1)
     WATCHDOG.stop()
     if me == 0:
         _wait_for_disconnects(client, count)
     jax.distributed.shutdown()
 
 
+def _live_nodes(client, processes: list[int], seconds: float) -> set[int] | None:
+    """Which of `processes` the coordination service finds alive; None if it does not answer
+    within `seconds` (or is gone). Its `get_live_nodes` is a barrier: it returns once every
+    connected process of the set has called it (each one's watchdog does, every second)."""
+    live: list = []
+
+    def ask() -> None:
+        with contextlib.suppress(Exception):
+            live.append(set(client.get_live_nodes(processes)))
+
+    asking = threading.Thread(target=ask, name="fastpop-live-nodes", daemon=True)
+    asking.start()
+    asking.join(max(seconds, 0.0))
+    return live[0] if live else None
+
+
 def _wait_for_disconnects(client, count: int, seconds: float = HEARTBEAT_SECONDS) -> None:
-    """Until no other process is connected, at most `seconds`. The coordination service's
-    `get_live_nodes` is a barrier: it returns once every connected process of the set has
-    called it, so it returns {0} once the others, which call it no more, have disconnected."""
-    everyone, deadline = list(range(count)), time.monotonic() + seconds
+    """Until no other process is connected, at most `seconds`: `get_live_nodes` returns {0}
+    once the others, which call it no more, have disconnected."""
+    deadline = time.monotonic() + seconds
     while (left := deadline - time.monotonic()) > 0:
-        live: list = []
-
-        def ask(live=live) -> None:
-            with contextlib.suppress(Exception):  # the service going away ends the wait too
-                live.append(set(client.get_live_nodes(everyone)))
-
-        asking = threading.Thread(target=ask, name="fastpop-disconnects", daemon=True)
-        asking.start()
-        asking.join(left)
-        if not live or live[0] <= {0}:
+        live = _live_nodes(client, list(range(count)), left)
+        if live is None or live <= {0}:
             return
+
+
+def leave_after_loss(code: int) -> None:
+    """End this process after another was lost. Each survivor says it is stopping; the
+    coordinator (process 0, whose service the others talk to) leaves last, once every live
+    survivor has said so: JAX's client aborts, without fastpop's message, a process whose
+    coordination service went away under it."""
+    import jax
+    from jax._src.distributed import global_state
+
+    client, me = global_state.client, jax.process_index()
+    with contextlib.suppress(Exception):  # the service is gone when process 0 is
+        client.key_value_set(f"{STOPPED_PREFIX}/{me}", "1", allow_overwrite=True)
+    if me == 0:
+        wait_for_survivors(client, jax.process_count())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def wait_for_survivors(
+    client, count: int, seconds: float = HEARTBEAT_SECONDS + GRACE_SECONDS + 2
+) -> list[int]:
+    """Until every other live process has stopped or ended (its key is written), at most
+    `seconds` (a survivor notices a loss within a heartbeat and the watchdog's grace); the
+    processes still running then."""
+    deadline = time.monotonic() + seconds
+    while True:
+        # Only those yet to speak are asked about: one that spoke and exited is not noticed
+        # by the service for a heartbeat, and the barrier would wait for it.
+        unspoken = [p for p in range(1, count) if not _said_it_ended(client, p)]
+        if not unspoken:
+            return []
+        live = _live_nodes(client, [0, *unspoken], deadline - time.monotonic()) or set()
+        running = [p for p in unspoken if p in live]
+        if not running or time.monotonic() >= deadline:
+            return running
+        time.sleep(0.2)
+
+
+def _said_it_ended(client, process: int) -> bool:
+    for prefix in (STOPPED_PREFIX, DONE_PREFIX):
+        with contextlib.suppress(Exception):  # not found
+            client.key_value_try_get(f"{prefix}/{process}")
+            return True
+    return False
 
 
 def lost_from(error: Exception) -> ProcessLost | None:
@@ -332,8 +301,7 @@ class Watchdog:
                 with contextlib.suppress(Exception):
                     hook(error)
             print(f"fastpop: error: stopping: {error}", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(1)
+            leave_after_loss(1)
 
 
 WATCHDOG = Watchdog()

@@ -83,7 +83,17 @@ class RunParts(NamedTuple):
 
 
 def build_run(config: config_lib.Config) -> RunParts:
-    """A run's parts; everything that can refuse the config is checked here (ConfigError)."""
+    """A run's parts; everything that can refuse the config is checked here (ConfigError: the
+    factories' own checks raise ValueError, which callers must not confuse with JAX's)."""
+    try:
+        return _build_run(config)
+    except config_lib.ConfigError:
+        raise
+    except ValueError as error:  # an algorithm, env, strategy or prior refusing the config
+        raise config_lib.ConfigError(str(error)) from error
+
+
+def _build_run(config: config_lib.Config) -> RunParts:
     if not config.train.compile_cache:  # before anything compiles: JAX opens its cache once
         compile_cache.disable("train.compile_cache: false")
     mode, device_env = _collection(config)
