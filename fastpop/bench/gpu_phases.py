@@ -56,8 +56,8 @@ FULL_PLANS = {
         "env": "HalfCheetah-v5",
         "population": 80,
         "collectors": [1, 2, 4, 8, 14],
-        "seconds": 8.0,
-        "train_seconds": 120.0,
+        "seconds": 6.0,
+        "train_seconds": 100.0,
         "train_collectors": 14,
         "warmup_steps": 5_000,
     },
@@ -118,7 +118,7 @@ SMOKE_PLANS = {
 }
 # Seconds each phase may run (bench/gpu_runner.py kills it after): one remote 10-minute
 # command holds `update`, one `device`, one `pipeline` and `pbt`; about 25 minutes in all.
-FULL_CAPS = {"update": 450.0, "device": 510.0, "pipeline": 240.0, "pbt": 330.0}
+FULL_CAPS = {"update": 450.0, "device": 510.0, "pipeline": 220.0, "pbt": 320.0}
 SMOKE_CAPS = {"update": 120.0, "device": 120.0, "pipeline": 120.0, "pbt": 120.0}
 
 

@@ -35,7 +35,7 @@ def add_gpu_parser(benchmarks) -> None:
         "at P up to 256, E 1..16), pipeline (1-14 collectors on HalfCheetah-v5, 80-member "
         "TD3's learner utilisation), pbt (td3_pbt_halfcheetah and sac_pbt_brax_ant for a fixed "
         "wall time). DIR/README.md sums up the machine, the phases and the targets met or "
-        "missed. Default caps: update 450 s, device 510 s, pipeline 240 s, pbt 330 s.",
+        "missed. Default caps: update 450 s, device 510 s, pipeline 220 s, pbt 320 s.",
     )
     gpu.add_argument("--out", type=Path, required=True, help="the results directory")
     gpu.add_argument(
