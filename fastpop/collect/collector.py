@@ -107,13 +107,29 @@ def run_collector(spec: CollectorSpec, status) -> None:
         status.close()
 
 
+def _build_acting(config, spec: CollectorSpec):
+    """The agent, its batched policy and the published tree's structure: built at the first
+    step that acts with a policy, so the warm-up's random steps start without waiting for JAX
+    to trace and compile them (16 collectors doing it at once on 2 cores took ~20 s)."""
+    import jax
+
+    from fastpop.collect.acting import make_acting
+    from fastpop.config.build import build_agent, build_env_spec
+
+    env_spec = build_env_spec(config)
+    agent = build_agent(config, env_spec)
+    treedef = jax.tree.structure(policy_template(agent, config.population.size))
+    key = jax.random.key(spec.env_seed)
+    envs_per_member = config.collect.envs_per_member
+    acting = make_acting(config.algo, agent, env_spec, spec.num_slots, envs_per_member, key)
+    return acting, treedef
+
+
 def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     import jax
 
     from fastpop import config as config_lib
-    from fastpop.collect.acting import make_acting
     from fastpop.collect.rollout import RowStream, lockstep_envs
-    from fastpop.config.build import build_agent, build_env_spec
 
     config = config_lib.config_from_dict(spec.config)
     envs_per_member = config.collect.envs_per_member
@@ -126,17 +142,6 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         num_collectors=config.collect.num_collectors,
     )
     slot_members = (spec.first_slot + np.arange(spec.num_slots)) // envs_per_member
-
-    def build_acting():
-        """The agent, its batched policy and the published tree's structure: built at the first
-        step that acts with a policy, so the warm-up's random steps start without waiting for
-        JAX to trace and compile them (16 collectors doing it at once on 2 cores took ~20 s)."""
-        env_spec = build_env_spec(config)
-        agent = build_agent(config, env_spec)
-        treedef = jax.tree.structure(policy_template(agent, config.population.size))
-        key = jax.random.key(spec.env_seed)
-        acting = make_acting(config.algo, agent, env_spec, spec.num_slots, envs_per_member, key)
-        return acting, treedef
 
     warmup_env_steps = -(-config.collect.warmup_steps // envs_per_member)
     stream = RowStream(spec.replay_spec, spec.num_slots)
@@ -160,7 +165,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 actions = envs.action_space.sample()
             else:
                 if acting is None:
-                    acting, treedef = build_acting()
+                    acting, treedef = _build_acting(config, spec)
                 if leaves is not None:
                     policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
                     slots = jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams))

@@ -53,6 +53,11 @@ def chunk_size(size: int, members_per_chunk: int | None) -> int:
     return max(d for d in range(1, members_per_chunk + 1) if size % d == 0)
 
 
+@jax.jit
+def _copy_states(states):
+    return jax.tree.map(jnp.copy, states)
+
+
 def candidates(size: int) -> list[int]:
     """Chunk sizes worth measuring: powers of two dividing `size` up to LARGEST_CANDIDATE, and
     the whole population when it is no larger."""
@@ -197,7 +202,7 @@ class TunedUpdate(ChunkedUpdate):
         candidates taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call."""
         sizes = candidates(size)
         members = max(sizes)
-        work = jax.tree.map(jnp.copy, states)
+        work = _copy_states(states)  # one program, not one per leaf shape
         rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
         for round_index in range(CALIBRATION_ROUNDS + 1):
             turn = round_index % len(sizes)  # each round in another order: drifting load

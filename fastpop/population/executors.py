@@ -110,7 +110,14 @@ def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float])
 
 
 def copy_tree(tree: PyTree) -> PyTree:
-    """A copy of every leaf (keeps a tree usable after a donating call consumed the original)."""
+    """A copy of every leaf (keeps a tree usable after a donating call consumed the original),
+    as one compiled program per tree rather than one per leaf shape (a TD3 population's state:
+    29 programs, ~2 s of a cold start on a 2-core CPU)."""
+    return _copy_leaves(tree)
+
+
+@jax.jit
+def _copy_leaves(tree: PyTree) -> PyTree:
     return jax.tree.map(jnp.copy, tree)
 
 
