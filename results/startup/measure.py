@@ -1,0 +1,125 @@
+"""Seconds from `fastpop train` starting to its first env step and its first update.
+
+Each run is a fresh `python -m fastpop train` process; this script reads its progress lines
+(printed every 0.1 s here) as they come and stamps them with its own clock, so the figures
+include the interpreter's start and every import. A run is stopped (SIGTERM) as soon as it has
+shown what was asked. The code measured is the checkout named by --code (default: this one), so
+an older commit, unpacked with `git archive`, measures "before" with the same script:
+
+    mkdir -p /tmp/fastpop-before && git archive <commit> | tar -x -C /tmp/fastpop-before
+    python results/startup/measure.py --code /tmp/fastpop-before --label before --cache none
+    python results/startup/measure.py --label after --cache cold-warm
+
+--cache none: no persistent compilation cache (FASTPOP_COMPILE_CACHE=0, no
+JAX_COMPILATION_CACHE_DIR); cold-warm: two runs over one fresh cache directory (the first fills
+it, the second is the warm rerun); manual-cold-warm: the same with JAX_COMPILATION_CACHE_DIR set
+by hand (what a user could do before fastpop set a cache itself). Every run gets a fresh
+FASTPOP_CACHE_DIR, so no run sees this machine's own caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LINE = re.compile(r"\]\s+([\d,]+) env steps .*?\|\s+([\d,]+) updates/member")
+QUICK = ["log.progress_interval_seconds=0.1", "log.tensorboard=false"]
+PRESETS = {
+    "td3_pendulum_cpu": ("configs/td3_pendulum_cpu.yaml", [], "update"),
+    "td3_brax_inverted_pendulum_cpu": ("configs/td3_brax_inverted_pendulum_cpu.yaml", [], "update"),
+    "td3_gymnax_pendulum_cpu": ("configs/td3_gymnax_pendulum_cpu.yaml", [], "update"),
+    # The paper's preset, to its first env step only; a smaller replay than its 300k per member
+    # (24M rows, ~4 GB on a shared 24 GB machine), which the collectors' start-up does not wait for.
+    "td3_pbt_halfcheetah": (
+        "configs/td3_pbt_halfcheetah.yaml",
+        ["replay.capacity=30000"],
+        "env_step",
+    ),
+}
+
+
+def measure_once(code: Path, preset: str, env: dict, out: Path) -> dict:
+    config, overrides, until = PRESETS[preset]
+    sets = [arg for value in [*QUICK, *overrides] for arg in ("--set", value)]
+    command = [sys.executable, "-m", "fastpop", "train", str(ROOT / config), "--out", str(out)]
+    start = time.monotonic()
+    process = subprocess.Popen(
+        [*command, *sets],
+        cwd=out.parent,
+        env=env | {"PYTHONPATH": str(code), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    first_step = first_update = None
+    tail: list[str] = []
+    for line in process.stdout:
+        tail = [*tail[-20:], line.rstrip()]
+        if (match := LINE.search(line)) is None:
+            continue
+        now = time.monotonic() - start
+        steps, updates = (int(group.replace(",", "")) for group in match.groups())
+        if steps and first_step is None:
+            first_step = now
+        if updates and first_update is None:
+            first_update = now
+        if (until == "env_step" and first_step) or (until == "update" and first_update):
+            process.send_signal(signal.SIGTERM)
+            break
+    try:
+        process.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+    if first_step is None:
+        print("\n".join(tail), file=sys.stderr)
+    summary = out / "summary.json"
+    compiles = json.loads(summary.read_text()).get("compiles") if summary.exists() else None
+    return {"first_env_step_s": first_step, "first_update_s": first_update, "compiles": compiles}
+
+
+def measure(code: Path, preset: str, cache: str, label: str) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fastpop-startup-") as scratch:
+        scratch = Path(scratch)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+        env["FASTPOP_CACHE_DIR"] = str(scratch / "fastpop-cache")
+        runs = ["cold"] if cache == "none" else ["cold", "warm"]
+        if cache == "none":
+            env["FASTPOP_COMPILE_CACHE"] = "0"
+        if cache == "manual-cold-warm":
+            env["JAX_COMPILATION_CACHE_DIR"] = str(scratch / "jax-cache")
+        for index, run in enumerate(runs):
+            result = measure_once(code, preset, env, scratch / f"run{index}")
+            row = {"preset": preset, "label": label, "cache": cache, "run": run, **result}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--code", type=Path, default=ROOT, help="the fastpop checkout to run")
+    parser.add_argument("--label", default="after")
+    parser.add_argument("--cache", choices=("none", "cold-warm", "manual-cold-warm"))
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
+    args = parser.parse_args()
+    for preset in args.presets:
+        rows = measure(args.code.resolve(), preset, args.cache, args.label)
+        if args.output is not None:
+            with args.output.open("a") as handle:
+                handle.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+if __name__ == "__main__":
+    main()
