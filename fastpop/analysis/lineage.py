@@ -12,9 +12,6 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-
 from fastpop.run.metrics import LINEAGE_FILE, read_jsonl, read_metrics, summarize
 
 HPARAMS_PLOT = "hparams.png"
@@ -72,6 +69,11 @@ def plot_hparams(run_dir: Path, out_dir: Path | None = None) -> Path:
     events = read_lineage(run_dir)
     trajectories = hparam_trajectories(rows)
     size = 1 + max(int(r["member"]) for r in rows)
+    # Imported here: the command line imports this module, and matplotlib costs every command
+    # a third of a second of start-up.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(9, 2.6 * (len(trajectories) + 1)), dpi=110)
     FigureCanvasAgg(figure)
     panels = figure.subplots(len(trajectories) + 1, 1, sharex=True, squeeze=False)[:, 0]
