@@ -1,19 +1,32 @@
-"""Shared types: the replay row, environment specs and the population axis name."""
+"""Shared types: the replay row, environment specs and the population axis name.
+
+Importing this module does not import JAX: collector processes read `EnvSpec` through the envs
+package and never need JAX during their warm-up (`PRNGKey` imports it when first asked for).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import jax
 import numpy as np
+
+if TYPE_CHECKING:
+    import jax
 
 # The named vmap axis over population members. Collectives over it (e.g. "is any member due
 # for an actor step?") are how a member-level function cooperates with its population.
 POP_AXIS = "pop"
 
-PRNGKey = jax.Array
 PyTree = Any
+
+
+def __getattr__(name: str):
+    if name == "PRNGKey":  # jax.Array, without importing JAX for those who never use it
+        import jax
+
+        return jax.Array
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class EnvSpec(NamedTuple):
@@ -73,6 +86,8 @@ def population_any(flag: jax.Array) -> jax.Array:
     is unbatched under vmap, so a `lax.cond` on it runs one branch for the whole population
     instead of both branches for every member.
     """
+    import jax
+
     try:
         return jax.lax.pmax(flag.astype(np.int32), POP_AXIS).astype(bool)
     except NameError:

@@ -5,6 +5,12 @@ onto the CPU with one intra-op thread before it starts a backend, so collectors 
 with the learner for cores more than their own stepping needs. Parameters arrive through a
 `ParamChannel`, transition chunks leave through the collector's own `ChunkRing`, the stop
 request is a `StopFlag`, and a pipe carries its final stats or its traceback.
+
+Start-up: a collector imports no JAX (nor flax, optax, the agents or the config sections) until
+its warm-up's random steps are done. What it is sent is plain data (`CollectorSpec`, with
+`CollectorEnvs` and a `RowLayout` rather than the config and the replay spec), so its first rows
+wait only for gymnasium and the simulator; the agent, the typed config and the batched policy
+are built at its first step that acts with a policy (tests/test_collector.py).
 """
 
 from __future__ import annotations
@@ -15,24 +21,49 @@ import signal
 import sys
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from fastpop.collect.rollout import RowLayout, RowStream, lockstep_envs
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
 
-if TYPE_CHECKING:
-    from fastpop.population.replay import ReplaySpec
+
+class CollectorEnvs(NamedTuple):
+    """What a collector reads of the config before its warm-up ends, as plain data."""
+
+    env_id: str
+    atari: Any  # envs.AtariOptions, or None for other envs
+    atari_vector: bool
+    num_collectors: int
+    envs_per_member: int
+    warmup_steps: int  # per member
+
+    @classmethod
+    def of(cls, config) -> CollectorEnvs:
+        from fastpop.config.build import atari_options
+
+        collect = config.collect
+        return cls(
+            config.env.id,
+            atari_options(config),
+            collect.atari_vector,
+            collect.num_collectors,
+            collect.envs_per_member,
+            collect.warmup_steps,
+        )
 
 
 class CollectorSpec(NamedTuple):
-    """Plain data that crosses the spawn boundary (our own metadata, never user data)."""
+    """Plain data that crosses the spawn boundary (our own metadata, never user data); nothing
+    in it imports JAX when unpickled."""
 
     index: int
-    config: dict  # the resolved config (config_to_dict)
+    config: dict  # the resolved config (config_to_dict), built once the warm-up ends
+    envs: CollectorEnvs
     first_slot: int  # global env indices first_slot .. first_slot + num_slots - 1
     num_slots: int  # slot g belongs to member g // envs_per_member
-    replay_spec: ReplaySpec  # the learner's: the layout of the rows this collector sends
+    rows: RowLayout  # the learner's replay spec's: the layout of the rows this collector sends
     params: ParamSpec
     ring: ChunkRingSpec
     stop: str  # the StopFlag's segment
@@ -46,10 +77,8 @@ def force_cpu_jax() -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
-    if (
-        "jax" in sys.modules
-    ):  # imported already (unpickling a ReplaySpec imports fastpop.population.replay):
-        sys.modules["jax"].config.update("jax_platforms", "cpu")  # it read the variable then
+    if "jax" in sys.modules:  # imported already (e.g. by a test): it read the variable then
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
 def policy_template(agent, size: int):
@@ -107,44 +136,47 @@ def run_collector(spec: CollectorSpec, status) -> None:
         status.close()
 
 
-def _build_acting(config, spec: CollectorSpec):
-    """The agent, its batched policy and the published tree's structure: built at the first
-    step that acts with a policy, so the warm-up's random steps start without waiting for JAX
-    to trace and compile them (16 collectors doing it at once on 2 cores took ~20 s)."""
+def _build_acting(spec: CollectorSpec, slot_members: np.ndarray):
+    """The batched policy and how to load it from the published leaves: built at the first step
+    that acts with a policy. The warm-up's random steps run before, without JAX: importing it,
+    tracing and compiling took ~2 s of CPU per collector, 16 of them on 2 cores most of the
+    paper preset's 44 s to its first env step (results/startup/README.md)."""
     import jax
 
+    from fastpop import config as config_lib
     from fastpop.collect.acting import make_acting
     from fastpop.config.build import build_agent, build_env_spec
 
+    config = config_lib.config_from_dict(spec.config)
     env_spec = build_env_spec(config)
     agent = build_agent(config, env_spec)
     treedef = jax.tree.structure(policy_template(agent, config.population.size))
     key = jax.random.key(spec.env_seed)
-    envs_per_member = config.collect.envs_per_member
+    envs_per_member = spec.envs.envs_per_member
     acting = make_acting(config.algo, agent, env_spec, spec.num_slots, envs_per_member, key)
-    return acting, treedef
+
+    def slots_policy(leaves):
+        """(policy, hparams) of this collector's slots from the published leaves."""
+        policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
+        return jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams))
+
+    return acting, slots_policy
 
 
 def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
-    import jax
-
-    from fastpop import config as config_lib
-    from fastpop.collect.rollout import RowStream, lockstep_envs
-
-    config = config_lib.config_from_dict(spec.config)
-    envs_per_member = config.collect.envs_per_member
+    setup = spec.envs
     envs, stepped_by = lockstep_envs(
-        config.env.id,
+        setup.env_id,
         spec.num_slots,
         spec.env_seed,
-        atari=config_lib.atari_options(config),
-        atari_vector=config.collect.atari_vector,
-        num_collectors=config.collect.num_collectors,
+        atari=setup.atari,
+        atari_vector=setup.atari_vector,
+        num_collectors=setup.num_collectors,
     )
-    slot_members = (spec.first_slot + np.arange(spec.num_slots)) // envs_per_member
+    slot_members = (spec.first_slot + np.arange(spec.num_slots)) // setup.envs_per_member
 
-    warmup_env_steps = -(-config.collect.warmup_steps // envs_per_member)
-    stream = RowStream(spec.replay_spec, spec.num_slots)
+    warmup_env_steps = -(-setup.warmup_steps // setup.envs_per_member)
+    stream = RowStream(spec.rows, spec.num_slots)
     params = ParamChannel.attach(spec.params)
     ring = ChunkRing.attach(spec.ring)
     version, acting, leaves = 0, None, None  # leaves: the newest policy not yet handed over
@@ -158,18 +190,16 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
             newer = params.read_if_newer(version)
             if newer is not None:
                 if version == 0:  # a restarted collector joins a run already under way
-                    steps = int(newer[1][-1]) // envs_per_member  # the tree's last leaf
+                    steps = int(newer[1][-1]) // setup.envs_per_member  # the tree's last leaf
                 version, leaves = newer
             start = time.perf_counter()
             if steps < warmup_env_steps or version == 0:
                 actions = envs.action_space.sample()
             else:
                 if acting is None:
-                    acting, treedef = _build_acting(config, spec)
+                    acting, slots_policy = _build_acting(spec, slot_members)
                 if leaves is not None:
-                    policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
-                    slots = jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams))
-                    acting.set_policy(*slots)
+                    acting.set_policy(*slots_policy(leaves))
                     leaves = None
                 actions = acting(obs, steps)
             stepped = time.perf_counter()
@@ -185,7 +215,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
             own_steps += 1
             if stream.has_chunk():
                 start = time.perf_counter()
-                if not ring.put(stream.pop_chunk()._asdict(), episodes, stop_event=stop_event):
+                if not ring.put(stream.pop_fields(), episodes, stop_event=stop_event):
                     break
                 timers["blocked_seconds"] += time.perf_counter() - start
                 episodes = []
@@ -194,4 +224,5 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         params.close()
         ring.close()
     env_steps = own_steps * spec.num_slots
-    return {**timers, "param_version": version, "env_steps": env_steps, "envs": stepped_by}
+    stats = {**timers, "param_version": version, "env_steps": env_steps, "envs": stepped_by}
+    return stats | {"jax_imported": "jax" in sys.modules}  # False until a policy step

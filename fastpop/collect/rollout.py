@@ -3,19 +3,60 @@
 Under gymnasium's next-step autoreset every env step yields exactly one row per env: the step
 after an episode ends is the reset step (its obs is the final observation, its action ignored).
 So all lanes advance in lockstep and chunks have a fixed size.
+
+Nothing here imports JAX at module level: a collector process records its warm-up's rows with
+this module before it has imported JAX (`RowLayout` is what it is sent of the replay spec).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, NamedTuple
+
 import numpy as np
 
-from fastpop.population import replay
+if TYPE_CHECKING:
+    from fastpop.population import replay
+
+
+class RowLayout(NamedTuple):
+    """What `RowStream` reads of a `replay.ReplaySpec`, as plain data: a collector is sent this,
+    not the spec, so unpickling it imports no JAX."""
+
+    chunk_len: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    action_dtype: np.dtype
+    frame_stack: int
+
+    @classmethod
+    def of(cls, spec: replay.ReplaySpec) -> RowLayout:
+        dtypes = np.dtype(spec.obs_dtype), np.dtype(spec.action_dtype)
+        return cls(int(spec.chunk_len), tuple(spec.obs_shape), *dtypes, int(spec.frame_stack))
+
+
+def stored_obs(spec: RowLayout | replay.ReplaySpec, obs):
+    """`replay.stored_obs` without importing JAX: only the newest frame of a stack."""
+    if spec.frame_stack == 1:
+        return obs
+    return obs[..., -(spec.obs_shape[-1] // spec.frame_stack) :]
+
+
+# `replay.Rows._fields`, in the order `RowStream.append` records them (tests/test_rollout.py).
+ROW_FIELDS = (
+    "obs",
+    "action",
+    "reward",
+    "terminated",
+    "truncated",
+    "autoreset",
+    "episode_start",
+)
 
 
 class RowStream:
     """Accumulates rows for `num_lanes` envs and hands them out as fixed-size chunks."""
 
-    def __init__(self, spec: replay.ReplaySpec, num_lanes: int):
+    def __init__(self, spec: RowLayout | replay.ReplaySpec, num_lanes: int):
         self.spec = spec
         self.num_lanes = num_lanes
         self._rows: list[tuple] = []
@@ -35,7 +76,7 @@ class RowStream:
         truncated = np.asarray(truncated, bool) & ~autoreset
         self._rows.append(
             (
-                replay.stored_obs(self.spec, obs),
+                stored_obs(self.spec, obs),
                 action,
                 reward,
                 terminated,
@@ -62,15 +103,20 @@ class RowStream:
     def has_chunk(self) -> bool:
         return len(self._rows) >= self.spec.chunk_len
 
-    def pop_chunk(self) -> replay.Rows:
-        """The oldest `chunk_len` rows as numpy arrays of shape (num_lanes, chunk_len, ...)."""
+    def pop_fields(self) -> dict[str, np.ndarray]:
+        """The oldest `chunk_len` rows as numpy arrays of shape (num_lanes, chunk_len, ...), by
+        `replay.Rows` field name (what a collector puts in its ring)."""
         rows, self._rows = self._rows[: self.spec.chunk_len], self._rows[self.spec.chunk_len :]
-        fields = (np.stack(column, axis=1) for column in zip(*rows, strict=True))
-        chunk = replay.Rows(*fields)
-        return chunk._replace(
-            action=chunk.action.astype(self.spec.action_dtype),
-            obs=chunk.obs.astype(self.spec.obs_dtype),
-        )
+        columns = [np.stack(column, axis=1) for column in zip(*rows, strict=True)]
+        columns[0] = columns[0].astype(self.spec.obs_dtype)
+        columns[1] = columns[1].astype(self.spec.action_dtype)
+        return dict(zip(ROW_FIELDS, columns, strict=True))
+
+    def pop_chunk(self) -> replay.Rows:
+        """`pop_fields` as `replay.Rows` (imports JAX: for the learner's own process)."""
+        from fastpop.population import replay
+
+        return replay.Rows(**self.pop_fields())
 
 
 class LockstepEnvs:

@@ -16,8 +16,14 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
-from fastpop.collect.collector import CollectorSpec, max_episodes_per_chunk, run_collector
+from fastpop.collect.collector import (
+    CollectorEnvs,
+    CollectorSpec,
+    max_episodes_per_chunk,
+    run_collector,
+)
 from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
+from fastpop.collect.rollout import RowLayout
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
 from fastpop.population import replay
@@ -94,6 +100,9 @@ class Workers:
         self.published_version = policy_version
         self.config_dict = config_lib.config_to_dict(config)
         self.replay_spec = replay_spec
+        # What collectors are sent: plain data, so unpickling it imports no JAX.
+        self.collector_envs = CollectorEnvs.of(config)
+        self.row_layout = RowLayout.of(replay_spec)
         num_envs = config.population.size * config.collect.envs_per_member
         self.blocks = split_slots(num_envs, config.collect.num_collectors)
         self.ring_fields = [
@@ -167,9 +176,10 @@ class Workers:
         spec = CollectorSpec(
             index,
             self.config_dict,
+            self.collector_envs,
             first,
             count,
-            self.replay_spec,
+            self.row_layout,
             self.params.spec,
             self.rings[index].spec,
             self.stop_flag.spec,
