@@ -15,6 +15,10 @@ JAX_COMPILATION_CACHE_DIR); cold-warm: two runs over one fresh cache directory (
 it, the second is the warm rerun); manual-cold-warm: the same with JAX_COMPILATION_CACHE_DIR set
 by hand (what a user could do before fastpop set a cache itself). Every run gets a fresh
 FASTPOP_CACHE_DIR, so no run sees this machine's own caches.
+
+--entry console-script runs the `fastpop` script pip installed beside this Python (the README's
+`fastpop train ...`) instead of `python -m fastpop`: a spawned worker runs a parent's main script
+again unless it was started with `-m`, and that script imports the whole command line.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,10 +52,19 @@ PRESETS = {
 }
 
 
-def measure_once(code: Path, preset: str, env: dict, out: Path) -> dict:
+def entry_command(entry: str) -> list[str]:
+    if entry == "module":
+        return [sys.executable, "-m", "fastpop"]
+    script = shutil.which("fastpop", path=str(Path(sys.executable).parent))
+    if script is None:
+        raise SystemExit(f"no fastpop script beside {sys.executable}: pip install -e .")
+    return [sys.executable, script]
+
+
+def measure_once(code: Path, preset: str, env: dict, out: Path, entry: str = "module") -> dict:
     config, overrides, until = PRESETS[preset]
     sets = [arg for value in [*QUICK, *overrides] for arg in ("--set", value)]
-    command = [sys.executable, "-m", "fastpop", "train", str(ROOT / config), "--out", str(out)]
+    command = [*entry_command(entry), "train", str(ROOT / config), "--out", str(out)]
     start = time.monotonic()
     process = subprocess.Popen(
         [*command, *sets],
@@ -87,7 +101,7 @@ def measure_once(code: Path, preset: str, env: dict, out: Path) -> dict:
     return {"first_env_step_s": first_step, "first_update_s": first_update, "compiles": compiles}
 
 
-def measure(code: Path, preset: str, cache: str, label: str) -> list[dict]:
+def measure(code: Path, preset: str, cache: str, label: str, entry: str) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastpop-startup-") as scratch:
         scratch = Path(scratch)
@@ -99,8 +113,9 @@ def measure(code: Path, preset: str, cache: str, label: str) -> list[dict]:
         if cache == "manual-cold-warm":
             env["JAX_COMPILATION_CACHE_DIR"] = str(scratch / "jax-cache")
         for index, run in enumerate(runs):
-            result = measure_once(code, preset, env, scratch / f"run{index}")
+            result = measure_once(code, preset, env, scratch / f"run{index}", entry)
             row = {"preset": preset, "label": label, "cache": cache, "run": run, **result}
+            row = row | ({"entry": entry} if entry != "module" else {})
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
@@ -112,10 +127,11 @@ def main() -> None:
     parser.add_argument("--label", default="after")
     parser.add_argument("--cache", choices=("none", "cold-warm", "manual-cold-warm"))
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--entry", choices=("module", "console-script"), default="module")
     parser.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
     args = parser.parse_args()
     for preset in args.presets:
-        rows = measure(args.code.resolve(), preset, args.cache, args.label)
+        rows = measure(args.code.resolve(), preset, args.cache, args.label, args.entry)
         if args.output is not None:
             with args.output.open("a") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in rows)
