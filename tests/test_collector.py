@@ -70,3 +70,15 @@ def test_a_collector_in_its_warm_up_has_not_imported_jax(tmp_path):
     stats = json.loads(result.stdout.splitlines()[-1])
     assert stats["shape"] == [2, 4, 3] and stats["env_steps"] >= 2 * 4
     assert stats["jax_imported"] is False
+
+
+def test_a_collectors_warm_up_ends_on_a_chunk_boundary():
+    """Its last random chunk is sent before it builds its policy (importing JAX): the learner
+    can start on a replay.min_size that the warm-up fills (1,000 of 32-row chunks: 1,024)."""
+    import numpy as np
+
+    from fastpop.collect.collector import whole_chunks
+    from fastpop.collect.rollout import RowLayout
+
+    rows = RowLayout(32, (3,), np.dtype(np.float32), np.dtype(np.float32), 1)
+    assert [whole_chunks(steps, rows) for steps in (0, 1, 32, 1_000)] == [0, 32, 32, 1_024]

@@ -136,6 +136,13 @@ def run_collector(spec: CollectorSpec, status) -> None:
         status.close()
 
 
+def whole_chunks(env_steps: int, rows: RowLayout) -> int:
+    """The warm-up rounded up to whole chunks: its last chunk is sent before the collector
+    builds its policy (importing JAX, ~1-2 s), so a replay.min_size the warm-up fills lets the
+    learner start while that happens, rather than wait for a chunk half random, half policy."""
+    return -(-env_steps // rows.chunk_len) * rows.chunk_len
+
+
 def _build_acting(spec: CollectorSpec, slot_members: np.ndarray):
     """The batched policy and how to load it from the published leaves: built at the first step
     that acts with a policy. The warm-up's random steps run before, without JAX: importing it,
@@ -175,7 +182,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     )
     slot_members = (spec.first_slot + np.arange(spec.num_slots)) // setup.envs_per_member
 
-    warmup_env_steps = -(-setup.warmup_steps // setup.envs_per_member)
+    warmup_env_steps = whole_chunks(-(-setup.warmup_steps // setup.envs_per_member), spec.rows)
     stream = RowStream(spec.rows, spec.num_slots)
     params = ParamChannel.attach(spec.params)
     ring = ChunkRing.attach(spec.ring)

@@ -106,7 +106,8 @@ class CollectConfig:
     envs_per_member: int = field(1, min=1)
     """Environments (and replay lanes) per member."""
     warmup_steps: int = field(1_000, min=0)
-    """Env steps per member taken with uniformly random actions before the policy acts."""
+    """Env steps per member taken with uniformly random actions before the policy acts
+    (collector processes: rounded up to whole chunks per env)."""
     chunk_len: int = field(32, min=1)
     """Rows per transition chunk and environment sent from collectors to the learner."""
     ring_slots: int = field(64, min=2)
