@@ -110,10 +110,12 @@ def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
     if capped:
         stop(process, grace)
     record = read_record(out_dir, phase) or {}
-    if record.get("complete") and process.exitcode == 0:
+    if capped:  # even if it finished in the grace time: its SIGTERM can land where Python
+        status = "capped"  # ignores the exception it raises (a GC callback, say)
+    elif record.get("complete") and process.exitcode == 0:
         status = "done"
     else:
-        status = "capped" if capped else "failed"
+        status = "failed"
     entry |= {"status": status, "seconds": time.perf_counter() - start}
     entry |= {"exit_code": process.exitcode, "files": record.get("files", [])}
     if status == "failed":
