@@ -1,7 +1,7 @@
 """CEM-RL under `--distributed`: its population is the CEM mean plus mirrored pairs (an odd
 size) split evenly over the devices, so three processes x 1 forced CPU device train one
 population of 3 on gymnax's Pendulum (the shared critic and replay replicated on all three, the
-refit on the gathered actors). Stopped at 512 env steps per member and resumed, the rows equal
+refit on the gathered actors). Stopped at 256 env steps per member and resumed, the rows equal
 one process's on one device, uninterrupted, to float rounding; then process 1 is killed and
 both others stop, each naming it (process 0, whose service the others talk to, last)."""
 
@@ -29,7 +29,9 @@ from tests.test_distributed_device import OVERRIDES, PRESET
 
 pytestmark = pytest.mark.xdist_group("distributed")  # one worker runs every subprocess group
 
-CEMRL = [*OVERRIDES, "strategy=cemrl", "population.size=3", "cemrl.generation_steps=512"]
+CEMRL = [*OVERRIDES, "strategy=cemrl", "population.size=3", "cemrl.generation_steps=256"]
+# Half the DvD test's steps (three processes on 2 cores), learning from the first leg on.
+CEMRL += ["eval.interval=256", "replay.min_size=128", "collect.warmup_steps=128"]
 SETTINGS = [arg for override in CEMRL for arg in ("--set", override)]
 
 
@@ -38,7 +40,7 @@ def three(workdir, args: list[str], tag: str) -> Processes:
 
 
 def test_three_processes_train_cemrl_resume_match_one_process_and_stop_together(tmp_path):
-    args = ["train", str(PRESET), "--out", "run", *SETTINGS, "--set", "train.total_env_steps=512"]
+    args = ["train", str(PRESET), "--out", "run", *SETTINGS, "--set", "train.total_env_steps=256"]
     first = three(tmp_path, args, "first")
     try:
         codes = first.wait(RUN_SECONDS)
@@ -61,10 +63,10 @@ def test_three_processes_train_cemrl_resume_match_one_process_and_stop_together(
         assert "process 1 of the distributed run is gone" in resumed.output(index)
 
     (tmp_path / "one").mkdir()
-    reference = train_here(tmp_path / "one", PRESET, *CEMRL, "train.total_env_steps=1024")
+    reference = train_here(tmp_path / "one", PRESET, *CEMRL, "train.total_env_steps=512")
     expected = read_jsonl(reference.run_dir / "metrics.jsonl")
     rows = assert_rows_once(tmp_path / "run", size=3)[: len(expected)]
-    assert len(expected) == 2 * 3  # an evaluation every 512 steps
+    assert len(expected) == 2 * 3  # an evaluation every 256 steps
     key = lambda rows: [(r["eval_index"], r["member"], r["env_steps"], r["updates"]) for r in rows]
     assert key(rows) == key(expected)
     returns = lambda rows: [row["return_mean"] for row in rows]
