@@ -30,8 +30,6 @@ from tests.test_distributed_device import OVERRIDES, PRESET
 pytestmark = pytest.mark.xdist_group("distributed")  # one worker runs every subprocess group
 
 CEMRL = [*OVERRIDES, "strategy=cemrl", "population.size=3", "cemrl.generation_steps=256"]
-# Half the DvD test's steps (three processes on 2 cores), learning from the first leg on.
-CEMRL += ["eval.interval=256", "replay.min_size=128", "collect.warmup_steps=128"]
 SETTINGS = [arg for override in CEMRL for arg in ("--set", override)]
 
 

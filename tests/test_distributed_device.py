@@ -33,11 +33,11 @@ OVERRIDES = [
     "agent.hidden_sizes=[16,16]",
     "agent.batch_size=32",
     "replay.samples_per_insert=4",  # every update all-reduces the critic over both processes
-    "replay.min_size=256",
-    "collect.warmup_steps=256",
+    "replay.min_size=128",
+    "collect.warmup_steps=128",
     "collect.chunk_len=16",
     "train.updates_per_call=16",
-    "eval.interval=512",
+    "eval.interval=256",
     "eval.episodes=2",
     "env.episode_length=100",
     "log.tensorboard=false",
@@ -61,11 +61,11 @@ def run_pair(workdir: Path, args: list[str], tag: str) -> None:
 
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory) -> Path:
-    """The distributed run, stopped at 512 env steps per member and resumed to 1,024."""
+    """The distributed run, stopped at 256 env steps per member and resumed to 512."""
     workdir = tmp_path_factory.mktemp("distributed-device")
-    args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=512")]
+    args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=256")]
     run_pair(workdir, args, "first")
-    run_pair(workdir, ["resume", "run", "--set", "train.total_env_steps=1024"], "resumed")
+    run_pair(workdir, ["resume", "run", "--set", "train.total_env_steps=512"], "resumed")
     return workdir / "run"
 
 
@@ -75,11 +75,11 @@ def without_wall_time(path: Path) -> list[dict]:
 
 def test_two_processes_train_dvd_on_the_device_resume_and_match_one_process(distributed, tmp_path):
     # The same run uninterrupted on this process's one device (population.devices: all).
-    reference = train_here(tmp_path, PRESET, *OVERRIDES, "train.total_env_steps=1024").run_dir
+    reference = train_here(tmp_path, PRESET, *OVERRIDES, "train.total_env_steps=512").run_dir
     rows = assert_rows_once(distributed)
-    assert max(row["member_env_steps"] for row in rows) == 1024
+    assert max(row["member_env_steps"] for row in rows) == 512
     expected = without_wall_time(reference / "metrics.jsonl")
-    assert len(rows) == len(expected) == 2 * 4  # an evaluation every 512 steps
+    assert len(rows) == len(expected) == 2 * 4  # an evaluation every 256 steps
     count = lambda rows: [
         (r["eval_index"], r["member"], r["env_steps"], r["updates"]) for r in rows
     ]
