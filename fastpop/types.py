@@ -52,6 +52,15 @@ class EnvSpec(NamedTuple):
         return self.num_actions > 0
 
 
+def stored_obs(spec, obs):
+    """Slices (stacked) observations to the stored layout: only the newest frame of a stack.
+    `spec`: anything with `obs_shape` and `frame_stack` (an EnvSpec, a replay spec, a
+    collector's row layout)."""
+    if spec.frame_stack == 1:
+        return obs
+    return obs[..., -(spec.obs_shape[-1] // spec.frame_stack) :]
+
+
 class DeviceEnv(NamedTuple):
     """An environment stepped inside jit, whatever simulator family it comes from (adapters:
     fastpop/envs/device_envs.py). `reset(key) -> state` and `step(state, action) -> state` are

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fastpop.population import replay
-from fastpop.types import EnvSpec
+from fastpop.types import EnvSpec, stored_obs
 
 VECTOR_ENV = EnvSpec(obs_shape=(3,), action_dim=2)
 ATARI_ENV = EnvSpec(
@@ -166,7 +166,7 @@ def atari_stream(lanes: int, length: int, seed: int):
                 )
     t = np.arange(length)[None] + 10_000 * np.arange(lanes)[:, None]
     rows = replay.Rows(
-        obs=replay.stored_obs(ATARI_ENV, stacks),
+        obs=stored_obs(ATARI_ENV, stacks),
         action=t.astype(np.int32),
         reward=np.zeros((lanes, length), np.float32),
         **flags,

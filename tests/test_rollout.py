@@ -34,3 +34,12 @@ def test_lockstep_envs_step_exactly_as_the_next_step_autoreset_vector_env(env_id
     finally:
         reference.close()
         lockstep.close()
+
+
+def test_a_collectors_row_fields_are_the_replays():
+    """A collector names its chunk's fields without importing `replay` (JAX): the same names,
+    in the same order, as the replay's rows."""
+    from fastpop.collect.rollout import ROW_FIELDS
+    from fastpop.population import replay
+
+    assert replay.Rows._fields == ROW_FIELDS

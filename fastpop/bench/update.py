@@ -23,7 +23,7 @@ from fastpop import population
 from fastpop.agents import Agent, make_agent
 from fastpop.bench.common import device_label, two_panel_figure, write_json
 from fastpop.population import replay
-from fastpop.types import EnvSpec, Transition
+from fastpop.types import EnvSpec, Transition, stored_obs
 
 # The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
 BENCH_SPECS = {
@@ -41,7 +41,7 @@ def random_rows(spec: replay.ReplaySpec, env_spec: EnvSpec, key) -> replay.Rows:
     """One lane full of random rows, as a chunk for `replay.add`."""
     shape = (spec.lanes, spec.chunk_len)
     obs_key, action_key, reward_key, done_key = jax.random.split(key, 4)
-    stored_shape = replay.stored_obs(env_spec, np.zeros((1, *env_spec.obs_shape))).shape[1:]
+    stored_shape = stored_obs(env_spec, np.zeros((1, *env_spec.obs_shape))).shape[1:]
     if env_spec.obs_dtype == np.uint8:
         obs = jax.random.randint(obs_key, (*shape, *stored_shape), 0, 256).astype(jnp.uint8)
     else:

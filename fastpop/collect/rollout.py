@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from fastpop.types import stored_obs
+
 if TYPE_CHECKING:
     from fastpop.population import replay
 
@@ -34,14 +36,8 @@ class RowLayout(NamedTuple):
         return cls(int(spec.chunk_len), tuple(spec.obs_shape), *dtypes, int(spec.frame_stack))
 
 
-def stored_obs(spec: RowLayout | replay.ReplaySpec, obs):
-    """`replay.stored_obs` without importing JAX: only the newest frame of a stack."""
-    if spec.frame_stack == 1:
-        return obs
-    return obs[..., -(spec.obs_shape[-1] // spec.frame_stack) :]
-
-
-# `replay.Rows._fields`, in the order `RowStream.append` records them (tests/test_rollout.py).
+# `replay.Rows._fields` (tests/test_rollout.py checks), in the order `RowStream.append` records
+# them: named here, as importing `replay` would import JAX.
 ROW_FIELDS = (
     "obs",
     "action",

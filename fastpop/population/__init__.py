@@ -4,16 +4,16 @@ cached by `tuning_cache.py`), the member axis over several devices (`sharding.py
 device replay buffers the updates sample from (`replay.py`).
 
 Callers import the package (`from fastpop import population`); this face re-exports the
-executors' helpers they use.
+executors' helpers they use (and chunking's `copy_tree`).
 """
 
+from fastpop.population.chunking import copy_tree
 from fastpop.population.executors import (
     EXECUTIONS,
     Executor,
     UpdatePlan,
     broadcast_hparams,
     copy_member,
-    copy_tree,
     finite_members,
     gather,
     init_population,

@@ -54,8 +54,10 @@ def chunk_size(size: int, members_per_chunk: int | None) -> int:
 
 
 @jax.jit
-def _copy_states(states):
-    return jax.tree.map(jnp.copy, states)
+def copy_tree(tree):
+    """A copy of every leaf (keeps a tree usable after a donating call consumed the original),
+    as one compiled program per tree rather than one per leaf shape."""
+    return jax.tree.map(jnp.copy, tree)
 
 
 def candidates(size: int) -> list[int]:
@@ -202,7 +204,7 @@ class TunedUpdate(ChunkedUpdate):
         candidates taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call."""
         sizes = candidates(size)
         members = max(sizes)
-        work = _copy_states(states)  # one program, not one per leaf shape
+        work = copy_tree(states)
         rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
         for round_index in range(CALIBRATION_ROUNDS + 1):
             turn = round_index % len(sizes)  # each round in another order: drifting load

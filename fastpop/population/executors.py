@@ -109,17 +109,6 @@ def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float])
     return type(hparams)(**stacked)
 
 
-def copy_tree(tree: PyTree) -> PyTree:
-    """A copy of every leaf (keeps a tree usable after a donating call consumed the original),
-    as one compiled program per tree rather than one per leaf shape."""
-    return _copy_leaves(tree)
-
-
-@jax.jit
-def _copy_leaves(tree: PyTree) -> PyTree:
-    return jax.tree.map(jnp.copy, tree)
-
-
 def population_act(agent: Agent):
     """agent.act for a population: params, obs (P, N, ...), keys and hparams stacked over
     members; `explore` and `env_steps` shared by all."""

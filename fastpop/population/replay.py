@@ -107,13 +107,6 @@ def make_replay_spec(env_spec: EnvSpec, capacity: int, lanes: int, chunk_len: in
     )
 
 
-def stored_obs(spec: ReplaySpec | EnvSpec, obs):
-    """Slices (stacked) observations to the stored layout: only the newest frame of a stack."""
-    if spec.frame_stack == 1:
-        return obs
-    return obs[..., -(spec.obs_shape[-1] // spec.frame_stack) :]
-
-
 def row_layout(spec: ReplaySpec, lead: tuple[int, ...]) -> Rows:
     def leaf(shape, dtype):
         return jax.ShapeDtypeStruct((*lead, *shape), np.dtype(dtype))
