@@ -138,8 +138,8 @@ def run_case(name: str) -> None:
         )
 
 
-DEVICE_MODE = [  # TD3 on brax's `fast` test env (quick to compile), stepped on the device
-    "env.id=brax/fast",
+DEVICE_MODE = [  # TD3 on gymnax's Pendulum (quick to compile), stepped on the device
+    "env.id=gymnax/Pendulum-v1",
     "env.episode_length=20",
     "collect.envs_per_member=2",
     "collect.chunk_len=8",

@@ -1,10 +1,10 @@
 """Device mode, DvD and a shared replay under `--distributed`: two processes x 2 forced CPU
 devices train one DvD population of 4 on gymnax's Pendulum (each process stepping its own
-members' env lanes; the shared critic and replay on every device of both), stop and resume; the
-rows equal one process's on one device, uninterrupted, to float rounding (the critic's gradients
-are summed over the processes' devices in another order). A process killed in device mode is
-tested with CEM-RL on three processes (tests/test_distributed_cemrl.py), where both survivors
-must stop naming it."""
+members' env lanes; the shared critic and replay on every device of both); the rows equal one
+process's on one device to float rounding (the critic's gradients are summed over the processes'
+devices in another order). Stopping and resuming in device mode, and a process killed there, are
+tested with CEM-RL on three processes (tests/test_distributed_cemrl.py): one run of two
+processes here, to keep the suite's distributed tests within their share of its time."""
 
 from __future__ import annotations
 
@@ -61,11 +61,10 @@ def run_pair(workdir: Path, args: list[str], tag: str) -> None:
 
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory) -> Path:
-    """The distributed run, stopped at 256 env steps per member and resumed to 512."""
+    """The distributed run to 512 env steps per member."""
     workdir = tmp_path_factory.mktemp("distributed-device")
-    args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=256")]
+    args = ["train", str(PRESET), "--out", "run", *settings("train.total_env_steps=512")]
     run_pair(workdir, args, "first")
-    run_pair(workdir, ["resume", "run", "--set", "train.total_env_steps=512"], "resumed")
     return workdir / "run"
 
 
@@ -73,7 +72,7 @@ def without_wall_time(path: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k != "wall_time"} for row in read_jsonl(path)]
 
 
-def test_two_processes_train_dvd_on_the_device_resume_and_match_one_process(distributed, tmp_path):
+def test_two_processes_train_dvd_on_the_device_and_match_one_process(distributed, tmp_path):
     # The same run uninterrupted on this process's one device (population.devices: all).
     reference = train_here(tmp_path, PRESET, *OVERRIDES, "train.total_env_steps=512").run_dir
     rows = assert_rows_once(distributed)
@@ -86,8 +85,6 @@ def test_two_processes_train_dvd_on_the_device_resume_and_match_one_process(dist
     assert count(rows) == count(expected)
     returns = lambda rows: [row["return_mean"] for row in rows]
     np.testing.assert_allclose(returns(rows), returns(expected), rtol=1e-4)
-    events = [event["kind"] for event in read_jsonl(distributed / "events.jsonl")]
-    assert "resumed" in events
     summary = json.loads((distributed / "summary.json").read_text())
     assert summary["stopped_by"] == "completed" and summary["collect_mode"] == "device"
     (newest, *_) = sorted((distributed / "checkpoints").iterdir(), reverse=True)

@@ -53,7 +53,7 @@ def sharded_results() -> dict:
 def test_members_split_over_four_devices_match_one_device(sharded_results, check):
     """TD3 with PBT (replay copied), SAC, DQN, CEM-RL and DvD learners with population.devices
     > 1 end with the member states, hparams, strategy states and buffers of the same learners on
-    one device, after the same updates and strategy rounds; so does device mode (brax envs
+    one device, after the same updates and strategy rounds; so does device mode (gymnax envs
     stepped by each member's device); where arrays live, that the update sends nothing between
     devices, that a copy moves only the changed members."""
     assert sharded_results[check] == "ok", sharded_results[check]

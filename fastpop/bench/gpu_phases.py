@@ -60,6 +60,7 @@ FULL_PLANS = {
         "train_seconds": 100.0,
         "train_collectors": 14,
         "warmup_steps": 5_000,
+        "agent": None,  # the paper's networks
     },
     "pbt": {  # each run's train.max_wall_seconds: wall_seconds, at most wall_fraction of the cap
         "wall_seconds": 120.0,
@@ -100,6 +101,7 @@ SMOKE_PLANS = {
         "train_seconds": 4.0,
         "train_collectors": 1,
         "warmup_steps": 256,
+        "agent": {"hidden_sizes": [16, 16], "batch_size": 32},
     },
     "pbt": {
         "wall_seconds": 5.0,
@@ -269,6 +271,7 @@ def pipeline_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
         plan["train_seconds"],
         train_collectors=plan["train_collectors"],
         warmup_steps=plan["warmup_steps"],
+        agent=plan["agent"],
     )
     path = write_pipeline_results(result, out_dir)
     record["json"] = path.name

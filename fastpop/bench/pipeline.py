@@ -61,11 +61,14 @@ def bench_pipeline(
     train_seconds: float,
     train_collectors: int = 1,
     warmup_steps: int = 5_000,
+    agent: dict | None = None,
 ) -> dict:
     """Collection with each count of `collectors`, then a training run of `train_seconds` fed
     by `train_collectors` collectors: its learner's utilisation (agent-updates/s against the
     update benchmark's at the same population) and the share of its learning time the run loop
-    spent idle, waiting for rows. Learning starts after `warmup_steps` env steps per member."""
+    spent idle, waiting for rows. Learning starts after `warmup_steps` env steps per member.
+    `agent`: the agent's config fields for both the run and the update benchmark (None: the
+    algorithm's defaults)."""
     from fastpop.bench.update import UpdateBenchSettings, bench_update
     from fastpop.envs import env_spec
 
@@ -76,9 +79,11 @@ def bench_pipeline(
         "env": {"id": env_id},
         "population": {"size": population_size},
         "collect": {"warmup_steps": 0, "num_collectors": 1},
+        "agent": dict(agent or {}),
         "log": {"tensorboard": False, "progress_interval_seconds": 30.0},
     }
     result: dict = {"env": env_id, "population": population_size, "device": device_label()}
+    result["agent_overrides"] = dict(agent or {})
     result["raw_gymnasium_steps_per_s"] = raw_step_rate(env_id, seconds)
     result["collection"] = []
     for count in collectors:
@@ -97,7 +102,8 @@ def bench_pipeline(
             f"collection: {count} collector(s) {rate:,.0f} env steps/s "
             f"({rate / count / result['raw_gymnasium_steps_per_s']:.2f}x raw per collector)"
         )
-    settings = UpdateBenchSettings(algo, min_seconds=seconds, matmul_size=256)  # no use here
+    # (its small reference matmul is not read here)
+    settings = UpdateBenchSettings(algo, min_seconds=seconds, matmul_size=256, agent=agent)
     update = bench_update(settings, [population_size], ["vectorized"], log=lambda line: None)
     training = {"seconds": train_seconds, "collectors": train_collectors, "warmup": warmup_steps}
     result["learner"] = learner_utilisation(

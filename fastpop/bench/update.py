@@ -168,6 +168,7 @@ class UpdateBenchSettings(NamedTuple):
     min_seconds: float = 2.0  # per implementation and population size, over all rounds
     seed: int = 0
     matmul_size: int | None = None  # of the reference matmul; None: `matmul_gflops`' default
+    agent: dict | None = None  # more of the agent's config fields (hidden_sizes, ...)
 
 
 def bench_update(
@@ -178,7 +179,9 @@ def bench_update(
 ) -> dict:
     """Agent-updates/s per implementation and population size, plus FLOP accounting."""
     algo, updates_per_call = settings.algo, settings.updates_per_call
-    config = {} if settings.batch_size is None else {"batch_size": settings.batch_size}
+    config = dict(settings.agent or {})
+    if settings.batch_size is not None:
+        config["batch_size"] = settings.batch_size
     agent = make_agent(algo, BENCH_SPECS[algo], **config)
     hparams_one = agent.default_hparams()
     torch_bench = torch_benchmark(log) if "torch" in implementations else None
@@ -229,6 +232,7 @@ def bench_update(
             "batch_size": agent.batch_size,
             "actions": BENCH_SPECS[algo].num_actions or BENCH_SPECS[algo].action_dim,
         },
+        "agent_overrides": dict(settings.agent or {}),
         "updates_per_call": updates_per_call,
         "flops_per_update": flops,
         "matmul_gflops_per_s": matmul_gflops(settings.matmul_size),
