@@ -59,6 +59,11 @@ def status() -> str:
     return _status
 
 
+def is_on() -> bool:
+    """Whether this process compiles into a persistent cache (fastpop's or the user's)."""
+    return not _status.startswith(("off", "not configured"))
+
+
 def _max_bytes() -> int:
     value = os.environ.get(MAX_BYTES_VARIABLE, "")
     try:

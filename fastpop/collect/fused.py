@@ -14,6 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from fastpop import stored_programs
 from fastpop.learn.learner import ChunkPlan, DeviceState
 from fastpop.learn.update_protocol import Training
 
@@ -52,11 +53,19 @@ def fused_iteration(
     return lanes, DeviceState(buffers, states, key, hparams, member_hparams), metrics
 
 
-def compile_fused(training: Training, add_rows: Callable, rollout: Rollout, placement=None):
+def compile_fused(
+    training: Training,
+    add_rows: Callable,
+    rollout: Rollout,
+    placement=None,
+    identity: str | None = None,
+):
     """`fused_iteration` jitted, with the env lanes and the learner's buffers, states and key
     donated (hparams are not: the learner keeps them). `placement`: the shardings of (lanes,
     buffers, states) over a mesh, kept by the outputs (left free, XLA splits a shared replay
-    over the devices, which every sample would then gather); None on one device."""
+    over the devices, which every sample would then gather); None on one device. `identity`:
+    what decides the program, to keep it traced on disk (fastpop.stored_programs); None: not
+    kept."""
 
     def program(lanes, buffers, states, key, collect_key, hparams, member_hparams, plan):
         learner = DeviceState(buffers, states, key, hparams, member_hparams)
@@ -69,4 +78,6 @@ def compile_fused(training: Training, add_rows: Callable, rollout: Rollout, plac
             learner = learner._replace(buffers=buffers, states=states)
         return lanes, learner, metrics
 
-    return jax.jit(program, donate_argnums=(0, 1, 2))
+    if placement is not None:
+        identity = None  # stored programs are one device's
+    return stored_programs.stored_jit(program, identity, "fused", donate_argnums=(0, 1, 2))

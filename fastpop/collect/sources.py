@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population
+from fastpop import population, stored_programs
 from fastpop.collect import device_rollout, fused, snapshot
 from fastpop.config.sections import CollectConfig
 from fastpop.learn.learner import Learner
@@ -140,6 +140,7 @@ class DeviceParts(NamedTuple):
     env_spec: EnvSpec
     training: Training  # its `policies` and `update`, for the program per chunk
     mesh: Any  # None: one device
+    program_identity: str | None = None  # what decides its programs (fastpop.stored_programs)
 
 
 class DeviceCollection:
@@ -167,10 +168,17 @@ class DeviceCollection:
             split, everywhere = sharding.members(parts.mesh), sharding.replicated(parts.mesh)
             shapes = jax.eval_shape(init, lanes_key)
             self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
-        self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
+        # Programs kept traced on disk: one device's only (on a mesh, placement decides too).
+        self._identity = parts.program_identity if parts.mesh is None else None
+        if self._placement is None:
+            self.lanes = stored_programs.stored_jit(init, self._identity, "lanes")(lanes_key)
+        else:
+            self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
         self._fused = None  # the program per chunk, made at the first `feed`
-        self._evaluate = jax.jit(self._evaluate_members)
+        self._evaluate = stored_programs.stored_jit(
+            self._evaluate_members, self._identity, "evaluate"
+        )
         self._evaluate_program: Future | None = None
         self._results: list[dict] = []
         # What an evaluation snapshot decodes to: host arrays of the policy tree's shapes.
@@ -220,7 +228,7 @@ class DeviceCollection:
                 placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
             rollout = self._rollout_chunk
             self._fused = fused.compile_fused(
-                learner.training, learner.add_rows, rollout, placement
+                learner.training, learner.add_rows, rollout, placement, self._identity
             )
         self.key, key = jax.random.split(self.key)
         plan = learner.plan_chunk(self.parts.collect.envs_per_member)

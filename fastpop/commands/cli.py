@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastpop import compile_cache, compile_stats
+from fastpop import compile_cache, compile_stats, stored_programs
 from fastpop.commands import bench as bench_commands
 from fastpop.commands import evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
@@ -264,6 +264,7 @@ def execute(run, run_dir: Path) -> int:
         if len(final["ranking"]) > 1:
             print(format_ranking(final["ranking"], (run_dir / "members.json")))
     summary["compiles"] = compile_stats.counts() | {"cache": compile_cache.status()}
+    summary["compiles"]["stored_programs"] = stored_programs.counts()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     try:
         paths = plot_runs([run_dir])

@@ -13,6 +13,7 @@ processes (which get the config, not the parts: agents do not cross the spawn bo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -79,7 +80,27 @@ class RunParts(NamedTuple):
             self.env_spec,
             self.training,
             self.mesh,
+            program_identity(config),
         )
+
+
+# Config fields no compiled program of a run reads (its length, its outputs, its name; the seed
+# and the hparams enter programs as arguments): left out of the identity its stored programs
+# are kept under, so that a rerun with another seed or length loads them.
+# tests/test_stored_programs.py checks that programs exported under each differ in nothing.
+NOT_IN_PROGRAMS = (
+    "name", "seed", "hparams", "log", "checkpoint", "train.total_env_steps",
+    "train.max_wall_seconds", "train.compile_cache", "eval.interval",
+)  # fmt: skip
+
+
+def program_identity(config: config_lib.Config) -> str:
+    """The config as text, less NOT_IN_PROGRAMS (fastpop.stored_programs' `identity`)."""
+    fields = config_lib.config_to_dict(config)
+    for dotted in NOT_IN_PROGRAMS:
+        section, _, name = dotted.partition(".")
+        (fields[section] if name else fields).pop(name or section, None)
+    return json.dumps(fields, sort_keys=True)
 
 
 def build_run(config: config_lib.Config) -> RunParts:

@@ -1,0 +1,294 @@
+"""Traced programs kept on disk, so that a rerun skips tracing and lowering them.
+
+JAX's persistent compilation cache (compile_cache.py) spares a rerun XLA's work, but JAX finds
+an entry by hashing the lowered module: every program is still traced and lowered first. For
+device mode's large programs (the fused chunk, the evaluation, the env lanes' reset) that is
+most of a warm start: ~6 of brax's 10 s on a 2-core CPU. `stored_jit(fn, identity, name)`
+exports the program once (`jax.export`: the traced and lowered StableHLO) into
+$FASTPOP_CACHE_DIR/programs; a later process with the same key loads it and calls it, tracing
+only a wrapper, and XLA's compile of it is a hit in the compilation cache.
+
+The key is everything the traced program depends on: `identity` (what the caller knows decides
+the function: device mode passes the run's config less the fields no program reads, see
+fastpop.run.parts.program_identity), `name`, the arguments' tree structure, shapes and dtypes,
+fastpop's source code, the versions of JAX and of the env and network libraries, the JAX
+settings that change tracing, and the backend. `identity` None, the compilation cache off, a
+program on several devices or processes, or anything the exporter cannot write (a pytree node it
+cannot name, a host callback) is plain `jax.jit`; a stored file that does not load is exported
+again. The directory is bounded (FASTPOP_PROGRAMS_MAX_BYTES, default 256 MiB, least recently
+used first out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+from importlib import metadata
+from pathlib import Path
+
+from fastpop import compile_cache
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES_VARIABLE = "FASTPOP_PROGRAMS_MAX_BYTES"
+DEFAULT_MAX_BYTES = 256 << 20
+MAGIC = b"fastpop stored program 1\n"
+SUFFIX = ".program"
+# Libraries whose code ends up inside device mode's programs.
+LIBRARIES = (
+    "jax", "jaxlib", "flax", "optax", "chex", "numpy", "brax", "mujoco", "mujoco-mjx", "gymnax",
+    "playground",
+)  # fmt: skip
+# JAX settings that change what a function traces or lowers to.
+JAX_SETTINGS = (
+    "jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
+    "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
+    "jax_enable_checks", "jax_debug_nans", "jax_debug_infs", "jax_disable_jit",
+)  # fmt: skip
+BUILTIN_NODES = (tuple, list, dict, type(None))
+
+_lock = threading.Lock()
+_counts = {"loaded": 0, "written": 0, "not_stored": 0}
+_registered: set[type] = set()
+
+
+def counts() -> dict:
+    """Programs this process loaded from the store, wrote to it, or could not store."""
+    with _lock:
+        return dict(_counts)
+
+
+def _count(what: str) -> None:
+    with _lock:
+        _counts[what] += 1
+
+
+def directory() -> Path | None:
+    """Where programs are kept; None while the compilation cache is off or not set up."""
+    base = compile_cache.user_cache_dir()
+    if base is None or not compile_cache.is_on():
+        return None
+    return base / "programs"
+
+
+@functools.cache
+def fingerprint() -> str:
+    """This process's code, libraries, JAX settings and backend, as text."""
+    import jax
+
+    source = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        source.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    versions = {}
+    for name in LIBRARIES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    settings = {name: str(getattr(jax.config, name, None)) for name in JAX_SETTINGS}
+    device = jax.devices()[0]
+    backend = f"{device.platform} {device.device_kind} x{jax.device_count()}"
+    return json.dumps([source.hexdigest(), versions, settings, backend], sort_keys=True)
+
+
+def stored_jit(fn, identity: str | None, name: str, donate_argnums: tuple[int, ...] = ()):
+    """`jax.jit(fn, donate_argnums=...)`, whose traced program is kept on disk under a key of
+    `identity` (None: never stored) and `name` (which of the caller's programs)."""
+    import jax
+
+    jitted = jax.jit(fn, donate_argnums=donate_argnums)
+    if identity is None:
+        return jitted
+    return StoredJit(jitted, identity, name, donate_argnums)
+
+
+class StoredJit:
+    """Called (or `lower`ed) as the jitted function: per argument signature, the stored program
+    where one loads, else the program exported now and stored, else the jitted function."""
+
+    def __init__(self, jitted, identity: str, name: str, donate_argnums: tuple[int, ...]):
+        self.jitted, self.identity, self.name = jitted, identity, name
+        self.donate_argnums = donate_argnums
+        self.programs: dict[str, object] = {}
+
+    def __call__(self, *args):
+        return self.program(args)(*args)
+
+    def lower(self, *args):
+        return self.program(args).lower(*args)
+
+    def program(self, args: tuple):
+        import jax
+
+        leaves, treedef = jax.tree.flatten(args)
+        signature = f"{treedef} {[_aval_text(leaf) for leaf in leaves]}"
+        if signature not in self.programs:
+            self.programs[signature] = self._make(args, signature)
+        return self.programs[signature]
+
+    def _make(self, args: tuple, signature: str):
+        import jax
+
+        folder = directory()
+        if folder is None or jax.process_count() > 1 or not _on_one_device(args):
+            return self.jitted
+        text = "\n".join([self.identity, self.name, signature, fingerprint()])
+        path = folder / f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:32]}{SUFFIX}"
+        exported = _load(path)
+        if exported is not None and exported.in_tree != jax.tree.structure((args, {})):
+            exported = None  # a node's static data read back otherwise: export anew
+        if exported is None:
+            exported = _export_and_store(self.jitted, args, path)
+            if exported is None:
+                _count("not_stored")
+                return self.jitted
+        return jax.jit(exported.call, donate_argnums=self.donate_argnums)
+
+
+def _aval_text(leaf) -> str:
+    import jax
+
+    aval = jax.typeof(leaf)
+    return f"{aval.str_short(short_dtypes=True)}{'w' if getattr(aval, 'weak_type', 0) else ''}"
+
+
+def _on_one_device(args: tuple) -> bool:
+    import jax
+
+    for leaf in jax.tree.leaves(args):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is not None and len(sharding.device_set) > 1:
+            return False
+    return True
+
+
+def _export_and_store(jitted, args: tuple, path: Path):
+    """The exported program, written to `path` (None where it cannot be exported or named)."""
+    from jax import export
+
+    try:
+        exported = export.export(jitted)(*args)
+        types = _node_types(exported.in_tree) | _node_types(exported.out_tree)
+        names = [_register(node_type) for node_type in sorted(types, key=str)]
+        if None in names:
+            log.info("%s: not stored (a pytree node fastpop cannot name)", path.name)
+            return None
+        blob = exported.serialize()
+        again = export.deserialize(blob)
+        if (again.in_tree, again.out_tree) != (exported.in_tree, exported.out_tree):
+            log.info("%s: not stored (its tree structure does not read back)", path.name)
+            return None
+    except Exception as error:  # a host callback, an effect, ...: plain jit serves
+        log.info("%s: not stored (%s: %s)", path.name, type(error).__name__, error)
+        return None
+    header = json.dumps({"node_types": names}).encode() + b"\n"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        temporary.write_bytes(MAGIC + header + bytes(blob))
+        os.replace(temporary, path)  # another process writing the same key writes the same
+        _count("written")
+        _prune(path.parent)
+    except OSError as error:
+        log.warning("fastpop: could not store %s (%s)", path, error.strerror)
+    return exported
+
+
+def _load(path: Path):
+    """The exported program stored at `path`, or None (absent, or not readable: then written
+    again by the caller)."""
+    from jax import export
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        if not data.startswith(MAGIC):
+            raise ValueError("not a stored program")
+        header, _, blob = data[len(MAGIC) :].partition(b"\n")
+        for name in json.loads(header)["node_types"]:
+            node_type = _resolve(name)
+            if node_type is None or _register(node_type) is None:
+                return None  # its module is not imported in this process: export anew
+        exported = export.deserialize(bytearray(blob))
+    except Exception as error:  # truncated or foreign: exported and written again
+        log.warning("fastpop: ignoring the stored program %s (%s)", path, error)
+        return None
+    os.utime(path)  # its last use, for pruning
+    _count("loaded")
+    return exported
+
+
+def _node_types(treedef) -> set[type]:
+    node = treedef.node_data()
+    found = {node[0]} if node is not None and node[0] not in BUILTIN_NODES else set()
+    for child in treedef.children():
+        found |= _node_types(child)
+    return found
+
+
+def _type_name(node_type: type) -> str:
+    return f"{node_type.__module__}:{node_type.__qualname__}"
+
+
+def _resolve(name: str) -> type | None:
+    """A node type by name among the modules this process has imported (none is imported)."""
+    module_name, _, qualname = name.partition(":")
+    found = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+    return found if isinstance(found, type) else None
+
+
+def _register(node_type: type) -> str | None:
+    """Teach jax.export to write `node_type` (a NamedTuple, or a dataclass-like node whose
+    static data is JSON); its name, or None where it cannot be named."""
+    from jax import export
+
+    name = _type_name(node_type)
+    with _lock:
+        if node_type in _registered:
+            return name
+        try:
+            if issubclass(node_type, tuple) and hasattr(node_type, "_fields"):
+                export.register_namedtuple_serialization(node_type, serialized_name=name)
+            elif dataclasses.is_dataclass(node_type):
+                export.register_pytree_node_serialization(
+                    node_type,
+                    serialized_name=name,
+                    serialize_auxdata=lambda aux: json.dumps(list(aux)).encode(),
+                    deserialize_auxdata=lambda data: tuple(json.loads(data)),
+                )
+            else:
+                return None
+        except ValueError as error:  # registered already, under another name: not ours to use
+            log.info("%s: %s", name, error)
+            return None
+        _registered.add(node_type)
+    return name
+
+
+def _prune(folder: Path) -> None:
+    """Least recently used programs out until the folder holds at most the limit."""
+    try:
+        limit = int(float(os.environ.get(MAX_BYTES_VARIABLE) or DEFAULT_MAX_BYTES))
+    except ValueError:
+        limit = DEFAULT_MAX_BYTES
+    try:
+        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob(f"*{SUFFIX}")]
+    except OSError:
+        return
+    total = sum(size for _, size, _ in files)
+    for _, size, path in sorted(files):
+        if total <= limit:
+            break
+        path.unlink(missing_ok=True)
+        total -= size

@@ -1,0 +1,245 @@
+"""Traced programs kept on disk (fastpop/stored_programs.py): a rerun loads them instead of
+tracing, with the same numbers; what they are keyed by; what is not stored; bounded.
+
+The store is on only where the compilation cache is (`compile_cache.is_on`): these tests turn it
+on in this process with a temporary FASTPOP_CACHE_DIR.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fastpop import compile_cache, stored_programs
+
+pytest.importorskip("gymnax")
+
+from tests.helpers import train_here
+from tests.runs import REPO, read_jsonl
+from tests.test_device_mode import SHORT
+
+GYMNAX = REPO / "configs" / "td3_gymnax_pendulum_cpu.yaml"
+
+
+class Pair(NamedTuple):
+    weights: jax.Array
+    count: jax.Array
+
+
+@flax.struct.dataclass
+class Lane:
+    state: jax.Array
+    label: str = flax.struct.field(pytree_node=False, default="lane")
+
+
+class Traces:
+    """How often each Python function was traced (a traced program runs its Python body)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def step(self, key, pair: Pair, lane: Lane):
+        self.count += 1
+        noise = jax.random.normal(key, pair.weights.shape)
+        weights = jnp.tanh(pair.weights @ pair.weights.T) + noise
+        return Pair(weights, pair.count + 1), {"lane": Lane(lane.state * 2), "sum": weights.sum()}
+
+
+def arguments(width: int = 4):
+    pair = Pair(jnp.arange(width * width, dtype=jnp.float32).reshape(width, width) / 10, 0)
+    return jax.random.key(3), pair._replace(count=jnp.int32(0)), Lane(jnp.ones(width))
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The store on, in tmp_path/programs."""
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "is_on", lambda: True)
+    return tmp_path / "programs"
+
+
+def test_a_second_process_loads_the_program_without_tracing_it_same_numbers(store):
+    traces = Traces()
+    expected = jax.jit(Traces().step)(*arguments())
+    first = stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    assert traces.count == 1 and len(list(store.glob("step-*.program"))) == 1
+    loaded_before = stored_programs.counts()["loaded"]
+    fresh = stored_programs.stored_jit(traces.step, "identity", "step")  # as a rerun makes it
+    again = fresh(*arguments())
+    assert traces.count == 1  # loaded: the function was not traced
+    assert stored_programs.counts()["loaded"] == loaded_before + 1
+    for result in (first, again):
+        assert jax.tree.structure(result) == jax.tree.structure(expected)
+        for got, want in zip(jax.tree.leaves(result), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_array_equal(got, want)
+    fresh(*arguments())
+    assert traces.count == 1  # and kept for the next call
+    compiled = fresh.lower(*arguments()).compile()  # what device evaluation compiles ahead
+    np.testing.assert_array_equal(compiled(*arguments())[1]["sum"], expected[1]["sum"])
+
+
+def test_another_identity_name_or_shape_is_traced_and_stored_beside(store):
+    traces = Traces()
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    stored_programs.stored_jit(traces.step, "another", "step")(*arguments())
+    stored_programs.stored_jit(traces.step, "identity", "other")(*arguments())
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments(width=5))
+    assert traces.count == 4  # none loaded another's program
+    assert len(list(store.glob("*.program"))) == 4
+
+
+def test_no_identity_is_plain_jit(store):
+    program = stored_programs.stored_jit(lambda x: x + 1, None, "add")
+    assert not isinstance(program, stored_programs.StoredJit)
+    np.testing.assert_array_equal(program(jnp.zeros(2)), [1.0, 1.0])
+    assert not store.exists()
+
+
+def test_donated_arguments_stay_donated(store):
+    def add(x, y):
+        return x + y
+
+    x = jnp.arange(4.0)
+    out = stored_programs.stored_jit(add, "identity", "add", donate_argnums=(0,))(x, x + 1)
+    np.testing.assert_array_equal(out, [1.0, 3.0, 5.0, 7.0])
+    assert x.is_deleted()
+    y = jnp.arange(4.0)
+    out = stored_programs.stored_jit(add, "identity", "add", donate_argnums=(0,))(y, y + 1)
+    assert y.is_deleted() and stored_programs.counts()["loaded"] >= 1
+
+
+def test_an_unreadable_stored_program_is_exported_again_with_a_warning(store, caplog):
+    traces = Traces()
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    (path,) = store.glob("step-*.program")
+    path.write_bytes(path.read_bytes()[:200])  # truncated by a crash, say
+    with caplog.at_level(logging.WARNING, logger="fastpop.stored_programs"):
+        result = stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    assert "ignoring the stored program" in caplog.text
+    assert traces.count == 2  # traced again, and written again whole
+    expected = jax.jit(Traces().step)(*arguments())
+    np.testing.assert_array_equal(result[1]["sum"], expected[1]["sum"])
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    assert traces.count == 2  # the rewritten file loads
+
+
+def test_what_cannot_be_exported_runs_as_plain_jit(store):
+    seen = []
+
+    def with_callback(x):
+        jax.debug.callback(lambda value: seen.append(float(value)), x.sum())
+        return x * 2
+
+    before = stored_programs.counts()["not_stored"]
+    out = stored_programs.stored_jit(with_callback, "identity", "callback")(jnp.ones(3))
+    np.testing.assert_array_equal(out, [2.0, 2.0, 2.0])
+    assert seen == [3.0] and stored_programs.counts()["not_stored"] == before + 1
+    assert not list(store.glob("callback-*"))
+
+
+def test_nothing_is_stored_while_the_compilation_cache_is_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "is_on", lambda: False)
+    traces = Traces()
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    assert not (tmp_path / "programs").exists()
+
+
+def test_the_store_keeps_the_most_recently_used_programs_within_its_size(store, monkeypatch):
+    traces = Traces()
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
+    (first,) = store.glob("*.program")
+    monkeypatch.setenv(stored_programs.MAX_BYTES_VARIABLE, str(first.stat().st_size + 1))
+    stored_programs.stored_jit(traces.step, "identity", "step")(*arguments(width=5))
+    assert [path.name for path in store.glob("*.program")] != [first.name]
+    assert len(list(store.glob("*.program"))) == 1  # the older one went
+
+
+def test_concurrent_writers_of_one_program_leave_one_whole_file(store):
+    traces = Traces()
+    programs = [stored_programs.stored_jit(traces.step, "same", "step") for _ in range(3)]
+    threads = [threading.Thread(target=program, args=arguments()) for program in programs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(list(store.glob("*"))) == 1  # no temporary file left
+    traced = traces.count
+    stored_programs.stored_jit(traces.step, "same", "step")(*arguments())
+    assert traced <= 3 and traces.count == traced  # whoever wrote last, the file loads
+
+
+# --- device mode: the fused chunk, the evaluation and the env lanes' reset ---
+
+TRACED = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **fields: (
+        TRACED.append(fields.get("fun_name"))
+        if event == "/jax/core/compile/jaxpr_trace_duration"
+        else None
+    )
+)
+DEVICE_PROGRAMS = {"program", "_evaluate_members"}  # the fused chunk's and evaluation's names
+
+
+def rows(run) -> list[dict]:
+    return [
+        {k: v for k, v in row.items() if k != "wall_time"}
+        for row in read_jsonl(run.run_dir / "metrics.jsonl")
+    ]
+
+
+def test_a_device_mode_rerun_loads_its_programs_and_writes_the_same_rows(store, tmp_path):
+    settings = [*SHORT, "train.total_env_steps=512"]
+    plain_dir, first_dir, second_dir = (tmp_path / name for name in ("plain", "first", "again"))
+    for directory in (plain_dir, first_dir, second_dir):
+        directory.mkdir()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compile_cache, "is_on", lambda: False)
+        plain = train_here(plain_dir, GYMNAX, *settings)
+    written = stored_programs.counts()["written"]
+    first = train_here(first_dir, GYMNAX, *settings)
+    assert stored_programs.counts()["written"] == written + 3
+    assert {path.name.split("-")[0] for path in store.glob("*.program")} == {
+        "fused",
+        "evaluate",
+        "lanes",
+    }
+    TRACED.clear()
+    loaded = stored_programs.counts()["loaded"]
+    second = train_here(second_dir, GYMNAX, *settings, "seed=0", "log.progress_interval_seconds=5")
+    assert stored_programs.counts()["loaded"] == loaded + 3
+    assert not DEVICE_PROGRAMS & set(TRACED), TRACED
+    assert rows(plain) == rows(first) == rows(second) and len(rows(plain)) == 2  # 2 members
+
+
+def test_fields_left_out_of_the_identity_change_no_program(tmp_path, monkeypatch):
+    """Each field of NOT_IN_PROGRAMS changed at once: the programs exported are byte for byte
+    those of the base config (were one read, the rerun would load a wrong program)."""
+    monkeypatch.setattr(compile_cache, "is_on", lambda: True)
+    base = [*SHORT, "train.total_env_steps=256"]
+    changed = [
+        "name=other",
+        "seed=7",
+        "hparams.actor_lr=0.002",
+        "log.progress_interval_seconds=9",
+        "checkpoint.keep=5",
+        "train.total_env_steps=512",
+        "train.max_wall_seconds=99",
+        "eval.interval=256",
+    ]
+    blobs = []
+    for index, overrides in enumerate((base, [*base, *changed])):
+        monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path / str(index)))
+        (tmp_path / f"run{index}").mkdir()
+        train_here(tmp_path / f"run{index}", GYMNAX, *overrides)
+        programs = sorted((tmp_path / str(index) / "programs").glob("*.program"))
+        blobs.append({path.name: path.read_bytes() for path in programs})
+    assert len(blobs[0]) == 3 and blobs[0] == blobs[1]
