@@ -111,7 +111,8 @@ def stored_jit(fn, identity: str | None, name: str, donate_argnums: tuple[int, .
 
 class StoredJit:
     """Called (or `lower`ed) as the jitted function: per argument signature, the stored program
-    where one loads, else the program exported now and stored, else the jitted function."""
+    where one loads, else the program exported now and stored, else the jitted function
+    (`jitted`, also what jax.export takes)."""
 
     def __init__(self, jitted, identity: str, name: str, donate_argnums: tuple[int, ...]):
         self.jitted, self.identity, self.name = jitted, identity, name
@@ -119,18 +120,28 @@ class StoredJit:
         self.programs: dict[str, object] = {}
 
     def __call__(self, *args):
-        return self.program(args)(*args)
+        program = self.program(args)
+        if program is self.jitted:
+            return program(*args)
+        # A stored program's outputs are committed to their device (jax.export's call pins its
+        # device), a plain jit's are not: the arrays fed back would be a second variant.
+        return program(*_committed(args))
 
     def lower(self, *args):
         return self.program(args).lower(*args)
+
+    def _cache_size(self) -> int:
+        """Compiled variants, as jax.jit's (benchmarks and tests check nothing recompiles)."""
+        return sum(program._cache_size() for program in set(self.programs.values()))
 
     def program(self, args: tuple):
         import jax
 
         leaves, treedef = jax.tree.flatten(args)
-        signature = f"{treedef} {[_aval_text(leaf) for leaf in leaves]}"
+        signature = (treedef, tuple(map(_leaf_signature, leaves)))
         if signature not in self.programs:
-            self.programs[signature] = self._make(args, signature)
+            text = f"{treedef} {[_aval_text(leaf) for leaf in leaves]}"
+            self.programs[signature] = self._make(args, text)
         return self.programs[signature]
 
     def _make(self, args: tuple, signature: str):
@@ -150,6 +161,28 @@ class StoredJit:
                 _count("not_stored")
                 return self.jitted
         return jax.jit(exported.call, donate_argnums=self.donate_argnums)
+
+
+def _leaf_signature(leaf):
+    """What a jit would tell apart: shape, dtype, weak type (cheap: called on every call)."""
+    shape = getattr(leaf, "shape", None)
+    if shape is None:  # a Python scalar
+        return _aval_text(leaf)
+    return shape, leaf.dtype, getattr(leaf, "weak_type", False)
+
+
+def _committed(args: tuple) -> tuple:
+    """`args` with every uncommitted array committed to its device (no copy)."""
+    import jax
+
+    leaves, treedef = jax.tree.flatten(args)
+    if all(getattr(leaf, "committed", True) for leaf in leaves):
+        return args
+    leaves = [
+        leaf if getattr(leaf, "committed", True) else jax.device_put(leaf, leaf.sharding)
+        for leaf in leaves
+    ]
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def _aval_text(leaf) -> str:
