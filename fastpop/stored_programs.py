@@ -12,7 +12,8 @@ The key is everything the traced program depends on: `identity` (what the caller
 the function: device mode passes the run's config less the fields no program reads, see
 fastpop.run.parts.program_identity), `name`, the arguments' tree structure, shapes and dtypes,
 fastpop's source code, the versions of JAX and of the env and network libraries, the JAX
-settings that change tracing, and the backend. `identity` None, the compilation cache off, a
+settings that change tracing, and the backend. `identity` None, the compilation cache off
+(or FASTPOP_STORED_PROGRAMS=0), a
 program on several devices or processes, or anything the exporter cannot write (a pytree node it
 cannot name, a host callback) is plain `jax.jit`; a stored file that does not load is exported
 again. The directory is bounded (FASTPOP_PROGRAMS_MAX_BYTES, default 256 MiB, least recently
@@ -36,6 +37,7 @@ from fastpop import compile_cache
 
 log = logging.getLogger(__name__)
 
+SWITCH = "FASTPOP_STORED_PROGRAMS"  # 0: never stored, whatever the compilation cache
 MAX_BYTES_VARIABLE = "FASTPOP_PROGRAMS_MAX_BYTES"
 DEFAULT_MAX_BYTES = 256 << 20
 MAGIC = b"fastpop stored program 1\n"
@@ -70,9 +72,10 @@ def _count(what: str) -> None:
 
 
 def directory() -> Path | None:
-    """Where programs are kept; None while the compilation cache is off or not set up."""
+    """Where programs are kept; None while the compilation cache is off or not set up, or
+    FASTPOP_STORED_PROGRAMS=0."""
     base = compile_cache.user_cache_dir()
-    if base is None or not compile_cache.is_on():
+    if base is None or not compile_cache.is_on() or os.environ.get(SWITCH, "1") == "0":
         return None
     return base / "programs"
 

@@ -61,6 +61,7 @@ def arguments(width: int = 4):
 def store(tmp_path, monkeypatch):
     """The store on, in tmp_path/programs."""
     monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(stored_programs.SWITCH, raising=False)  # tests/conftest.py's
     monkeypatch.setattr(compile_cache, "is_on", lambda: True)
     return tmp_path / "programs"
 
@@ -144,9 +145,11 @@ def test_what_cannot_be_exported_runs_as_plain_jit(store):
     assert not list(store.glob("callback-*"))
 
 
-def test_nothing_is_stored_while_the_compilation_cache_is_off(tmp_path, monkeypatch):
+@pytest.mark.parametrize("off", ["compilation cache", "FASTPOP_STORED_PROGRAMS=0"])
+def test_nothing_is_stored_while_turned_off(tmp_path, monkeypatch, off):
     monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(compile_cache, "is_on", lambda: False)
+    monkeypatch.setenv(stored_programs.SWITCH, "0" if off.startswith("FASTPOP") else "1")
+    monkeypatch.setattr(compile_cache, "is_on", lambda: off.startswith("FASTPOP"))
     traces = Traces()
     stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     assert not (tmp_path / "programs").exists()
@@ -226,6 +229,7 @@ def test_fields_left_out_of_the_identity_change_no_program(tmp_path, monkeypatch
     """Each field of NOT_IN_PROGRAMS changed at once: the programs exported are byte for byte
     those of the base config (were one read, the rerun would load a wrong program)."""
     monkeypatch.setattr(compile_cache, "is_on", lambda: True)
+    monkeypatch.delenv(stored_programs.SWITCH, raising=False)
     base = [*SHORT, "train.total_env_steps=256"]
     changed = [
         "name=other",
