@@ -16,6 +16,10 @@ from fastpop.bench.gpu_report import judge_targets
 from fastpop.commands import bench as commands
 from fastpop.commands import bench_gpu
 
+# Its smoke run (a module fixture, ~1 minute) serves three tests: one worker runs them all, so
+# that pytest-xdist does not repeat the run on another.
+pytestmark = pytest.mark.xdist_group("bench_gpu")
+
 PHASE_FILES = {
     "update": {"update_td3_cpu.json", "update_td3_cpu.png"},
     "device": {"device_gymnax_Pendulum-v1_cpu.json", "device_gymnax_Pendulum-v1_cpu.png"},
