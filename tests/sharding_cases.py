@@ -57,6 +57,14 @@ CASES = {  # name -> (overrides, population.devices); 4 host devices
     ),
 }
 CHUNKS = 4
+TRACED = []  # the functions JAX traced for a program, by name
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **fields: (
+        TRACED.append(fields.get("fun_name"))
+        if event == "/jax/core/compile/jaxpr_trace_duration"
+        else None
+    )
+)
 
 
 def drive(learner) -> list:
@@ -155,16 +163,20 @@ DEVICE_MODE = [  # TD3 on gymnax's Pendulum (quick to compile), stepped on the d
 def check_device_mode() -> None:
     """Device mode over 2 devices: each device steps its own members' env lanes; the states,
     buffers and env lanes equal one device's after the same chunks (each made, inserted and
-    learned from in one call)."""
+    learned from in one call, its program compiled once)."""
     sharded = learner_for(*DEVICE_MODE, "population.devices=2")
     reference = learner_for(*DEVICE_MODE)
     collections = [
         make_collection(build_run(learner.config), learner) for learner in (sharded, reference)
     ]
+    TRACED.clear()
     for _ in range(CHUNKS):
         for learner, collection in zip((sharded, reference), collections, strict=True):
             collection.feed(learner)
     assert sharded.updates == reference.updates > 0
+    # One program per chunk each, traced once: no argument is placed otherwise at the first call
+    # than the program returns it (the learner's key was, and compiled it twice).
+    assert TRACED.count("program") == 2, TRACED
     check_placement(sharded, 2)
     lanes = jax.tree.leaves(collections[0].lanes)
     assert all(split_over(leaf, 2) for leaf in lanes if leaf.ndim), "env lanes not split"

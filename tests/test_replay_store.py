@@ -124,3 +124,30 @@ def test_run_progress_and_pending_evaluations_round_trip_through_plain_data():
     assert [snapshot.decode(a)[1].eval_index for a in again.in_order()] == [3, 4]
     assert again.take(4) == ([{"lr": 4}], [{"trial": 14}]) and again.take(4) is None
     assert again.take(3) == ([{"lr": 3}], None)
+
+
+COMPILED = []  # names of the programs XLA compiled (a persistent-cache hit counts too)
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **fields: (
+        COMPILED.append(fields.get("fun_name"))
+        if event == "/jax/core/compile/backend_compile_duration"
+        else None
+    )
+)
+
+
+@pytest.mark.parametrize("layout", ["shared", "stacked", "listed"])
+def test_the_insert_compiled_ahead_is_the_program_the_first_insert_runs(layout):
+    """Process mode compiles the insert while collectors start: the first chunk compiles no
+    add program of its own."""
+    size, lanes = 3, 2
+    spec = replay.make_replay_spec(STACKED, capacity=64, lanes=lanes, chunk_len=CHUNK)
+    store = ReplayStore(spec, layout, size, batch_size=4)
+    COMPILED.clear()
+    store.compile_insert_ahead().join()
+    assert COMPILED.count("jit(add)") == 1
+    COMPILED.clear()
+    rows = lanes * (1 if layout == "shared" else size)
+    store.insert(stream_rows([np.arange(CHUNK) + 10 * lane for lane in range(rows)], True))
+    assert "jit(add)" not in COMPILED, COMPILED
+    assert np.asarray(store._layout.sizes(store.buffers)).min() == CHUNK  # the rows went in

@@ -20,7 +20,7 @@ import numpy as np
 from fastpop.learn import update_protocol
 from fastpop.learn.rate_limiter import RateLimiter
 from fastpop.learn.replay_store import ReplayStore
-from fastpop.population import replay
+from fastpop.population import replay, sharding
 from fastpop.strategies.base import Evaluation, Strategy
 from fastpop.strategies.codec import join_strategy_state, split_strategy_state
 from fastpop.types import EnvSpec, PRNGKey, PyTree
@@ -77,6 +77,7 @@ class Learner:
         self.strategy = parts.strategy
         self.training = parts.training
         self.key, init_key = jax.random.split(jax.random.key(parts.seed))
+        self.key = self._replicated(self.key)
         self.states, self.strategy_state = self.training.init(init_key, self.hparams)
         self.member_hparams = self.training.adopt(self.hparams)
         self.limiter = parts.limiter
@@ -89,6 +90,15 @@ class Learner:
     @property
     def buffers(self):
         return self.replay.buffers
+
+    def _replicated(self, key):
+        """The learner's key on every device of the mesh, as a program over the mesh returns it
+        (device mode's chunk program takes and returns it: a key placed otherwise at its first
+        call would compile the program a second time)."""
+        if self.mesh is None:
+            return key
+        # Compiled: a value on this process's host onto a mesh of several processes too.
+        return jax.jit(lambda key: key, out_shardings=sharding.replicated(self.mesh))(key)
 
     # --- checkpoints ---
 
@@ -124,7 +134,7 @@ class Learner:
         self.states = self.training.adopt(to_device(tree["states"]))
         self.hparams = to_device(tree["hparams"])
         self.member_hparams = self.training.adopt(self.hparams)
-        self.key = tree["key"]
+        self.key = self._replicated(tree["key"])
         self.strategy_state = join_strategy_state(
             self.strategy_state, [jnp.asarray(a) for a in tree["strategy"]], counters["strategy"]
         )

@@ -22,7 +22,9 @@ they are added; a shared buffer is replicated on every device.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -55,6 +57,9 @@ class Layout(NamedTuple):
     copy: Callable[[Any, np.ndarray, list[int]], tuple[Any, list[int]]]
     # copy(buffers, sources, targets) -> (buffers, the targets whose buffer was copied)
     clear: Callable[[Any, np.ndarray], Any]  # clear(buffers, members): their buffers emptied
+    # compile_insert(buffer shapes): `insert`'s program compiled for one chunk of rows, so that
+    # the first insert finds it (one device only: on a mesh its placement decides too)
+    compile_insert: Callable[[Any], None]
 
 
 def _emptied(buffer: replay.ReplayState, members) -> replay.ReplayState:
@@ -70,6 +75,19 @@ class Placement(NamedTuple):
     make: Callable[[Callable[[], Any]], Any]  # make(init): the tree init() makes, placed
     put: Callable[[Any], Any]
     jit_options: dict  # for a program that returns the tree
+
+
+def _compile_for(compiled, *trees) -> None:
+    """`compiled` (a jitted function) compiled for the shapes of `trees`: a later call with
+    arrays of those shapes, placed on the default device, finds the program compiled."""
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), trees)
+    compiled.lower(*shapes).compile()
+
+
+def _zero_rows(spec: replay.ReplaySpec, lanes: int) -> replay.Rows:
+    """One chunk of `lanes` lanes' rows, as collectors send them."""
+    shapes = replay.row_layout(spec, (lanes, spec.chunk_len))
+    return jax.tree.map(lambda shape: np.zeros(shape.shape, shape.dtype), shapes)
 
 
 def _one_device() -> Placement:
@@ -97,6 +115,11 @@ def _shared(spec: replay.ReplaySpec, place: Placement) -> Layout:
         sizes=lambda buffers: buffers.size,
         copy=lambda buffers, sources, targets: (buffers, []),  # one buffer: nothing to copy
         clear=lambda buffers, members: buffers,  # every member's rows: none is a member's own
+        compile_insert=lambda buffers: (
+            None
+            if place.jit_options
+            else _compile_for(compiled, buffers, _zero_rows(spec, spec.lanes))
+        ),
     )
 
 
@@ -135,6 +158,11 @@ def _stacked(spec: replay.ReplaySpec, size: int, place: Placement, mesh_sharding
         sizes=lambda buffers: buffers.size,
         copy=copy,
         clear=lambda buffers, members: _emptied(buffers, place.put(jnp.asarray(members))),
+        compile_insert=lambda buffers: (
+            None
+            if place.jit_options
+            else _compile_for(compiled, buffers, by_member(_zero_rows(spec, size * spec.lanes)))
+        ),
     )
 
 
@@ -174,6 +202,9 @@ def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
         clear=lambda buffers, members: [
             _emptied(b, bool(cleared)) for b, cleared in zip(buffers, members, strict=True)
         ],
+        compile_insert=lambda buffers: _compile_for(
+            compiled, buffers[0], _zero_rows(spec, spec.lanes)
+        ),
     )
 
 
@@ -224,6 +255,20 @@ class ReplayStore:
         lane_joins = jnp.repeat(joins, rows.reward.shape[0] // self.size)
         start = rows.episode_start.at[:, 0].set(rows.episode_start[:, 0] | lane_joins)
         return self._layout.add(buffers, rows._replace(episode_start=start))
+
+    def compile_insert_ahead(self) -> threading.Thread:
+        """Compile `insert`'s program in a thread (process mode: while the collectors start,
+        so that their first rows do not wait for XLA). Its failure is left to the first
+        insert, which raises it where the run reports errors."""
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.buffers)
+
+        def compile_insert():
+            with contextlib.suppress(Exception):
+                self._layout.compile_insert(shapes)
+
+        thread = threading.Thread(target=compile_insert, name="fastpop-compile", daemon=True)
+        thread.start()
+        return thread
 
     def take_joins(self) -> np.ndarray:
         """The join marks for `add_rows`, cleared here: they apply to the next rows only."""
