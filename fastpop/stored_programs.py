@@ -120,7 +120,7 @@ class StoredJit:
     def __init__(self, jitted, identity: str, name: str, donate_argnums: tuple[int, ...]):
         self.jitted, self.identity, self.name = jitted, identity, name
         self.donate_argnums = donate_argnums
-        self.programs: dict[str, object] = {}
+        self.programs: dict[tuple, object] = {}  # argument signature -> its program
 
     def __call__(self, *args):
         program = self.program(args)
