@@ -197,8 +197,8 @@ class DeviceCollection:
         lanes = tree["lanes"]
         if self._placement is None:
             self.lanes = jax.tree.map(jnp.asarray, lanes)
-        else:  # compiled, as `init` is: host values onto a mesh of several processes too
-            self.lanes = jax.jit(lambda lanes: lanes, out_shardings=self._placement)(lanes)
+        else:
+            self.lanes = sharding.place_from_host(lanes, self._placement)
         self.key = tree["key"]
 
     # --- the run loop's interface ---

@@ -97,8 +97,7 @@ class Learner:
         call would compile the program a second time)."""
         if self.mesh is None:
             return key
-        # Compiled: a value on this process's host onto a mesh of several processes too.
-        return jax.jit(lambda key: key, out_shardings=sharding.replicated(self.mesh))(key)
+        return sharding.place_from_host(key, sharding.replicated(self.mesh))
 
     # --- checkpoints ---
 

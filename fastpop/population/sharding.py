@@ -94,6 +94,13 @@ def place(tree, sharding):
     return jax.device_put(tree, sharding)
 
 
+def place_from_host(tree, sharding):
+    """`place`, compiled: values every process holds whole (a seeded key, a checkpoint's
+    arrays) onto a mesh that may span several processes, where `device_put` refuses devices
+    this process cannot address."""
+    return jax.jit(lambda tree: tree, out_shardings=sharding)(tree)
+
+
 def to_host(array) -> np.ndarray:
     """The whole of `array` as numpy; an array split over several processes is all-gathered,
     so every process must call this at the same point."""
