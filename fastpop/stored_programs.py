@@ -33,6 +33,9 @@ import threading
 from importlib import metadata
 from pathlib import Path
 
+import jax
+from jax import export
+
 from fastpop import compile_cache
 
 log = logging.getLogger(__name__)
@@ -83,8 +86,6 @@ def directory() -> Path | None:
 @functools.cache
 def fingerprint() -> str:
     """This process's code, libraries, JAX settings and backend, as text."""
-    import jax
-
     source = hashlib.sha256()
     package = Path(__file__).resolve().parent
     for path in sorted(package.rglob("*.py")):
@@ -104,8 +105,6 @@ def fingerprint() -> str:
 def stored_jit(fn, identity: str | None, name: str, donate_argnums: tuple[int, ...] = ()):
     """`jax.jit(fn, donate_argnums=...)`, whose traced program is kept on disk under a key of
     `identity` (None: never stored) and `name` (which of the caller's programs)."""
-    import jax
-
     jitted = jax.jit(fn, donate_argnums=donate_argnums)
     if identity is None:
         return jitted
@@ -123,24 +122,23 @@ class StoredJit:
         self.programs: dict[tuple, object] = {}  # argument signature -> its program
 
     def __call__(self, *args):
-        program = self.program(args)
+        leaves, treedef = jax.tree.flatten(args)
+        program = self._program(args, leaves, treedef)
         if program is self.jitted:
             return program(*args)
         # A stored program's outputs are committed to their device (jax.export's call pins its
         # device), a plain jit's are not: the arrays fed back would be a second variant.
-        return program(*_committed(args))
+        return program(*_committed(args, leaves, treedef))
 
     def lower(self, *args):
-        return self.program(args).lower(*args)
+        leaves, treedef = jax.tree.flatten(args)
+        return self._program(args, leaves, treedef).lower(*args)
 
     def _cache_size(self) -> int:
         """Compiled variants, as jax.jit's (benchmarks and tests check nothing recompiles)."""
         return sum(program._cache_size() for program in set(self.programs.values()))
 
-    def program(self, args: tuple):
-        import jax
-
-        leaves, treedef = jax.tree.flatten(args)
+    def _program(self, args: tuple, leaves: list, treedef):
         signature = (treedef, tuple(map(_leaf_signature, leaves)))
         if signature not in self.programs:
             text = f"{treedef} {[_aval_text(leaf) for leaf in leaves]}"
@@ -148,8 +146,6 @@ class StoredJit:
         return self.programs[signature]
 
     def _make(self, args: tuple, signature: str):
-        import jax
-
         folder = directory()
         if folder is None or jax.process_count() > 1 or not _on_one_device(args):
             return self.jitted
@@ -174,11 +170,9 @@ def _leaf_signature(leaf):
     return shape, leaf.dtype, getattr(leaf, "weak_type", False)
 
 
-def _committed(args: tuple) -> tuple:
-    """`args` with every uncommitted array committed to its device (no copy)."""
-    import jax
-
-    leaves, treedef = jax.tree.flatten(args)
+def _committed(args: tuple, leaves: list, treedef) -> tuple:
+    """`args` (flattened: `leaves`, `treedef`) with every uncommitted array committed to its
+    device (no copy)."""
     if all(getattr(leaf, "committed", True) for leaf in leaves):
         return args
     leaves = [
@@ -189,15 +183,11 @@ def _committed(args: tuple) -> tuple:
 
 
 def _aval_text(leaf) -> str:
-    import jax
-
     aval = jax.typeof(leaf)
     return f"{aval.str_short(short_dtypes=True)}{'w' if getattr(aval, 'weak_type', 0) else ''}"
 
 
 def _on_one_device(args: tuple) -> bool:
-    import jax
-
     for leaf in jax.tree.leaves(args):
         sharding = getattr(leaf, "sharding", None)
         if sharding is not None and len(sharding.device_set) > 1:
@@ -207,8 +197,6 @@ def _on_one_device(args: tuple) -> bool:
 
 def _export_and_store(jitted, args: tuple, path: Path):
     """The exported program, written to `path` (None where it cannot be exported or named)."""
-    from jax import export
-
     try:
         exported = export.export(jitted)(*args)
         types = _node_types(exported.in_tree) | _node_types(exported.out_tree)
@@ -240,8 +228,6 @@ def _export_and_store(jitted, args: tuple, path: Path):
 def _load(path: Path):
     """The exported program stored at `path`, or None (absent, or not readable: then written
     again by the caller)."""
-    from jax import export
-
     try:
         data = path.read_bytes()
     except OSError:
@@ -287,8 +273,6 @@ def _resolve(name: str) -> type | None:
 def _register(node_type: type) -> str | None:
     """Teach jax.export to write `node_type` (a NamedTuple, or a dataclass-like node whose
     static data is JSON); its name, or None where it cannot be named."""
-    from jax import export
-
     name = _type_name(node_type)
     with _lock:
         if node_type in _registered:

@@ -64,8 +64,8 @@ def compile_fused(
     donated (hparams are not: the learner keeps them). `placement`: the shardings of (lanes,
     buffers, states) over a mesh, kept by the outputs (left free, XLA splits a shared replay
     over the devices, which every sample would then gather); None on one device. `identity`:
-    what decides the program, to keep it traced on disk (fastpop.stored_programs); None: not
-    kept."""
+    what decides the program, to keep it traced on disk (fastpop.stored_programs: one device's
+    programs only); None: not kept."""
 
     def program(lanes, buffers, states, key, collect_key, hparams, member_hparams, plan):
         learner = DeviceState(buffers, states, key, hparams, member_hparams)
@@ -78,6 +78,4 @@ def compile_fused(
             learner = learner._replace(buffers=buffers, states=states)
         return lanes, learner, metrics
 
-    if placement is not None:
-        identity = None  # stored programs are one device's
     return stored_programs.stored_jit(program, identity, "fused", donate_argnums=(0, 1, 2))
