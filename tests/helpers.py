@@ -88,3 +88,16 @@ def refused_train(tmp_path: Path, capsys, preset: Path, *overrides: str) -> str:
 
 def metric_rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def program_names(event: str) -> list[str]:
+    """A list that from now on receives the name of every program JAX reports `event` for
+    (`compile_stats.TRACE`: traced; `compile_stats.BACKEND`: compiled, or loaded from the
+    cache). Clear it to count from a point."""
+    names: list[str] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, seconds, **fields: (
+            names.append(fields.get("fun_name")) if name == event else None
+        )
+    )
+    return names

@@ -23,11 +23,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpop import compile_stats
 from fastpop import config as config_lib
 from fastpop.population import sharding
 from fastpop.run.parts import build_run, make_collection
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
+from tests.helpers import program_names
 from tests.test_resume import SMALL, host, learner_for, rows_for
 
 PRIOR = "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}"
@@ -57,14 +59,7 @@ CASES = {  # name -> (overrides, population.devices); 4 host devices
     ),
 }
 CHUNKS = 4
-TRACED = []  # the functions JAX traced for a program, by name
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **fields: (
-        TRACED.append(fields.get("fun_name"))
-        if event == "/jax/core/compile/jaxpr_trace_duration"
-        else None
-    )
-)
+TRACED = program_names(compile_stats.TRACE)  # the functions JAX traced for a program
 
 
 def drive(learner) -> list:

@@ -9,13 +9,14 @@ import jax
 import numpy as np
 import pytest
 
+from fastpop import compile_stats, population
 from fastpop import config as config_lib
-from fastpop import population
 from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import replay
 from fastpop.run.parts import build_learner
 from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.types import EnvSpec
+from tests.helpers import program_names
 
 # Frames of one pixel, stacked 4 deep: a frame's value names its stream and step.
 STACKED = EnvSpec(obs_shape=(1, 1, 4), obs_dtype=np.dtype(np.uint8), num_actions=2, frame_stack=4)
@@ -126,14 +127,7 @@ def test_run_progress_and_pending_evaluations_round_trip_through_plain_data():
     assert again.take(3) == ([{"lr": 3}], None)
 
 
-COMPILED = []  # names of the programs XLA compiled (a persistent-cache hit counts too)
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **fields: (
-        COMPILED.append(fields.get("fun_name"))
-        if event == "/jax/core/compile/backend_compile_duration"
-        else None
-    )
-)
+COMPILED = program_names(compile_stats.BACKEND)  # compiled (a cache hit counts too)
 
 
 @pytest.mark.parametrize("layout", ["shared", "stacked", "listed"])

@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import compile_cache, stored_programs
+from fastpop import compile_cache, compile_stats, stored_programs
 
 pytest.importorskip("gymnax")
 
-from tests.helpers import train_here
+from tests.helpers import program_names, train_here
 from tests.runs import REPO, read_jsonl
 from tests.test_device_mode import SHORT
 
@@ -181,14 +181,7 @@ def test_concurrent_writers_of_one_program_leave_one_whole_file(store):
 
 # --- device mode: the fused chunk, the evaluation and the env lanes' reset ---
 
-TRACED = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **fields: (
-        TRACED.append(fields.get("fun_name"))
-        if event == "/jax/core/compile/jaxpr_trace_duration"
-        else None
-    )
-)
+TRACED = program_names(compile_stats.TRACE)
 DEVICE_PROGRAMS = {"program", "_evaluate_members"}  # the fused chunk's and evaluation's names
 
 
