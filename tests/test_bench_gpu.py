@@ -129,11 +129,36 @@ def test_a_directory_fastpop_did_not_write_is_refused_untouched(tmp_path, capsys
 
 def test_the_command_line_knows_every_phase():
     assert bench_gpu.PHASES == gpu_phases.PHASES
-    assert set(gpu_phases.FULL_PLANS) == set(gpu_phases.SMOKE_PLANS) == set(gpu_phases.PHASES)
-    assert set(gpu_phases.FULL_CAPS) == set(gpu_phases.SMOKE_CAPS) == set(gpu_phases.PHASES)
+    for plans, caps in gpu_phases.PROGRAMMES.values():
+        assert set(plans) == set(caps) == set(gpu_phases.PHASES)
     assert sum(gpu_phases.FULL_CAPS.values()) <= 26 * 60  # the whole in about 25 minutes
     assert gpu_phases.FULL_CAPS["update"] <= 570 and gpu_phases.FULL_CAPS["device"] <= 570
     assert gpu_phases.FULL_CAPS["pipeline"] + gpu_phases.FULL_CAPS["pbt"] <= 570
+    # --short: one 10-minute remote command, every phase's grace time and the install included
+    grace = sum(min(30.0, 0.1 * cap + 2.0) for cap in gpu_phases.SHORT_CAPS.values())
+    assert sum(gpu_phases.SHORT_CAPS.values()) + grace <= 570
+
+
+@pytest.mark.parametrize("programme", sorted(gpu_phases.PROGRAMMES))
+def test_every_programme_names_configs_and_envs_that_exist(programme):
+    from fastpop import config as config_lib
+    from fastpop.envs import device_envs
+
+    plans, _ = gpu_phases.PROGRAMMES[programme]
+    for preset, overrides in plans["pbt"]["runs"]:
+        config_path = gpu_phases.CONFIGS_DIR / f"{preset}.yaml"
+        config_lib.load_config(config_path, [*gpu_phases.RUN_OVERRIDES, *overrides])
+    for env_id, populations, per_member in plans["device"]["sweeps"]:
+        assert device_envs.check_device_id(env_id) == env_id
+        assert min(populations + per_member) >= 1
+
+
+def test_short_and_smoke_exclude_each_other(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run(["--out", str(tmp_path / "gpu"), "--smoke", "--short"])
+    assert exit_.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "gpu").exists()
 
 
 def update_files(tmp_path, vectorized: float, sequential: float, torch: float, gflops: float):
@@ -170,6 +195,10 @@ def test_the_targets_are_judged_from_the_recorded_numbers(tmp_path):
         "4.00 s (256 updates/member/s)",  # an EvoRL iteration: 1024 updates per member
         "80%",
     ]
+    # A capped update phase: the rows it had, with no JSON written yet, are judged alike
+    rows = json.loads((tmp_path / "update_td3_x.json").read_text())["rows"]
+    records["update"]["algos"]["td3"] = {"rows_so_far": rows}
+    assert judge_targets(tmp_path, records) == judged
     records["update"]["matmul_gflops_per_s"]["default"] = 200.0  # 30%: missed
     records["pbt"]["runs"]["sac_pbt_brax_ant"]["population"] = 8  # not the target's size
     judged = judge_targets(tmp_path, records)

@@ -71,6 +71,38 @@ FULL_PLANS = {
         ],
     },
 }
+# `--short`: issue 24's targets first, in one 10-minute command (a lease of 15 device minutes,
+# machine start included): TD3's sweep around P = 80 against sequential JAX and PyTorch, the
+# 256-member SAC PBT on brax/ant, the 80-member learner with 14 collectors, and one device-mode
+# row each on brax and gymnax.
+SHORT_PLANS = {
+    "update": {
+        **FULL_PLANS["update"],
+        "algos": {"td3": [1, 8, 80, 256], "sac": [80]},
+        "min_seconds": 0.5,
+    },
+    "device": {
+        **FULL_PLANS["device"],
+        "sweeps": [("gymnax/Pendulum-v1", [256], [16]), ("brax/ant", [256], [4])],
+        "seconds": 2.0,
+    },
+    "pipeline": {
+        **FULL_PLANS["pipeline"],
+        "collectors": [1, 14],
+        "seconds": 4.0,
+        "train_seconds": 45.0,
+    },
+    "pbt": {
+        "wall_seconds": 110.0,
+        "wall_fraction": 0.75,
+        "runs": [
+            (
+                "sac_pbt_brax_ant",
+                ["eval.episodes=2", "eval.interval=10000", "replay.samples_per_insert=128"],
+            ),
+        ],
+    },
+}
 _TINY_REPLAY = ["replay.capacity=2000", "replay.min_size=200", "collect.warmup_steps=200"]
 _TINY_AGENT = ["agent.hidden_sizes=[32,32]", "agent.batch_size=32", "population.size=2"]
 _TINY_PBT = ["pbt.bottom_fraction=0.5", "pbt.top_fraction=0.5"]  # of 2 members: 1 each
@@ -126,6 +158,13 @@ SMOKE_PLANS = {
 # command holds `update`, one `device`, one `pipeline` and `pbt`; about 25 minutes in all.
 FULL_CAPS = {"update": 450.0, "device": 510.0, "pipeline": 220.0, "pbt": 320.0}
 SMOKE_CAPS = {"update": 120.0, "device": 120.0, "pipeline": 120.0, "pbt": 120.0}
+SHORT_CAPS = {"update": 160.0, "device": 60.0, "pipeline": 125.0, "pbt": 150.0}
+# Each programme's plans and caps, by the flag that picks it (none: "full").
+PROGRAMMES = {
+    "full": (FULL_PLANS, FULL_CAPS),
+    "short": (SHORT_PLANS, SHORT_CAPS),
+    "smoke": (SMOKE_PLANS, SMOKE_CAPS),
+}
 
 
 class PhaseRecord(dict):
@@ -144,6 +183,10 @@ class PhaseRecord(dict):
 
     def time_left(self) -> float:
         return self.deadline - time.perf_counter()
+
+    def log(self, line: str) -> None:
+        """`line` printed after the seconds since the phase began (where its time went)."""
+        print(f"[{time.perf_counter() - self.start:5.0f}s] {line}", flush=True)
 
     def save(self) -> None:
         self["seconds"] = time.perf_counter() - self.start
@@ -205,7 +248,12 @@ def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
         settings = UpdateBenchSettings(
             algo, plan["updates_per_call"], None, plan["min_seconds"], matmul_size=size
         )
-        result = bench_update(settings, populations, plan["impls"])
+
+        def partial(rows, algo=algo):
+            record["algos"][algo] = {"rows_so_far": rows}
+            record.save()
+
+        result = bench_update(settings, populations, plan["impls"], log=record.log, on_row=partial)
         json_path, png_path = write_update(result, out_dir)
         record["algos"][algo] = {"json": json_path.name, "png": png_path.name}
         record.add_files(json_path, png_path)
@@ -263,6 +311,12 @@ def pipeline_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     """`fastpop bench pipeline`: collection per collector count, the learner's utilisation."""
     from fastpop.bench.pipeline import bench_pipeline, write_pipeline_results
 
+    def save(result: dict) -> None:  # as each part ends: a capped phase keeps the earlier
+        path = write_pipeline_results(result, out_dir)
+        record["json"] = path.name
+        record.add_files(path)
+        record.save()
+
     result = bench_pipeline(
         plan["env"],
         plan["population"],
@@ -272,10 +326,9 @@ def pipeline_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
         train_collectors=plan["train_collectors"],
         warmup_steps=plan["warmup_steps"],
         agent=plan["agent"],
+        on_part=save,
     )
-    path = write_pipeline_results(result, out_dir)
-    record["json"] = path.name
-    record.add_files(path)
+    save(result)
 
 
 def pbt_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:

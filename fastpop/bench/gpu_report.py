@@ -41,11 +41,11 @@ def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, s
     measured default-precision matmul rate at every measured P >= 80."""
     names = ("TD3 P=80: vectorized / sequential JAX", "TD3 P=80: vectorized / PyTorch")
     flops_name = "TD3 P>=80: update GFLOP/s / matmul (default precision), lowest P"
-    td3 = load(out_dir, ((record or {}).get("algos") or {}).get("td3", {}).get("json"))
-    if td3 is None:
+    td3 = update_rows(out_dir, ((record or {}).get("algos") or {}).get("td3", {}))
+    if not td3:
         missing = verdict(None, 0, why="no TD3 update results")
         return [(name, "-", missing) for name in (*names, flops_name)]
-    rate = {(r["impl"], r["population"]): r for r in td3["rows"]}
+    rate = {(r["impl"], r["population"]): r for r in td3}
     vectorized = rate.get(("vectorized", 80))
     rows = []
     for name, baseline, threshold in ((names[0], "sequential", 50), (names[1], "torch", 100)):
@@ -59,12 +59,18 @@ def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, s
         shown = "-" if value is None else f"{value:.1f}x"
         rows.append((f"{name} >= {threshold}x", shown, verdict(value, threshold, why=why)))
     matmul = record["matmul_gflops_per_s"][TIGHT_DEFAULT]
-    big = [r for r in td3["rows"] if r["impl"] == "vectorized" and r["population"] >= 80]
+    big = [r for r in td3 if r["impl"] == "vectorized" and r["population"] >= 80]
     fractions = {r["population"]: r["gflops_per_s"] / matmul for r in big}
     value = min(fractions.values()) if fractions else None
     shown = ", ".join(f"P={p}: {f:.0%}" for p, f in sorted(fractions.items())) or "-"
     rows.append((f"{flops_name} >= 50%", shown, verdict(value, 0.5, why="no P >= 80")))
     return rows
+
+
+def update_rows(out_dir: Path, entry: dict) -> list[dict]:
+    """An algorithm's update rows: its JSON's, else those it had when its phase stopped."""
+    result = load(out_dir, entry.get("json"))
+    return result["rows"] if result is not None else entry.get("rows_so_far", [])
 
 
 def pbt_target(record: dict | None) -> tuple[str, str, str]:
@@ -126,14 +132,15 @@ def update_lines(out_dir: Path, record: dict) -> list[str]:
             "the GPU has it)."
         )
     for algo, files in (record.get("algos") or {}).items():
-        result = load(out_dir, files.get("json"))
-        if result is None:
+        rows = update_rows(out_dir, files)
+        if not rows:
             lines.append(f"- {algo}: {files.get('skipped', 'no result')}")
             continue
-        lines += ["", f"{algo.upper()} (`{files['json']}`, `{files['png']}`):", ""]
+        where = f"`{files['json']}`, `{files['png']}`" if "json" in files else "when it stopped"
+        lines += ["", f"{algo.upper()} ({where}):", ""]
         lines += ["| impl | P | agent-updates/s | x sequential | GFLOP/s | compile s |"]
         lines += ["|---|---:|---:|---:|---:|---:|"]
-        for r in result["rows"]:
+        for r in rows:
             speedup = r.get("speedup_over_sequential")
             lines.append(
                 f"| {r['impl']} | {r['population']} | {r['agent_updates_per_s']:,.0f} | "
@@ -172,7 +179,9 @@ def pipeline_lines(out_dir: Path, record: dict) -> list[str]:
             f"- {row['collectors']} collector(s): {row['env_steps_per_s']:,.0f} env steps/s "
             f"({row['per_collector_vs_raw']:.2f}x raw per collector)"
         )
-    learner = result["learner"]
+    learner = result.get("learner")
+    if learner is None:  # the phase stopped before its training run ended
+        return [*lines, "- training: did not end"]
     lines.append(
         f"- training with {learner['collectors']} collector(s): "
         f"{learner['run_agent_updates_per_s']:,.0f} agent-updates/s against "
@@ -206,6 +215,12 @@ def write_readme(out_dir: Path, manifest: dict) -> Path:
     lines = ["# fastpop bench gpu", ""]
     if manifest.get("smoke"):
         lines += ["**Smoke sizes** (`--smoke`): tiny populations and envs; no target judged.", ""]
+    elif manifest.get("programme") == "short":
+        lines += [
+            "**Short programme** (`--short`): the targets' sizes only, in one 10-minute command;"
+            " `fastpop bench gpu` without it sweeps every size.",
+            "",
+        ]
     lines += [f"Last command: `{manifest.get('command', '')}`", "", "## Machine", ""]
     lines += environment_lines(records)
     lines += ["", "## Phases", "", "| phase | status | seconds | cap (s) | files |"]

@@ -73,12 +73,19 @@ def stop(process, grace: float) -> None:
 
 
 def run_phases(
-    out_dir: Path, phases: list[str], plans: dict, caps: dict, command: str, smoke: bool, log=print
+    out_dir: Path,
+    phases: list[str],
+    plans: dict,
+    caps: dict,
+    command: str,
+    programme: str,
+    log=print,
 ) -> dict:
-    """Every phase in turn; the manifest (what each phase did), also written to the directory."""
+    """Every phase in turn; the manifest (what each phase did), also written to the directory.
+    `programme`: which sizes the plans are ("full", "short" or "smoke")."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out_dir)
-    manifest |= {"smoke": smoke, "command": command}
+    manifest |= {"programme": programme, "smoke": programme == "smoke", "command": command}
     context = multiprocessing.get_context("spawn")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the child, then exit
     try:

@@ -62,13 +62,15 @@ def bench_pipeline(
     train_collectors: int = 1,
     warmup_steps: int = 5_000,
     agent: dict | None = None,
+    on_part=None,
 ) -> dict:
     """Collection with each count of `collectors`, then a training run of `train_seconds` fed
     by `train_collectors` collectors: its learner's utilisation (agent-updates/s against the
     update benchmark's at the same population) and the share of its learning time the run loop
     spent idle, waiting for rows. Learning starts after `warmup_steps` env steps per member.
     `agent`: the agent's config fields for both the run and the update benchmark (None: the
-    algorithm's defaults)."""
+    algorithm's defaults). `on_part(result)`: called with the result so far after each
+    collection measurement (a caller under a time cap keeps them)."""
     from fastpop.bench.update import UpdateBenchSettings, bench_update
     from fastpop.envs import env_spec
 
@@ -102,6 +104,8 @@ def bench_pipeline(
             f"collection: {count} collector(s) {rate:,.0f} env steps/s "
             f"({rate / count / result['raw_gymnasium_steps_per_s']:.2f}x raw per collector)"
         )
+        if on_part is not None:
+            on_part(result)
     # (its small reference matmul is not read here)
     settings = UpdateBenchSettings(algo, min_seconds=seconds, matmul_size=256, agent=agent)
     update = bench_update(settings, [population_size], ["vectorized"], log=lambda line: None)

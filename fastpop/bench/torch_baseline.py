@@ -2,7 +2,8 @@
 
 The paper's point of comparison: a Python loop over agents, each an ordinary PyTorch agent
 doing one update step on a batch sampled from its own replay buffer. Nothing is vectorized
-across agents. The updates mirror fastpop's JAX TD3, SAC and (double) DQN agents.
+across agents. The updates mirror fastpop's JAX TD3, SAC and (double) DQN agents. They run on
+the GPU where PyTorch sees one (the paper's baseline), else on the CPU.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ DQN_BUFFER_SIZE, DQN_MIN_BUFFER_SIZE = 10_000, 1_000
 DQN_BUFFER_BYTES_BUDGET = 4 * 2**30  # all agents' obs + next_obs together
 
 GAMMA, TAU = 0.99, 0.005
+CPU = torch.device("cpu")
 
 
 class Batch(NamedTuple):
@@ -40,24 +42,26 @@ class Batch(NamedTuple):
 class ReplayBuffer:
     """A buffer already full of random transitions; `sample` draws a uniform batch."""
 
-    def __init__(self, algo: str, size: int, seed: int):
-        self.generator = torch.Generator().manual_seed(seed)
-        g = self.generator
+    def __init__(self, algo: str, size: int, seed: int, device: torch.device = CPU):
+        self.generator = torch.Generator(device).manual_seed(seed)
+        make = {"generator": self.generator, "device": device}
         if algo == "dqn":
             obs_shape = (size, *ATARI_OBS_SHAPE)
-            self.obs = torch.randint(0, 256, obs_shape, dtype=torch.uint8, generator=g)
-            self.next_obs = torch.randint(0, 256, obs_shape, dtype=torch.uint8, generator=g)
-            self.action = torch.randint(0, NUM_ATARI_ACTIONS, (size,), generator=g)
+            self.obs = torch.randint(0, 256, obs_shape, dtype=torch.uint8, **make)
+            self.next_obs = torch.randint(0, 256, obs_shape, dtype=torch.uint8, **make)
+            self.action = torch.randint(0, NUM_ATARI_ACTIONS, (size,), **make)
         else:
-            self.obs = torch.randn(size, OBS_DIM, generator=g)
-            self.next_obs = torch.randn(size, OBS_DIM, generator=g)
-            self.action = torch.rand(size, ACTION_DIM, generator=g) * 2 - 1
-        self.reward = torch.randn(size, generator=g)
-        self.terminated = torch.rand(size, generator=g) < 0.01
-        self.size = size
+            self.obs = torch.randn(size, OBS_DIM, **make)
+            self.next_obs = torch.randn(size, OBS_DIM, **make)
+            self.action = torch.rand(size, ACTION_DIM, **make) * 2 - 1
+        self.reward = torch.randn(size, **make)
+        self.terminated = torch.rand(size, **make) < 0.01
+        self.size, self.device = size, device
 
     def sample(self, batch_size: int) -> Batch:
-        idx = torch.randint(0, self.size, (batch_size,), generator=self.generator)
+        idx = torch.randint(
+            0, self.size, (batch_size,), generator=self.generator, device=self.device
+        )
         return Batch(
             self.obs[idx],
             self.action[idx],
@@ -112,10 +116,11 @@ class TD3Agent:
         policy_noise: float = 0.2,
         noise_clip: float = 0.5,
         policy_delay: int = 2,
+        device: torch.device = CPU,
     ):
         torch.manual_seed(seed)
-        self.actor = nn.Sequential(mlp(OBS_DIM, 256, 256, ACTION_DIM), nn.Tanh())
-        self.critic = TwinCritic()
+        self.actor = nn.Sequential(mlp(OBS_DIM, 256, 256, ACTION_DIM), nn.Tanh()).to(device)
+        self.critic = TwinCritic().to(device)
         self.target_actor, self.target_critic = frozen_copy(self.actor), frozen_copy(self.critic)
         self.actor_params = list(self.actor.parameters())
         self.actor_opt = torch.optim.Adam(self.actor_params, lr=lr)
@@ -156,12 +161,18 @@ class TD3Agent:
 class SACAgent:
     batch_size = 256
 
-    def __init__(self, seed: int = 0, lr: float = 3e-4, reward_scale: float = 1.0):
+    def __init__(
+        self,
+        seed: int = 0,
+        lr: float = 3e-4,
+        reward_scale: float = 1.0,
+        device: torch.device = CPU,
+    ):
         torch.manual_seed(seed)
-        self.actor = mlp(OBS_DIM, 256, 256, 2 * ACTION_DIM)
-        self.critic = TwinCritic()
+        self.actor = mlp(OBS_DIM, 256, 256, 2 * ACTION_DIM).to(device)
+        self.critic = TwinCritic().to(device)
         self.target_critic = frozen_copy(self.critic)
-        self.log_alpha = torch.zeros((), requires_grad=True)
+        self.log_alpha = torch.zeros((), device=device, requires_grad=True)
         self.actor_params = list(self.actor.parameters())
         self.actor_opt = torch.optim.Adam(self.actor_params, lr=lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=lr)
@@ -238,9 +249,15 @@ class NatureCNN(nn.Module):
 class DQNAgent:
     batch_size = 32
 
-    def __init__(self, seed: int = 0, lr: float = 1e-4, target_update_period: int = 1000):
+    def __init__(
+        self,
+        seed: int = 0,
+        lr: float = 1e-4,
+        target_update_period: int = 1000,
+        device: torch.device = CPU,
+    ):
         torch.manual_seed(seed)
-        self.q_net = NatureCNN()
+        self.q_net = NatureCNN().to(device)
         self.target_net = frozen_copy(self.q_net)
         self.opt = torch.optim.Adam(self.q_net.parameters(), lr=lr, eps=1.5e-4)
         self.target_update_period = target_update_period
@@ -263,16 +280,16 @@ class DQNAgent:
         return {"loss": loss.detach()}
 
 
-def make_td3_agent(seed: int = 0) -> TD3Agent:
-    return TD3Agent(seed)
+def make_td3_agent(seed: int = 0, device: torch.device = CPU) -> TD3Agent:
+    return TD3Agent(seed, device=device)
 
 
-def make_sac_agent(seed: int = 0) -> SACAgent:
-    return SACAgent(seed)
+def make_sac_agent(seed: int = 0, device: torch.device = CPU) -> SACAgent:
+    return SACAgent(seed, device=device)
 
 
-def make_dqn_agent(seed: int = 0) -> DQNAgent:
-    return DQNAgent(seed)
+def make_dqn_agent(seed: int = 0, device: torch.device = CPU) -> DQNAgent:
+    return DQNAgent(seed, device=device)
 
 
 AGENT_FACTORIES = {"td3": make_td3_agent, "sac": make_sac_agent, "dqn": make_dqn_agent}
@@ -302,12 +319,17 @@ def torch_update_benchmark(
         raise ValueError("population_size and num_steps must be >= 1, warmup_steps >= 0")
     if buffer_size is None:
         buffer_size = default_buffer_size(algo, population_size)
-    agents = [AGENT_FACTORIES[algo](seed + i) for i in range(population_size)]
-    buffers = [ReplayBuffer(algo, buffer_size, seed + i) for i in range(population_size)]
+    # Placed explicitly (not under `with device:`, a torch-function mode that adds Python work
+    # to every operation and would slow the baseline down).
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    agents = [AGENT_FACTORIES[algo](seed + i, device) for i in range(population_size)]
+    buffers = [ReplayBuffer(algo, buffer_size, seed + i, device) for i in range(population_size)]
 
     def population_step() -> None:
         for agent, buffer in zip(agents, buffers, strict=True):
             agent.update(buffer.sample(agent.batch_size))
+        if device.type == "cuda":  # kernels run asynchronously: time them, not their launch
+            torch.cuda.synchronize()
 
     for _ in range(warmup_steps):
         population_step()
@@ -318,6 +340,7 @@ def torch_update_benchmark(
     return {
         "seconds_per_step": seconds_per_step,
         "agent_updates_per_s": population_size / seconds_per_step,
+        "device": str(device),
         "threads": torch.get_num_threads(),
         "torch_version": torch.__version__,
         "buffer_size": buffer_size,

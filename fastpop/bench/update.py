@@ -176,8 +176,11 @@ def bench_update(
     populations: Sequence[int],
     implementations: Sequence[str],
     log=print,
+    on_row=None,
 ) -> dict:
-    """Agent-updates/s per implementation and population size, plus FLOP accounting."""
+    """Agent-updates/s per implementation and population size, plus FLOP accounting.
+    `on_row(rows)`: called with the rows so far after each population size (a caller under a
+    time cap keeps them)."""
     algo, updates_per_call = settings.algo, settings.updates_per_call
     config = dict(settings.agent or {})
     if settings.batch_size is not None:
@@ -222,6 +225,8 @@ def bench_update(
         del buffers
         if torch_bench is not None:
             rows.append(torch_row(torch_bench, algo, size, flops, log))
+        if on_row is not None:
+            on_row(list(rows))
     add_speedups(rows)
     return {
         "algo": algo,
@@ -274,7 +279,8 @@ def make_executors(
 
 def torch_row(torch_bench, algo: str, size: int, flops: float, log) -> dict:
     """The PyTorch baseline's row at population `size`."""
-    result = torch_bench(algo, size, num_steps=max(3, 40 // size))
+    # one warm-up population step: every agent makes its first update (allocations) there
+    result = torch_bench(algo, size, num_steps=max(3, 40 // size), warmup_steps=1)
     rate = result["agent_updates_per_s"]
     log(
         f"{algo} {'torch':10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
@@ -288,6 +294,7 @@ def torch_row(torch_bench, algo: str, size: int, flops: float, log) -> dict:
         "compile_seconds": 0.0,
         "gflops_per_s": rate * flops / 1e9,
         "torch_version": result["torch_version"],
+        "torch_device": result["device"],
     }
 
 

@@ -51,7 +51,16 @@ def add_gpu_parser(benchmarks) -> None:
         help="seconds for the chosen phases together, shared in proportion to their default "
         "caps (default: the sum of their caps)",
     )
-    gpu.add_argument(
+    programme = gpu.add_mutually_exclusive_group()
+    programme.add_argument(
+        "--short",
+        action="store_true",
+        help="the targets first, in about 9 minutes: TD3 at P 1-256 and SAC at 80, the "
+        "256-member SAC PBT on brax/ant for 2 minutes, the 80-member learner with 14 "
+        "collectors, one device-mode row on gymnax and brax/ant (caps: update 160 s, device "
+        "60 s, pipeline 125 s, pbt 150 s)",
+    )
+    programme.add_argument(
         "--smoke",
         action="store_true",
         help="tiny sizes and cheap envs (gymnax / classic control): the same phases on a CPU "
@@ -82,7 +91,13 @@ def gpu_command(args: argparse.Namespace) -> str:
     words = ["fastpop", "bench", "gpu", "--out", str(args.out), "--phases", ",".join(args.phases)]
     if args.budget_seconds is not None:
         words += ["--budget-seconds", f"{args.budget_seconds:g}"]
-    return shlex.join(words + (["--smoke"] if args.smoke else []))
+    programme = programme_name(args)
+    return shlex.join(words + ([f"--{programme}"] if programme != "full" else []))
+
+
+def programme_name(args: argparse.Namespace) -> str:
+    """ "full", "short" or "smoke": the sizes and caps the flags pick."""
+    return "smoke" if args.smoke else "short" if args.short else "full"
 
 
 def run_gpu(args: argparse.Namespace) -> int:
@@ -93,12 +108,11 @@ def run_gpu(args: argparse.Namespace) -> int:
     if problem := check_out_dir(args.out, MANIFEST):
         return fail(problem)
     phases = [phase for phase in gpu_phases.PHASES if phase in args.phases]
-    plans = gpu_phases.SMOKE_PLANS if args.smoke else gpu_phases.FULL_PLANS
-    caps = dict(gpu_phases.SMOKE_CAPS if args.smoke else gpu_phases.FULL_CAPS)
+    plans, caps = gpu_phases.PROGRAMMES[programme_name(args)]
     if args.budget_seconds is not None:
         scale = args.budget_seconds / sum(caps[phase] for phase in phases)
         caps = {phase: cap * scale for phase, cap in caps.items()}
-    manifest = run_phases(args.out, phases, plans, caps, gpu_command(args), args.smoke)
+    manifest = run_phases(args.out, phases, plans, caps, gpu_command(args), programme_name(args))
     print(f"wrote {args.out / 'README.md'}")
     statuses = [manifest["phases"][phase]["status"] for phase in phases]
     return 0 if all(status == "done" for status in statuses) else 1
