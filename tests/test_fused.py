@@ -99,14 +99,17 @@ def test_the_program_runs_every_call_the_rows_allow_and_no_more():
 
 
 def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
-    """open() compiles the evaluation program in a thread while the loop trains; evaluating a
-    snapshot with it gives the jitted call's returns, bit for bit."""
+    """running() compiles the evaluation program in a thread once the first chunk's program
+    has compiled, while the loop trains; evaluating a snapshot with it gives the jitted call's
+    returns, bit for bit."""
     config = config_lib.load_config(PRESET, [*SMALL, "eval.episodes=2"])
     learner, collection = learner_and_collection(config)
     running = collection.running(learner, log_event=None, generation=0)
     running.__enter__()
+    assert collection._evaluate_program is None  # not beside the chunk program's compile
     for _ in range(3):
         collection.feed(learner)
+        assert collection._evaluate_program is not None
     meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
     arrays = snapshot.encode(learner.policy_leaves(), meta)
     collection.evaluate(arrays)

@@ -181,6 +181,7 @@ class DeviceCollection:
             self._evaluate_members, self._identity, "evaluate"
         )
         self._evaluate_program: Future | None = None
+        self._evaluation_wanted = False  # compiled ahead once `running` (after 1 chunk)
         self._results: list[dict] = []
         # What an evaluation snapshot decodes to: host arrays of the policy tree's shapes.
         self._snapshot = jax.tree.map(
@@ -205,13 +206,18 @@ class DeviceCollection:
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
-        """Compiles the evaluation program in a thread meanwhile: the first evaluation would
-        otherwise stop the loop for as long (~5 s for the inverted pendulum on the CPU)."""
-        if self._evaluate_program is None:
-            compiler = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
-            self._evaluate_program = compiler.submit(self._compile_evaluation)
-            compiler.shutdown(wait=False)  # the thread ends with the compilation
+        """The evaluation program compiles in a thread once the first chunk's program has: the
+        first evaluation would otherwise stop the loop for as long (~5 s for the inverted
+        pendulum on the CPU). Not sooner: compiled beside the chunk program, the two shared
+        the GIL while tracing and the cores while compiling, and the first chunk came ~3 s
+        later (the brax preset on 2 cores, results/startup/README.md)."""
+        self._evaluation_wanted = True
         yield
+
+    def _compile_evaluation_ahead(self) -> None:
+        compiler = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
+        self._evaluate_program = compiler.submit(self._compile_evaluation)
+        compiler.shutdown(wait=False)  # the thread ends with the compilation
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
@@ -235,6 +241,8 @@ class DeviceCollection:
         plan = learner.plan_chunk(self.parts.collect.envs_per_member)
         self.lanes, state, metrics = self._fused(self.lanes, *state[:3], key, *state[3:], plan)
         learner.adopt_chunk(state, plan, metrics)
+        if self._evaluation_wanted and self._evaluate_program is None:
+            self._compile_evaluation_ahead()
         return []
 
     def next_chunk(self, states, hparams, member_steps: int):

@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 
 from fastpop.envs.errors import UnknownEnvironment, close_names, missing_extra
+from fastpop.envs.mjx_import import import_mjx
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "brax/"
@@ -72,8 +73,9 @@ def brax_installed() -> bool:
 
 @functools.cache
 def _brax_envs():
-    """brax.envs, imported with mujoco.mjx's warp messages on stdout (and jaxopt's deprecation
-    warning) silenced."""
+    """brax.envs, imported after MuJoCo MJX (without Warp: envs/mjx_import.py), with jaxopt's
+    deprecation warning and anything printed on stdout silenced."""
+    import_mjx()
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         from brax import envs

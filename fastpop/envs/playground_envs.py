@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fastpop.envs.errors import UnknownEnvironment, close_names, missing_extra
+from fastpop.envs.mjx_import import import_mjx
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "playground/"
@@ -156,6 +157,7 @@ def counterpart(env_id: str) -> str | None:
 @functools.cache
 def make(env_id: str, backend: str | None = None) -> DeviceEnv:
     """`env_id`'s DeviceEnv (checked, canonical), on MJX's JAX pipeline."""
+    import_mjx()  # before Playground imports it: without Warp, which `impl: jax` never runs
     from mujoco_playground import registry
 
     del backend  # config.env.backend is refused for non-brax ids
