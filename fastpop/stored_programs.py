@@ -28,7 +28,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import threading
 from importlib import metadata
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import jax
 from jax import export
 
-from fastpop import compile_cache
+from fastpop import compile_cache, static_codec
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +140,7 @@ class StoredJit:
     def _program(self, args: tuple, leaves: list, treedef):
         signature = (treedef, tuple(map(_leaf_signature, leaves)))
         if signature not in self.programs:
-            text = f"{treedef} {[_aval_text(leaf) for leaf in leaves]}"
+            text = f"{_tree_text(treedef)} {[_aval_text(leaf) for leaf in leaves]}"
             self.programs[signature] = self._make(args, text)
         return self.programs[signature]
 
@@ -160,6 +159,21 @@ class StoredJit:
                 _count("not_stored")
                 return self.jitted
         return jax.jit(exported.call, donate_argnums=self.donate_argnums)
+
+
+def _tree_text(treedef) -> str:
+    """The tree structure as text that is the same in every process: `str(treedef)` prints
+    static data by repr, which for some (MJX's wrapped arrays) holds a memory address."""
+    node = treedef.node_data()
+    if node is None:
+        return "*"
+    node_type, static = node
+    try:
+        static_text = static_codec.encode((static,)).decode()
+    except TypeError:
+        static_text = repr(static)  # an address in it only costs a stored program
+    children = ",".join(_tree_text(child) for child in treedef.children())
+    return f"{static_codec.type_name(node_type)}{static_text}({children})"
 
 
 def _leaf_signature(leaf):
@@ -237,7 +251,7 @@ def _load(path: Path):
             raise ValueError("not a stored program")
         header, _, blob = data[len(MAGIC) :].partition(b"\n")
         for name in json.loads(header)["node_types"]:
-            node_type = _resolve(name)
+            node_type = static_codec.resolve_type(name)
             if node_type is None or _register(node_type) is None:
                 return None  # its module is not imported in this process: export anew
         exported = export.deserialize(bytearray(blob))
@@ -257,23 +271,10 @@ def _node_types(treedef) -> set[type]:
     return found
 
 
-def _type_name(node_type: type) -> str:
-    return f"{node_type.__module__}:{node_type.__qualname__}"
-
-
-def _resolve(name: str) -> type | None:
-    """A node type by name among the modules this process has imported (none is imported)."""
-    module_name, _, qualname = name.partition(":")
-    found = sys.modules.get(module_name)
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-    return found if isinstance(found, type) else None
-
-
 def _register(node_type: type) -> str | None:
     """Teach jax.export to write `node_type` (a NamedTuple, or a dataclass-like node whose
-    static data is JSON); its name, or None where it cannot be named."""
-    name = _type_name(node_type)
+    static data fastpop.static_codec encodes); its name, or None where it cannot be named."""
+    name = static_codec.type_name(node_type)
     with _lock:
         if node_type in _registered:
             return name
@@ -284,8 +285,8 @@ def _register(node_type: type) -> str | None:
                 export.register_pytree_node_serialization(
                     node_type,
                     serialized_name=name,
-                    serialize_auxdata=lambda aux: json.dumps(list(aux)).encode(),
-                    deserialize_auxdata=lambda data: tuple(json.loads(data)),
+                    serialize_auxdata=static_codec.encode,  # TypeError: not stored
+                    deserialize_auxdata=static_codec.decode,
                 )
             else:
                 return None

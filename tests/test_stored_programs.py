@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import compile_cache, compile_stats, stored_programs
+from fastpop import compile_cache, compile_stats, static_codec, stored_programs
 
 pytest.importorskip("gymnax")
 
@@ -37,6 +37,26 @@ class Pair(NamedTuple):
 class Lane:
     state: jax.Array
     label: str = flax.struct.field(pytree_node=False, default="lane")
+
+
+class Wrapped:
+    """A hashable wrapper of one NumPy array, as MuJoCo MJX keeps arrays in static data."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+
+    def __hash__(self):
+        return hash(self.array.tobytes())
+
+    def __eq__(self, other):
+        return isinstance(other, Wrapped) and np.array_equal(self.array, other.array)
+
+
+@flax.struct.dataclass
+class MjxLike:
+    state: jax.Array
+    masses: Wrapped = flax.struct.field(pytree_node=False)
+    count: np.int64 = flax.struct.field(pytree_node=False)
 
 
 class Traces:
@@ -94,6 +114,42 @@ def test_another_identity_name_or_shape_is_traced_and_stored_beside(store):
     stored_programs.stored_jit(traces.step, "identity", "step")(*arguments(width=5))
     assert traces.count == 4  # none loaded another's program
     assert len(list(store.glob("*.program"))) == 4
+
+
+def test_static_data_with_wrapped_arrays_is_stored_and_found_again(store):
+    """MJX's nodes keep NumPy arrays (wrapped) and scalars as static data, whose repr holds an
+    address: stored all the same, and found again from new objects of the same values."""
+
+    def mjx_like():
+        return MjxLike(jnp.ones(3), Wrapped(np.arange(3.0)), np.int64(2))
+
+    traces = []
+
+    def scale(node):
+        traces.append(1)
+        return node.replace(state=node.state * node.masses.array.sum() + node.count)
+
+    first = stored_programs.stored_jit(scale, "identity", "scale")(mjx_like())
+    again = stored_programs.stored_jit(scale, "identity", "scale")(mjx_like())  # a rerun
+    assert len(traces) == 1 and len(list(store.glob("scale-*.program"))) == 1
+    assert again.masses == Wrapped(np.arange(3.0)) and again.count == 2
+    np.testing.assert_array_equal(again.state, first.state)
+
+
+def test_the_static_codec_reads_back_what_it_writes_and_refuses_the_rest():
+    values = (None, True, 3, 2.5, "x", (1, [2, (3,)]), np.arange(6, dtype=np.float32).reshape(2, 3))
+    values += (np.int64(7), Wrapped(np.ones(2, np.int32)))
+    again = static_codec.decode(static_codec.encode(values))
+    assert type(again) is tuple and len(again) == len(values)
+    for got, want in zip(again, values, strict=True):
+        assert type(got) is type(want)
+        if isinstance(want, np.ndarray):
+            assert got.dtype == want.dtype and np.array_equal(got, want)
+        else:
+            assert got == want
+    for refused in (object(), np.array([object()]), {"a": 1}):
+        with pytest.raises(TypeError):
+            static_codec.encode((refused,))
 
 
 def test_no_identity_is_plain_jit(store):

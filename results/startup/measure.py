@@ -50,6 +50,13 @@ PRESETS = {
         "env_step",
     ),
 }
+DEFAULT_PRESETS = list(PRESETS)
+# Every other CPU preset, to its first update (which waits for its warm-up's env steps too).
+PRESETS |= {
+    path.stem: (f"configs/{path.name}", [], "update")
+    for path in sorted((ROOT / "configs").glob("*_cpu.yaml"))
+    if path.stem not in PRESETS
+}
 
 
 def entry_command(entry: str) -> list[str]:
@@ -126,7 +133,7 @@ def main() -> None:
     parser.add_argument("--code", type=Path, default=ROOT, help="the fastpop checkout to run")
     parser.add_argument("--label", default="after")
     parser.add_argument("--cache", choices=("none", "cold-warm", "manual-cold-warm"))
-    parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
+    parser.add_argument("--presets", nargs="+", default=DEFAULT_PRESETS, choices=list(PRESETS))
     parser.add_argument("--entry", choices=("module", "console-script"), default="module")
     parser.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
     args = parser.parse_args()
