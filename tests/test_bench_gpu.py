@@ -205,3 +205,15 @@ def test_the_targets_are_judged_from_the_recorded_numbers(tmp_path):
     assert judged[2][2] == "**missed**"
     assert judged[3][2] == "not measured (no run at 256 members on brax/ant)"
     assert all(verdict.startswith("not measured") for _, _, verdict in judge_targets(tmp_path, {}))
+
+
+def test_a_pbt_run_directory_fastpop_did_not_write_is_kept(tmp_path):
+    from fastpop.bench.gpu_training import train_preset
+
+    run_dir = tmp_path / "runs" / "td3_pbt_halfcheetah"
+    run_dir.mkdir(parents=True)
+    (run_dir / "notes.txt").write_text("mine")
+    config = gpu_phases.CONFIGS_DIR / "td3_pbt_halfcheetah.yaml"
+    with pytest.raises(ValueError, match="is not a fastpop run; nothing was deleted"):
+        train_preset(config, [], 1.0, run_dir)
+    assert (run_dir / "notes.txt").read_text() == "mine"
