@@ -96,7 +96,7 @@ def gpu_command(args: argparse.Namespace) -> str:
 
 
 def programme_name(args: argparse.Namespace) -> str:
-    """ "full", "short" or "smoke": the sizes and caps the flags pick."""
+    """The sizes and caps the flags pick: "full", "short" or "smoke"."""
     return "smoke" if args.smoke else "short" if args.short else "full"
 
 
