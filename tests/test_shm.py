@@ -95,6 +95,19 @@ def test_param_channel_versions_reach_a_spawned_reader():
         assert channel.read_if_newer(1)[0] == 2
 
 
+def test_a_reader_copies_only_its_rows_of_each_stacked_leaf_and_scalars_whole():
+    leaves = [np.arange(12.0).reshape(4, 3), np.arange(4, dtype=np.int32), np.float32(7.0)]
+    with ParamChannel.create(leaves) as channel:
+        channel.publish(leaves)
+        version, got = channel.read_if_newer(0, rows=slice(1, 3))
+        assert version == 1
+        np.testing.assert_array_equal(got[0], leaves[0][1:3])
+        np.testing.assert_array_equal(got[1], [1, 2])
+        assert got[2].shape == () and got[2] == 7.0
+        got[0][:] = -1  # a copy: the channel keeps what was published
+        np.testing.assert_array_equal(channel.read_if_newer(0)[1][0], leaves[0])
+
+
 TORN_SHAPES = [(64, 1024), (1024,), (32, 512)]
 
 

@@ -143,7 +143,7 @@ def whole_chunks(env_steps: int, rows: RowLayout) -> int:
     return -(-env_steps // rows.chunk_len) * rows.chunk_len
 
 
-def _build_acting(spec: CollectorSpec, slot_members: np.ndarray):
+def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, first_member: int):
     """The batched policy and how to load it from the published leaves: built at the first step
     that acts with a policy. The warm-up's random steps run before, without JAX: importing it,
     tracing and compiling took ~2 s of CPU per collector, 16 of them on 2 cores most of the
@@ -163,9 +163,10 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray):
     acting = make_acting(config.algo, agent, env_spec, spec.num_slots, envs_per_member, key)
 
     def slots_policy(leaves):
-        """(policy, hparams) of this collector's slots from the published leaves."""
+        """(policy, hparams) of this collector's slots from the leaves read from member
+        `first_member` on (`ParamChannel.read_if_newer`'s rows)."""
         policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
-        return jax.tree.map(lambda leaf: leaf[slot_members], (policy, hparams))
+        return jax.tree.map(lambda leaf: leaf[slot_members - first_member], (policy, hparams))
 
     return acting, slots_policy
 
@@ -181,6 +182,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         num_collectors=setup.num_collectors,
     )
     slot_members = (spec.first_slot + np.arange(spec.num_slots)) // setup.envs_per_member
+    own_members = slice(int(slot_members[0]), int(slot_members[-1]) + 1)  # of the policy leaves
 
     warmup_env_steps = whole_chunks(-(-setup.warmup_steps // setup.envs_per_member), spec.rows)
     stream = RowStream(spec.rows, spec.num_slots)
@@ -194,7 +196,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     obs = envs.reset(seed=spec.env_seed)
     try:
         while not stop_event.is_set():
-            newer = params.read_if_newer(version)
+            newer = params.read_if_newer(version, rows=own_members)
             if newer is not None:
                 if version == 0:  # a restarted collector joins a run already under way
                     steps = int(newer[1][-1]) // setup.envs_per_member  # the tree's last leaf
@@ -204,7 +206,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 actions = envs.action_space.sample()
             else:
                 if acting is None:
-                    acting, slots_policy = _build_acting(spec, slot_members)
+                    acting, slots_policy = _build_acting(spec, slot_members, own_members.start)
                 if leaves is not None:
                     acting.set_policy(*slots_policy(leaves))
                     leaves = None
