@@ -121,3 +121,22 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     assert returns.shape == (2, 2) and result["eval_index"] == 1
     assert result["return_mean"] == returns.mean(axis=1).tolist()
     assert result["return_std"] == returns.std(axis=1).tolist()
+
+
+def test_env_lanes_made_beside_the_learners_init_equal_those_made_after_it():
+    """A run (run/parts.local_pieces) makes device mode's env lanes in a thread while the
+    learner initialises; they are the lanes made after it, and the snapshot shapes follow."""
+    parts = build_run(config_lib.load_config(PRESET, SMALL))
+    ahead = DeviceCollection(parts.device_parts())  # no policy template yet: lanes in a thread
+    assert ahead._lanes_ahead is not None
+    learner = Learner(parts.learner_parts())
+    assert make_collection(parts, learner, device=ahead) is ahead
+    after = make_collection(parts, learner)
+
+    def host(leaf):
+        is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+        return np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+
+    for got, want in zip(jax.tree.leaves(ahead.lanes), jax.tree.leaves(after.lanes), strict=True):
+        np.testing.assert_array_equal(host(got), host(want))
+    assert ahead._lanes_ahead is None and ahead._treedef == after._treedef

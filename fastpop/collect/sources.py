@@ -154,8 +154,10 @@ class DeviceCollection:
     evaluator_restarts = 0  # nothing to restart
     chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
 
-    def __init__(self, parts: DeviceParts, policy_template):
-        """policy_template: shapes of the learner's `policy_tree` (what a snapshot decodes to)."""
+    def __init__(self, parts: DeviceParts, policy_template=None):
+        """policy_template: shapes of the learner's `policy_tree` (what a snapshot decodes to);
+        None: given later by `set_policy_template`, before the loop (on one device the env
+        lanes are then made in a thread while the learner initialises its members)."""
         self.parts = parts
         self.env, self.episode_length = parts.env, parts.episode_length
         key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
@@ -171,8 +173,13 @@ class DeviceCollection:
             self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
         # Programs kept traced on disk: one device's only (on a mesh, placement decides too).
         self._identity = parts.program_identity if parts.mesh is None else None
+        self._lanes_ahead: Future | None = None
         if self._placement is None:
-            self.lanes = stored_programs.stored_jit(init, self._identity, "lanes")(lanes_key)
+            make_lanes = stored_programs.stored_jit(init, self._identity, "lanes")
+            if policy_template is None and jax.process_count() == 1:  # the learner is not made
+                self._lanes_ahead = _in_a_thread(make_lanes, lanes_key)  # yet: beside it
+            else:
+                self.lanes = make_lanes(lanes_key)
         else:
             self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
@@ -183,11 +190,25 @@ class DeviceCollection:
         self._evaluate_program: Future | None = None
         self._evaluation_wanted = False  # compiled ahead once `running` (after 1 chunk)
         self._results: list[dict] = []
-        # What an evaluation snapshot decodes to: host arrays of the policy tree's shapes.
+        if policy_template is not None:
+            self.set_policy_template(policy_template)
+
+    def set_policy_template(self, policy_template) -> None:
+        """What an evaluation snapshot decodes to: host arrays of the policy tree's shapes."""
         self._snapshot = jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy_template
         )
         self._treedef = jax.tree.structure(policy_template)
+
+    @property
+    def lanes(self):
+        if self._lanes_ahead is not None:  # made in a thread: its error, if any, raises here
+            self._lanes, self._lanes_ahead = self._lanes_ahead.result(), None
+        return self._lanes
+
+    @lanes.setter
+    def lanes(self, lanes) -> None:
+        self._lanes, self._lanes_ahead = lanes, None
 
     # --- checkpoints ---
 
@@ -215,9 +236,7 @@ class DeviceCollection:
         yield
 
     def _compile_evaluation_ahead(self) -> None:
-        compiler = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
-        self._evaluate_program = compiler.submit(self._compile_evaluation)
-        compiler.shutdown(wait=False)  # the thread ends with the compilation
+        self._evaluate_program = _in_a_thread(self._compile_evaluation)
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
@@ -355,6 +374,14 @@ def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int)
         )
     )
     return np.asarray(run(policy, hparams, jax.random.key(seed)))
+
+
+def _in_a_thread(function, *args) -> Future:
+    """`function(*args)` in a thread of its own, which ends with it."""
+    worker = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
+    future = worker.submit(function, *args)
+    worker.shutdown(wait=False)
+    return future
 
 
 def env_state_bytes(env, lanes: int) -> int:

@@ -139,10 +139,14 @@ def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
     return learner_class(build_run(config).learner_parts())
 
 
-def make_collection(parts: RunParts, learner: Learner, log=print):
-    """The parts' collection: collector processes, or envs stepped on the device."""
+def make_collection(parts: RunParts, learner: Learner, log=print, device=None):
+    """The parts' collection: collector processes, or envs stepped on the device (`device`: a
+    DeviceCollection made before the learner, given its policy template here)."""
     if parts.collection_mode == "device":
-        return DeviceCollection(parts.device_parts(), learner.policy_template())
+        if device is None:
+            return DeviceCollection(parts.device_parts(), learner.policy_template())
+        device.set_policy_template(learner.policy_template())
+        return device
     return ProcessCollection(parts.config, parts.replay_spec, log)
 
 
@@ -158,8 +162,10 @@ class RunPieces(NamedTuple):
 def local_pieces(parts: RunParts, checkpoint_dir: Path, log=print) -> RunPieces:
     """A run on this process alone: its learner, its collection, Ctrl-C and SIGTERM acted on at
     once, checkpoints in `checkpoint_dir` (<run>/checkpoints)."""
+    # Device mode: the env lanes are made (traced, compiled) while the learner initialises.
+    device = DeviceCollection(parts.device_parts()) if parts.collection_mode == "device" else None
     learner = Learner(parts.learner_parts())
-    collection = make_collection(parts, learner, log)  # processes or device
+    collection = make_collection(parts, learner, log, device)  # processes or device
     checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
     return RunPieces(learner, collection, StopSignals(), checkpoints)
 
