@@ -119,6 +119,7 @@ class StoredJit:
         self.jitted, self.identity, self.name = jitted, identity, name
         self.donate_argnums = donate_argnums
         self.programs: dict[tuple, object] = {}  # argument signature -> its program
+        self.exported: dict[tuple, object] = {}  # -> its jax.export.Exported, or None
 
     def __call__(self, *args):
         leaves, treedef = jax.tree.flatten(args)
@@ -133,6 +134,17 @@ class StoredJit:
         leaves, treedef = jax.tree.flatten(args)
         return self._program(args, leaves, treedef).lower(*args)
 
+    def output_shapes(self, *args):
+        """The outputs' shapes and dtypes: the stored program's where there is one (loaded, or
+        exported now, so that a later process loads it untraced), else traced."""
+        leaves, treedef = jax.tree.flatten(args)
+        self._program(args, leaves, treedef)
+        exported = self.exported[(treedef, tuple(map(_leaf_signature, leaves)))]
+        if exported is None:
+            return jax.eval_shape(self.jitted, *args)
+        shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in exported.out_avals]
+        return jax.tree.unflatten(exported.out_tree, shapes)
+
     def _cache_size(self) -> int:
         """Compiled variants, as jax.jit's (benchmarks and tests check nothing recompiles)."""
         return sum(program._cache_size() for program in set(self.programs.values()))
@@ -141,13 +153,14 @@ class StoredJit:
         signature = (treedef, tuple(map(_leaf_signature, leaves)))
         if signature not in self.programs:
             text = f"{_tree_text(treedef)} {[_aval_text(leaf) for leaf in leaves]}"
-            self.programs[signature] = self._make(args, text)
+            self.programs[signature], self.exported[signature] = self._make(args, text)
         return self.programs[signature]
 
-    def _make(self, args: tuple, signature: str):
+    def _make(self, args: tuple, signature: str) -> tuple:
+        """(the program for `args`, its Exported or None where it is plain jit)."""
         folder = directory()
         if folder is None or jax.process_count() > 1 or not _on_one_device(args):
-            return self.jitted
+            return self.jitted, None
         text = "\n".join([self.identity, self.name, signature, fingerprint()])
         path = folder / f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:32]}{SUFFIX}"
         exported = _load(path)
@@ -157,8 +170,16 @@ class StoredJit:
             exported = _export_and_store(self.jitted, args, path)
             if exported is None:
                 _count("not_stored")
-                return self.jitted
-        return jax.jit(exported.call, donate_argnums=self.donate_argnums)
+                return self.jitted, None
+        return jax.jit(exported.call, donate_argnums=self.donate_argnums), exported
+
+
+def output_shapes(program, *args):
+    """`program`'s (a `stored_jit`'s) output shapes and dtypes for `args`, as its
+    `output_shapes` gives them, or traced where it is plain jit."""
+    if isinstance(program, StoredJit):
+        return program.output_shapes(*args)
+    return jax.eval_shape(program, *args)
 
 
 def _tree_text(treedef) -> str:

@@ -267,11 +267,32 @@ def test_a_device_mode_rerun_loads_its_programs_and_writes_the_same_rows(store, 
     TRACED.clear()
     loaded = stored_programs.counts()["loaded"]
     second = train_here(second_dir, GYMNAX, *settings, "seed=0", "log.progress_interval_seconds=5")
-    assert stored_programs.counts()["loaded"] == loaded + 3
+    # fused, evaluate, and lanes twice: its shapes for the memory check, then the lanes
+    assert stored_programs.counts()["loaded"] == loaded + 4
     assert not DEVICE_PROGRAMS & set(TRACED), TRACED
     assert rows(plain) == rows(first) == rows(second) and len(rows(plain)) == 2  # 2 members
     for run in (first, second):  # the arrays each chunk feeds back make no second variant
         assert run.collection._fused._cache_size() == 1
+
+
+def test_a_reruns_env_state_bytes_come_from_the_stored_lanes_program_untraced(store):
+    from fastpop.collect import device_rollout, sources
+    from fastpop.envs.device_envs import make_device_env
+
+    env, traced = make_device_env("gymnax/Pendulum-v1"), []
+
+    def reset(key):
+        traced.append(key)
+        return env.reset(key)
+
+    counting = env._replace(reset=reset)
+    shapes = jax.eval_shape(lambda key: device_rollout.init(env, key, 10), jax.random.key(0))
+    expected = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
+    assert sources.env_state_bytes(counting, 10, made=4, identity="identity") == expected
+    assert traced  # exported, and stored as device mode's "lanes" program of 4 lanes
+    traced.clear()
+    assert sources.env_state_bytes(counting, 10, made=4, identity="identity") == expected
+    assert not traced  # a rerun reads the shapes from the stored program
 
 
 def test_fields_left_out_of_the_identity_change_no_program(tmp_path, monkeypatch):

@@ -187,8 +187,11 @@ def env_state_bytes(config: config_lib.Config, device_env=None) -> int:
         device_env = _collection(config)[1]
     if device_env is None:
         return 0
-    lanes = config.population.size * (config.collect.envs_per_member + config.eval.episodes)
-    return device_env_state_bytes(device_env, lanes)
+    size, per_member = config.population.size, config.collect.envs_per_member
+    # The training lanes' shapes, from the program a one-device run makes them with.
+    identity = program_identity(config) if sharding.device_count(config) == 1 else None
+    lanes = size * (per_member + config.eval.episodes)
+    return device_env_state_bytes(device_env, lanes, size * per_member, identity)
 
 
 def _check_memory(config: config_lib.Config, spec: EnvSpec, device_env) -> None:
