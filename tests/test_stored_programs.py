@@ -276,7 +276,7 @@ def test_a_device_mode_rerun_loads_its_programs_and_writes_the_same_rows(store, 
 
 
 def test_a_reruns_env_state_bytes_come_from_the_stored_lanes_program_untraced(store):
-    from fastpop.collect import device_rollout, sources
+    from fastpop.collect import device_rollout
     from fastpop.envs.device_envs import make_device_env
 
     env, traced = make_device_env("gymnax/Pendulum-v1"), []
@@ -288,10 +288,10 @@ def test_a_reruns_env_state_bytes_come_from_the_stored_lanes_program_untraced(st
     counting = env._replace(reset=reset)
     shapes = jax.eval_shape(lambda key: device_rollout.init(env, key, 10), jax.random.key(0))
     expected = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(shapes))
-    assert sources.env_state_bytes(counting, 10, made=4, identity="identity") == expected
+    assert device_rollout.env_state_bytes(counting, 10, made=4, identity="identity") == expected
     assert traced  # exported, and stored as device mode's "lanes" program of 4 lanes
     traced.clear()
-    assert sources.env_state_bytes(counting, 10, made=4, identity="identity") == expected
+    assert device_rollout.env_state_bytes(counting, 10, made=4, identity="identity") == expected
     assert not traced  # a rerun reads the shapes from the stored program
 
 

@@ -13,7 +13,6 @@ fastpop.distributed.multihost, is a third).
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -163,7 +162,7 @@ class DeviceCollection:
         key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
         self.key, lanes_key = jax.random.split(key)
         lanes = parts.population_size * parts.collect.envs_per_member
-        init = lanes_init(self.env, lanes)
+        init = device_rollout.lanes_init(self.env, lanes)
         # Lanes are member-major: split over the learner's mesh like the members they serve
         # (their scalars, a key, on every device).
         self._placement = None
@@ -382,21 +381,3 @@ def _in_a_thread(function, *args) -> Future:
     future = worker.submit(function, *args)
     worker.shutdown(wait=False)
     return future
-
-
-def lanes_init(env, lanes: int):
-    """`lanes` fresh env lanes from a key: the program device mode makes its lanes with."""
-    return functools.partial(device_rollout.init, env, lanes=lanes)
-
-
-def env_state_bytes(env, lanes: int, made: int | None = None, identity: str | None = None) -> int:
-    """Device bytes of the states of `lanes` lanes of `env` (fastpop.run.parts plans them),
-    scaled from the `made` lanes (default `lanes`) of device mode's lanes program, whose shapes
-    come from its stored program under `identity` where there is one (a rerun traces nothing:
-    MJX's reset took ~0.6 s to trace)."""
-    made = made or lanes
-    program = stored_programs.stored_jit(lanes_init(env, made), identity, "lanes")
-    shapes = stored_programs.output_shapes(program, jax.random.key(0))
-    nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
-    shared = nbytes(shapes.key)  # one key for every lane
-    return (nbytes(shapes) - shared) // made * lanes + shared

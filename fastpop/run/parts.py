@@ -20,9 +20,9 @@ from typing import Any, NamedTuple
 from fastpop import compile_cache, population, strategies
 from fastpop import config as config_lib
 from fastpop.agents import Agent
+from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
 from fastpop.collect.sources import Collection, DeviceCollection, DeviceParts, ProcessCollection
-from fastpop.collect.sources import env_state_bytes as device_env_state_bytes
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.learn import update_protocol
 from fastpop.learn.learner import Learner, LearnerParts
