@@ -139,7 +139,7 @@ class StoredJit:
         exported now, so that a later process loads it untraced), else traced."""
         leaves, treedef = jax.tree.flatten(args)
         self._program(args, leaves, treedef)
-        exported = self.exported[(treedef, tuple(map(_leaf_signature, leaves)))]
+        exported = self.exported[_signature(leaves, treedef)]
         if exported is None:
             return jax.eval_shape(self.jitted, *args)
         shapes = [jax.ShapeDtypeStruct(aval.shape, aval.dtype) for aval in exported.out_avals]
@@ -150,7 +150,7 @@ class StoredJit:
         return sum(program._cache_size() for program in set(self.programs.values()))
 
     def _program(self, args: tuple, leaves: list, treedef):
-        signature = (treedef, tuple(map(_leaf_signature, leaves)))
+        signature = _signature(leaves, treedef)
         if signature not in self.programs:
             text = f"{_tree_text(treedef)} {[_aval_text(leaf) for leaf in leaves]}"
             self.programs[signature], self.exported[signature] = self._make(args, text)
@@ -195,6 +195,11 @@ def _tree_text(treedef) -> str:
         static_text = repr(static)  # an address in it only costs a stored program
     children = ",".join(_tree_text(child) for child in treedef.children())
     return f"{static_codec.type_name(node_type)}{static_text}({children})"
+
+
+def _signature(leaves: list, treedef) -> tuple:
+    """What tells one call's program from another's (the programs dicts' key)."""
+    return treedef, tuple(map(_leaf_signature, leaves))
 
 
 def _leaf_signature(leaf):

@@ -140,7 +140,8 @@ class DeviceParts(NamedTuple):
     env_spec: EnvSpec
     training: Training  # its `policies` and `update`, for the program per chunk
     mesh: Any  # None: one device
-    program_identity: str | None = None  # what decides its programs (fastpop.stored_programs)
+    # What decides its programs, to keep them on disk (fastpop.stored_programs); None: not kept
+    program_identity: str | None = None
 
 
 class DeviceCollection:
@@ -170,8 +171,7 @@ class DeviceCollection:
             split, everywhere = sharding.members(parts.mesh), sharding.replicated(parts.mesh)
             shapes = jax.eval_shape(init, lanes_key)
             self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
-        # Programs kept traced on disk: one device's only (on a mesh, placement decides too).
-        self._identity = parts.program_identity if parts.mesh is None else None
+        self._identity = parts.program_identity  # None on a mesh (run/parts.stored_identity)
         self._lanes_ahead: Future | None = None
         if self._placement is None:
             make_lanes = stored_programs.stored_jit(init, self._identity, "lanes")

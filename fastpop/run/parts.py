@@ -80,7 +80,7 @@ class RunParts(NamedTuple):
             self.env_spec,
             self.training,
             self.mesh,
-            program_identity(config),
+            stored_identity(config),
         )
 
 
@@ -101,6 +101,12 @@ def program_identity(config: config_lib.Config) -> str:
         section, _, name = dotted.partition(".")
         (fields[section] if name else fields).pop(name or section, None)
     return json.dumps(fields, sort_keys=True)
+
+
+def stored_identity(config: config_lib.Config) -> str | None:
+    """`program_identity` where the run's device programs may be stored: on one device (on a
+    mesh their placement decides them too); None elsewhere."""
+    return program_identity(config) if sharding.device_count(config) == 1 else None
 
 
 def build_run(config: config_lib.Config) -> RunParts:
@@ -188,10 +194,9 @@ def env_state_bytes(config: config_lib.Config, device_env=None) -> int:
     if device_env is None:
         return 0
     size, per_member = config.population.size, config.collect.envs_per_member
-    # The training lanes' shapes, from the program a one-device run makes them with.
-    identity = program_identity(config) if sharding.device_count(config) == 1 else None
     lanes = size * (per_member + config.eval.episodes)
-    return device_env_state_bytes(device_env, lanes, size * per_member, identity)
+    # Scaled from the training lanes' shapes: those of the program the run makes them with.
+    return device_env_state_bytes(device_env, lanes, size * per_member, stored_identity(config))
 
 
 def _check_memory(config: config_lib.Config, spec: EnvSpec, device_env) -> None:
