@@ -13,14 +13,15 @@ def train_preset(config_path: Path, overrides: list[str], wall_seconds: float, r
     in a `fastpop bench gpu` directory); what the report needs of the run."""
     from fastpop import config as config_lib
     from fastpop.analysis.plot import plot_runs
-    from fastpop.run.loop import CONFIG_FILE, Run
+    from fastpop.run.loop import Run
     from fastpop.run.parts import build_run
+    from fastpop.run.resume import is_run_directory
 
     config = config_lib.load_config(
         config_path, [*overrides, f"train.max_wall_seconds={wall_seconds:g}"]
     )
     if run_dir.exists():  # an earlier `bench gpu` run's: replaced, anything else kept
-        if any(run_dir.iterdir()) and not (run_dir / CONFIG_FILE).is_file():
+        if any(run_dir.iterdir()) and not is_run_directory(run_dir):
             raise ValueError(f"{run_dir} is not a fastpop run; nothing was deleted")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)

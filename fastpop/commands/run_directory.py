@@ -19,7 +19,7 @@ from fastpop.commands.pbt_replay import COMPARISON_PLOT
 from fastpop.config import ConfigError
 from fastpop.run import metrics
 from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE
-from fastpop.run.resume import lock_run_directory
+from fastpop.run.resume import is_run_directory, lock_run_directory
 from fastpop.run.trackers import HPARAMS_DIR, WANDB_FILE
 
 SUMMARY_FILE = "summary.json"
@@ -52,13 +52,6 @@ RUN_MEANING = (
     f"a fastpop run directory holds {CONFIG_FILE} and {metrics.METRICS_FILE} or "
     f"{CHECKPOINTS_DIR}/, and only files fastpop writes there"
 )
-
-
-def is_run_directory(path: Path) -> bool:
-    """`path` holds a run fastpop started: its config and its metrics or checkpoints."""
-    return (path / CONFIG_FILE).is_file() and (
-        (path / metrics.METRICS_FILE).is_file() or (path / CHECKPOINTS_DIR).is_dir()
-    )
 
 
 def foreign_entries(path: Path) -> list[str]:
