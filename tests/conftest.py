@@ -20,10 +20,10 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
         f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()
     )
 
-# Programs kept traced on disk (fastpop/stored_programs.py) only where a test asks for them
-# (tests/test_stored_programs.py): they follow the compilation cache, which a test calling the
-# command line in-process turns on for the rest of its worker, so whether a later in-process run
-# used them would depend on the order tests ran in.
+# Programs kept traced on disk (fastpop/compilation/stored_programs.py) only where a test asks for
+# them (tests/test_stored_programs.py): they follow the compilation cache, which a test calling
+# the command line in-process turns on for the rest of its worker, so whether a later in-process
+# run used them would depend on the order tests ran in.
 os.environ.setdefault("FASTPOP_STORED_PROGRAMS", "0")
 
 from tests.runs import trainers  # noqa: F401 (the fixture that starts `fastpop train`)

@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import compile_stats
 from fastpop import config as config_lib
+from fastpop.compilation import compile_stats
 from fastpop.population import sharding
 from fastpop.run.parts import build_run, make_collection
 from fastpop.schema import ConfigError

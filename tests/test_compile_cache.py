@@ -1,5 +1,5 @@
-"""fastpop's persistent compilation cache (fastpop/compile_cache.py): used, off when turned off,
-a user's directory left as the user set it, concurrent writers, unreadable entries.
+"""fastpop's persistent compilation cache (fastpop/compilation/compile_cache.py): used, off when
+turned off, a user's directory left as the user set it, concurrent writers, unreadable entries.
 
 Every case runs in its own Python process with its own environment and a temporary cache
 directory: the suite's own cache (tests/conftest.py sets JAX_COMPILATION_CACHE_DIR, which as a
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # prints the cache status and the compile counts as JSON.
 PROGRAM = """
 import json, sys
-from fastpop import compile_cache, compile_stats
+from fastpop.compilation import compile_cache, compile_stats
 status = compile_cache.enable()
 compile_stats.install()
 if len(sys.argv) > 2:

@@ -9,8 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from fastpop import compile_stats, population
 from fastpop import config as config_lib
+from fastpop import population
+from fastpop.compilation import compile_stats
 from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import replay
 from fastpop.run.parts import build_learner

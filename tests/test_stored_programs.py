@@ -1,5 +1,5 @@
-"""Traced programs kept on disk (fastpop/stored_programs.py): a rerun loads them instead of
-tracing, with the same numbers; what they are keyed by; what is not stored; bounded.
+"""Traced programs kept on disk (fastpop/compilation/stored_programs.py): a rerun loads them
+instead of tracing, with the same numbers; what they are keyed by; what is not stored; bounded.
 
 The store is on only where the compilation cache is (`compile_cache.is_on`): these tests turn it
 on in this process with a temporary FASTPOP_CACHE_DIR.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 from typing import NamedTuple
 
 import flax.struct
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import compile_cache, compile_stats, static_codec, stored_programs
+from fastpop.compilation import compile_cache, compile_stats, static_codec, stored_programs
 
 pytest.importorskip("gymnax")
 
@@ -152,6 +153,14 @@ def test_the_static_codec_reads_back_what_it_writes_and_refuses_the_rest():
             static_codec.encode((refused,))
 
 
+def test_the_fingerprint_reads_every_source_of_the_package():
+    """A program stored by other code is not loaded: fastpop's sources outside
+    fastpop/compilation (the rollout, the agents) decide device mode's programs too."""
+    package = Path(stored_programs.__file__).resolve().parents[1]
+    names = {path.relative_to(package).as_posix() for path in stored_programs.source_files()}
+    assert {"collect/device_rollout.py", "agents/td3.py", "compilation/stored_programs.py"} <= names
+
+
 def test_no_identity_is_plain_jit(store):
     program = stored_programs.stored_jit(lambda x: x + 1, None, "add")
     assert not isinstance(program, stored_programs.StoredJit)
@@ -177,7 +186,7 @@ def test_an_unreadable_stored_program_is_exported_again_with_a_warning(store, ca
     stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     (path,) = store.glob("step-*.program")
     path.write_bytes(path.read_bytes()[:200])  # truncated by a crash, say
-    with caplog.at_level(logging.WARNING, logger="fastpop.stored_programs"):
+    with caplog.at_level(logging.WARNING, logger="fastpop.compilation.stored_programs"):
         result = stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     assert "ignoring the stored program" in caplog.text
     assert traces.count == 2  # traced again, and written again whole

@@ -21,8 +21,8 @@ class NotPortable(ValueError):
 
 def lower_for(function, *args, platform: str = "cuda") -> export.Exported:
     """`jax.export` of `function` (jitted here unless it is already) for `platform`; args may
-    be arrays or `jax.ShapeDtypeStruct`s; a stored program (fastpop.stored_programs) is its
-    jitted function. NotPortable names what does not lower."""
+    be arrays or `jax.ShapeDtypeStruct`s; a stored program (fastpop.compilation.stored_programs)
+    is its jitted function. NotPortable names what does not lower."""
     function = getattr(function, "jitted", function)
     jitted = function if hasattr(function, "lower") else jax.jit(function)
     try:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fastpop import stored_programs
+from fastpop.compilation import stored_programs
 from fastpop.population import replay
 from fastpop.types import EnvSpec, PRNGKey
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from fastpop import stored_programs
+from fastpop.compilation import stored_programs
 from fastpop.learn.learner import ChunkPlan, DeviceState
 from fastpop.learn.update_protocol import Training
 
@@ -64,8 +64,8 @@ def compile_fused(
     donated (hparams are not: the learner keeps them). `placement`: the shardings of (lanes,
     buffers, states) over a mesh, kept by the outputs (left free, XLA splits a shared replay
     over the devices, which every sample would then gather); None on one device. `identity`:
-    what decides the program, to keep it traced on disk (fastpop.stored_programs: one device's
-    programs only); None: not kept."""
+    what decides the program, to keep it traced on disk (fastpop.compilation.stored_programs:
+    one device's programs only); None: not kept."""
 
     def program(lanes, buffers, states, key, collect_key, hparams, member_hparams, plan):
         learner = DeviceState(buffers, states, key, hparams, member_hparams)

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population, stored_programs
+from fastpop import population
 from fastpop.collect import device_rollout, fused, snapshot
+from fastpop.compilation import stored_programs
 from fastpop.config.sections import CollectConfig
 from fastpop.learn.learner import Learner
 from fastpop.learn.update_protocol import Training
@@ -140,7 +141,8 @@ class DeviceParts(NamedTuple):
     env_spec: EnvSpec
     training: Training  # its `policies` and `update`, for the program per chunk
     mesh: Any  # None: one device
-    # What decides its programs, to keep them on disk (fastpop.stored_programs); None: not kept
+    # What decides its programs, to keep them on disk (fastpop.compilation.stored_programs);
+    # None: not kept
     program_identity: str | None = None
 
 

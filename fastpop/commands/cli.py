@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from fastpop import compile_cache, compile_stats, stored_programs
 from fastpop.commands import bench as bench_commands
 from fastpop.commands import evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
+from fastpop.compilation import compile_cache, compile_stats, stored_programs
 from fastpop.distributed import flags as distributed_flags
 from fastpop.run.run_state import SAFE_ON_RESUME
 

@@ -132,7 +132,8 @@ class TrainConfig:
     """Stop (with a checkpoint) after this many seconds; null: no limit."""
     compile_cache: bool = True
     """Keep compiled programs in JAX's persistent compilation cache (under ~/.cache/fastpop), so
-    that a rerun starts in seconds; false: compile everything anew (fastpop/compile_cache.py)."""
+    that a rerun starts in seconds; false: compile everything anew
+    (fastpop/compilation/compile_cache.py)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import jax
 
-from fastpop import compile_cache
+from fastpop.compilation import compile_cache
 
 _memory: dict[str, dict] = {}
 

@@ -17,12 +17,13 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fastpop import compile_cache, population, strategies
 from fastpop import config as config_lib
+from fastpop import population, strategies
 from fastpop.agents import Agent
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
 from fastpop.collect.sources import Collection, DeviceCollection, DeviceParts, ProcessCollection
+from fastpop.compilation import compile_cache
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.learn import update_protocol
 from fastpop.learn.learner import Learner, LearnerParts
@@ -95,7 +96,8 @@ NOT_IN_PROGRAMS = (
 
 
 def program_identity(config: config_lib.Config) -> str:
-    """The config as text, less NOT_IN_PROGRAMS (fastpop.stored_programs' `identity`)."""
+    """The config as text, less NOT_IN_PROGRAMS (the `identity` of
+    fastpop.compilation.stored_programs)."""
     fields = config_lib.config_to_dict(config)
     for dotted in NOT_IN_PROGRAMS:
         section, _, name = dotted.partition(".")

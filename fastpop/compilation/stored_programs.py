@@ -35,7 +35,7 @@ from pathlib import Path
 import jax
 from jax import export
 
-from fastpop import compile_cache, static_codec
+from fastpop.compilation import compile_cache, static_codec
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ MAX_BYTES_VARIABLE = "FASTPOP_PROGRAMS_MAX_BYTES"
 DEFAULT_MAX_BYTES = 256 << 20
 MAGIC = b"fastpop stored program 1\n"
 SUFFIX = ".program"
+PACKAGE = Path(__file__).resolve().parents[1]  # fastpop/: its sources decide the programs
 # Libraries whose code ends up inside device mode's programs.
 LIBRARIES = (
     "jax", "jaxlib", "flax", "optax", "chex", "numpy", "brax", "mujoco", "mujoco-mjx", "gymnax",
@@ -82,13 +83,17 @@ def directory() -> Path | None:
     return base / "programs"
 
 
+def source_files() -> list[Path]:
+    """fastpop's sources, every one of which may decide a program (the fingerprint's)."""
+    return sorted(PACKAGE.rglob("*.py"))
+
+
 @functools.cache
 def fingerprint() -> str:
     """This process's code, libraries, JAX settings and backend, as text."""
     source = hashlib.sha256()
-    package = Path(__file__).resolve().parent
-    for path in sorted(package.rglob("*.py")):
-        source.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    for path in source_files():
+        source.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     versions = {}
     for name in LIBRARIES:
         try:
@@ -299,7 +304,8 @@ def _node_types(treedef) -> set[type]:
 
 def _register(node_type: type) -> str | None:
     """Teach jax.export to write `node_type` (a NamedTuple, or a dataclass-like node whose
-    static data fastpop.static_codec encodes); its name, or None where it cannot be named."""
+    static data fastpop.compilation.static_codec encodes); its name, or None where it cannot be
+    named."""
     name = static_codec.type_name(node_type)
     with _lock:
         if node_type in _registered:
