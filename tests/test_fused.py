@@ -14,8 +14,10 @@ pytest.importorskip("gymnax")
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.sources import DeviceCollection
+from fastpop.compilation import compile_stats
 from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_run, make_collection
+from tests.helpers import program_names
 
 # gymnax's Pendulum compiles in a second (brax's envs in tens): the numbers compared, not
 # learning; the rollout is one code path for every family.
@@ -123,20 +125,39 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     assert result["return_std"] == returns.std(axis=1).tolist()
 
 
-def test_env_lanes_made_beside_the_learners_init_equal_those_made_after_it():
-    """A run (run/parts.local_pieces) makes device mode's env lanes in a thread while the
-    learner initialises; they are the lanes made after it, and the snapshot shapes follow."""
+def test_the_chunk_program_and_lanes_made_beside_the_learner_equal_those_made_after_it():
+    """A run (run/parts.local_pieces) traces device mode's chunk program from the learner's
+    shapes before making it, then compiles it and makes the env lanes in threads while the
+    learner initialises: the first chunk compiles nothing more, and every chunk gives the
+    numbers of a collection that made both after the learner, bit for bit."""
     parts = build_run(config_lib.load_config(PRESET, SMALL))
-    ahead = DeviceCollection(parts.device_parts())  # no policy template yet: lanes in a thread
-    assert ahead._lanes_ahead is not None
+    ahead = DeviceCollection(parts.device_parts())  # no policy template yet
+    ahead.make_ahead(parts.learner_parts())
+    assert ahead._lanes_ahead is not None and ahead._fused_ahead is not None
     learner = Learner(parts.learner_parts())
     assert make_collection(parts, learner, device=ahead) is ahead
-    after = make_collection(parts, learner)
+    ahead._fused_ahead.result()
+    compiled = program_names(compile_stats.BACKEND)
+    ahead.feed(learner)
+    assert compiled == []  # compiled for the very arguments the first chunk passes
 
-    def host(leaf):
-        is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
-        return np.asarray(jax.random.key_data(leaf) if is_key else leaf)
+    other = build_run(config_lib.load_config(PRESET, SMALL))
+    after_learner = Learner(other.learner_parts())
+    after = make_collection(other, after_learner)
+    after.feed(after_learner)
+    for _ in range(CHUNKS - 1):
+        ahead.feed(learner)
+        after.feed(after_learner)
+    assert ahead._fused._cache_size() == 1 and ahead._treedef == after._treedef
+    for name, a, b in (
+        ("states", learner.states, after_learner.states),
+        ("replay", learner.replay.buffers, after_learner.replay.buffers),
+        ("env lanes", ahead.lanes, after.lanes),
+    ):
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+            np.testing.assert_array_equal(host(x), host(y), err_msg=name)
 
-    for got, want in zip(jax.tree.leaves(ahead.lanes), jax.tree.leaves(after.lanes), strict=True):
-        np.testing.assert_array_equal(host(got), host(want))
-    assert ahead._lanes_ahead is None and ahead._treedef == after._treedef
+
+def host(leaf) -> np.ndarray:
+    is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    return np.asarray(jax.random.key_data(leaf) if is_key else leaf)

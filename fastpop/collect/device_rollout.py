@@ -26,9 +26,10 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from fastpop.compilation import stored_programs
-from fastpop.population import replay
+from fastpop.population import population_act, replay
 from fastpop.types import EnvSpec, PRNGKey
 
 # act(obs (lanes, obs_dim), key, step index within the rollout) -> actions (lanes, action_dim)
@@ -164,14 +165,48 @@ def lanes_init(env, lanes: int):
     return functools.partial(init, env, lanes=lanes)
 
 
+def lanes_shapes(env, lanes: int, identity: str | None = None):
+    """Shapes and dtypes of `lanes` fresh lanes, from device mode's lanes program: its stored
+    program under `identity` where there is one (loaded, or exported now), else traced."""
+    program = stored_programs.stored_jit(lanes_init(env, lanes), identity, "lanes")
+    return stored_programs.output_shapes(program, jax.random.key(0))
+
+
 def env_state_bytes(env, lanes: int, made: int | None = None, identity: str | None = None) -> int:
     """Device bytes of the states of `lanes` lanes of `env` (fastpop.run.parts plans them),
     scaled from the `made` lanes (default `lanes`) of device mode's lanes program, whose shapes
     come from its stored program under `identity` where there is one (a rerun traces nothing:
     MJX's reset took ~0.6 s to trace)."""
     made = made or lanes
-    program = stored_programs.stored_jit(lanes_init(env, made), identity, "lanes")
-    shapes = stored_programs.output_shapes(program, jax.random.key(0))
+    shapes = lanes_shapes(env, made, identity)
     nbytes = lambda tree: sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree))
     shared = nbytes(shapes.key)  # one key for every lane
     return (nbytes(shapes) - shared) // made * lanes + shared
+
+
+def evaluate_members(env, episode_length: int, agent, policy, hparams, key, episodes: int):
+    """(P, episodes) returns of each member's deterministic policy, one episode per lane."""
+    size = jax.tree.leaves(hparams)[0].shape[0]
+    act = population_act(agent)
+
+    def greedy(obs, step_key, index):
+        member_obs = obs.reshape(size, episodes, *obs.shape[1:])
+        keys = jax.random.split(step_key, size)
+        actions = act(policy, member_obs, keys, hparams, False, 0)
+        return actions.reshape(size * episodes, *actions.shape[2:])
+
+    returns = evaluate(env, episode_length, greedy, key, size * episodes)
+    return returns.reshape(size, episodes)
+
+
+def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int) -> np.ndarray:
+    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh device envs."""
+    from fastpop.envs.device_envs import make_device_env
+
+    env = make_device_env(config.env.id, config.env.backend)
+    run = jax.jit(
+        lambda policy, hparams, key: evaluate_members(
+            env, config.env.episode_length, agent, policy, hparams, key, episodes
+        )
+    )
+    return np.asarray(run(policy, hparams, jax.random.key(seed)))

@@ -79,3 +79,16 @@ def compile_fused(
         return lanes, learner, metrics
 
     return stored_programs.stored_jit(program, identity, "fused", donate_argnums=(0, 1, 2))
+
+
+def lower_for(program, lanes, learner: DeviceState):
+    """`program` (`compile_fused`'s, one device) lowered for arguments of the shapes of `lanes`
+    and `learner` (shapes or arrays), committed to the default device as `feed` commits them
+    (`stored_programs.committed`): once compiled, the first chunk finds it compiled."""
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    lanes, learner = jax.tree.map(placed, (lanes, learner))
+    key = placed(jax.eval_shape(lambda: jax.random.key(0)))
+    size = jax.tree.leaves(learner.hparams)[0].shape[0]
+    plan = ChunkPlan.template(size)
+    return program.lower(lanes, *learner[:3], key, *learner[3:], plan)

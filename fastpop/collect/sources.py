@@ -26,7 +26,7 @@ from fastpop import population
 from fastpop.collect import device_rollout, fused, snapshot
 from fastpop.compilation import stored_programs
 from fastpop.config.sections import CollectConfig
-from fastpop.learn.learner import Learner
+from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
 from fastpop.learn.update_protocol import Training
 from fastpop.population import replay, sharding
 from fastpop.types import EnvSpec
@@ -158,8 +158,8 @@ class DeviceCollection:
 
     def __init__(self, parts: DeviceParts, policy_template=None):
         """policy_template: shapes of the learner's `policy_tree` (what a snapshot decodes to);
-        None: given later by `set_policy_template`, before the loop (on one device the env
-        lanes are then made in a thread while the learner initialises its members)."""
+        None: given later by `set_policy_template`, before the loop (`make_ahead` may then
+        make the lanes and the chunk program beside the learner's making)."""
         self.parts = parts
         self.env, self.episode_length = parts.env, parts.episode_length
         key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
@@ -174,17 +174,16 @@ class DeviceCollection:
             shapes = jax.eval_shape(init, lanes_key)
             self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
         self._identity = parts.program_identity  # None on a mesh (run/parts.stored_identity)
-        self._lanes_ahead: Future | None = None
-        if self._placement is None:
-            make_lanes = stored_programs.stored_jit(init, self._identity, "lanes")
-            if policy_template is None and jax.process_count() == 1:  # the learner is not made
-                self._lanes_ahead = _in_a_thread(make_lanes, lanes_key)  # yet: beside it
-            else:
-                self.lanes = make_lanes(lanes_key)
-        else:
+        self._lanes, self._lanes_ahead = None, None  # made at first use, or by `make_ahead`
+        self._lanes_program = stored_programs.stored_jit(init, self._identity, "lanes")
+        self._lanes_key = lanes_key
+        if self._placement is not None:
             self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
+        elif policy_template is not None or jax.process_count() > 1:
+            self.lanes = self._lanes_program(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
         self._fused = None  # the program per chunk, made at the first `feed`
+        self._fused_ahead: Future | None = None  # or by `make_ahead`
         self._evaluate = stored_programs.stored_jit(
             self._evaluate_members, self._identity, "evaluate"
         )
@@ -205,6 +204,8 @@ class DeviceCollection:
     def lanes(self):
         if self._lanes_ahead is not None:  # made in a thread: its error, if any, raises here
             self._lanes, self._lanes_ahead = self._lanes_ahead.result(), None
+        elif self._lanes is None:
+            self._lanes = self._lanes_program(self._lanes_key)
         return self._lanes
 
     @lanes.setter
@@ -249,21 +250,47 @@ class DeviceCollection:
         every chunk."""
         state = learner.device_state()
         if self._fused is None:
-            placement = None
-            if self.parts.mesh is not None:  # as the learner and `init` placed them
-                arrays = (self.lanes, state.buffers, state.states)
-                placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
-            rollout = self._rollout_chunk
-            self._fused = fused.compile_fused(
-                learner.training, learner.add_rows, rollout, placement, self._identity
-            )
+            self._fused = self._chunk_program(learner, state)
         self.key, key = jax.random.split(self.key)
         plan = learner.plan_chunk(self.parts.collect.envs_per_member)
-        self.lanes, state, metrics = self._fused(self.lanes, *state[:3], key, *state[3:], plan)
+        args = (self.lanes, *state[:3], key, *state[3:], plan)
+        if self._placement is None:  # one device: committed to it, as `make_ahead` compiles
+            args = stored_programs.committed(args)
+        self.lanes, state, metrics = self._fused(*args)
         learner.adopt_chunk(state, plan, metrics)
         if self._evaluation_wanted and self._evaluate_program is None:
             self._compile_evaluation_ahead()
         return []
+
+    def make_ahead(self, learner_parts: LearnerParts) -> None:
+        """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
+        one process): the chunk program traced here from its shapes (a run's longest trace,
+        first: with the interpreter to itself), then compiled in a thread, beside another
+        making the env lanes while the caller makes the learner."""
+        if self._placement is not None or jax.process_count() > 1:
+            return
+        add_rows, state = chunk_program_inputs(learner_parts)
+        rollout, identity = self._rollout_chunk, self._identity
+        program = fused.compile_fused(self.parts.training, add_rows, rollout, None, identity)
+        lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
+        lowered = fused.lower_for(program, lanes, state)
+        self._fused_ahead = _in_a_thread(_compiled, lowered, program)
+        self._lanes_ahead = _in_a_thread(self._lanes_program, self._lanes_key)
+
+    def _chunk_program(self, learner: Learner, state):
+        """The program compiled ahead, else (not asked for, or it failed: then it raises here,
+        where the loop reports errors) made now, placed over the mesh as the learner is."""
+        if self._fused_ahead is not None:
+            with contextlib.suppress(Exception):
+                return self._fused_ahead.result()
+        placement = None
+        if self.parts.mesh is not None:  # as the learner and `init` placed them
+            arrays = (self.lanes, state.buffers, state.states)
+            placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
+        rollout = self._rollout_chunk
+        return fused.compile_fused(
+            learner.training, learner.add_rows, rollout, placement, self._identity
+        )
 
     def next_chunk(self, states, hparams, member_steps: int):
         """The next `chunk_len` rows of every lane as device arrays, acting with the members'
@@ -346,35 +373,15 @@ class DeviceCollection:
 
     def _evaluate_members(self, policy, hparams, key):
         episodes, agent = self.parts.eval_episodes, self.parts.agent
-        return _evaluate(self.env, self.episode_length, agent, policy, hparams, key, episodes)
-
-
-def _evaluate(env, episode_length: int, agent, policy, hparams, key, episodes: int):
-    """(P, episodes) returns of each member's deterministic policy, one episode per lane."""
-    size = jax.tree.leaves(hparams)[0].shape[0]
-    act = population.population_act(agent)
-
-    def greedy(obs, step_key, index):
-        member_obs = obs.reshape(size, episodes, *obs.shape[1:])
-        keys = jax.random.split(step_key, size)
-        actions = act(policy, member_obs, keys, hparams, False, 0)
-        return actions.reshape(size * episodes, *actions.shape[2:])
-
-    returns = device_rollout.evaluate(env, episode_length, greedy, key, size * episodes)
-    return returns.reshape(size, episodes)
-
-
-def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int) -> np.ndarray:
-    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh device envs."""
-    from fastpop.envs.device_envs import make_device_env
-
-    env = make_device_env(config.env.id, config.env.backend)
-    run = jax.jit(
-        lambda policy, hparams, key: _evaluate(
-            env, config.env.episode_length, agent, policy, hparams, key, episodes
+        return device_rollout.evaluate_members(
+            self.env, self.episode_length, agent, policy, hparams, key, episodes
         )
-    )
-    return np.asarray(run(policy, hparams, jax.random.key(seed)))
+
+
+def _compiled(lowered: jax.stages.Lowered, program):
+    """`program`, once `lowered` (its lowering for the arguments it will get) is compiled."""
+    lowered.compile()
+    return program
 
 
 def _in_a_thread(function, *args) -> Future:

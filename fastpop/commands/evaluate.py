@@ -280,7 +280,7 @@ def evaluate_member(agent, policy, hparams, config, episodes: int, seed: int):
     from fastpop.envs.device_envs import is_device_id
 
     if is_device_id(config.env.id):  # stepped on the device, whatever collected the run's rows
-        from fastpop.collect.sources import evaluate_on_device
+        from fastpop.collect.device_rollout import evaluate_on_device
 
         returns = evaluate_on_device(agent, policy, hparams, config, episodes, seed)[0]
         return float(returns.mean()), float(returns.std())

@@ -215,6 +215,14 @@ def _leaf_signature(leaf):
     return shape, leaf.dtype, getattr(leaf, "weak_type", False)
 
 
+def committed(args: tuple) -> tuple:
+    """`args` with every uncommitted array committed to its device, no copy: what a stored
+    program is called with, and what a program compiled ahead for committed shapes expects
+    (fastpop.collect.fused.compile_for)."""
+    leaves, treedef = jax.tree.flatten(args)
+    return _committed(args, leaves, treedef)
+
+
 def _committed(args: tuple, leaves: list, treedef) -> tuple:
     """`args` (flattened: `leaves`, `treedef`) with every uncommitted array committed to its
     device (no copy)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from fastpop.learn import update_protocol
 from fastpop.learn.rate_limiter import RateLimiter
-from fastpop.learn.replay_store import ReplayStore
+from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
 from fastpop.population import replay, sharding
 from fastpop.strategies.base import Evaluation, Strategy
 from fastpop.strategies.codec import join_strategy_state, split_strategy_state
@@ -60,6 +60,11 @@ class ChunkPlan(NamedTuple):
     env_steps: np.int32  # per member, before the chunk: what its exploration acts at
     joins: np.ndarray  # (P,) bool: members whose buffer was just copied
     calls: np.int32  # update calls the chunk's rows allow
+
+    @classmethod
+    def template(cls, size: int) -> ChunkPlan:
+        """A plan of `size` members (its values unused: what a program is traced for)."""
+        return cls(np.int32(0), np.zeros(size, bool), np.int32(0))
 
 
 class Learner:
@@ -270,3 +275,12 @@ class Learner:
         self.member_hparams = self.training.adopt(self.hparams)
         self.policy_version += 1
         return result.events, result.scalars
+
+
+def chunk_program_inputs(parts: LearnerParts) -> tuple:
+    """(add_rows, the `DeviceState`'s shapes) of the learner `parts` make, without making it:
+    nothing allocated or compiled (device mode traces its chunk program from them while the
+    learner initialises, fastpop.collect.sources). One device."""
+    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size)
+    shapes = jax.eval_shape(lambda: Learner(parts).device_state())
+    return rows_adder(layout, parts.population_size), shapes

@@ -224,6 +224,19 @@ def make_layout(spec: replay.ReplaySpec, layout: str, size: int, mesh=None) -> L
     return _stacked(spec, size, _on_mesh(split), split)
 
 
+def rows_adder(layout: Layout, size: int):
+    """add_rows(buffers, rows, joins) -> buffers: `ReplayStore.insert` as a pure function, for
+    a program that makes its own rows (device mode). joins: (P,) bool, the members whose
+    buffer was just copied (`ReplayStore.take_joins`)."""
+
+    def add_rows(buffers, rows: replay.Rows, joins: jax.Array):
+        lane_joins = jnp.repeat(joins, rows.reward.shape[0] // size)
+        start = rows.episode_start.at[:, 0].set(rows.episode_start[:, 0] | lane_joins)
+        return layout.add(buffers, rows._replace(episode_start=start))
+
+    return add_rows
+
+
 class ReplayStore:
     """Device replay buffers of one run, in one of `LAYOUTS`."""
 
@@ -233,6 +246,7 @@ class ReplayStore:
         self.batch_size = batch_size
         self._sample = jax.jit(self.sample_batch)
         self.buffers = self._layout.empty()
+        self.add_rows = rows_adder(self._layout, size)  # `insert` for a program making rows
         # Members whose next inserted row starts a new stream (their buffer was just copied).
         self.joins = np.zeros(size, bool)
         self._ready = False  # every buffer holds a transition (two rows per lane)
@@ -248,13 +262,6 @@ class ReplayStore:
     def insert(self, rows: replay.Rows) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
         self.buffers = self._layout.insert(self.buffers, self._mark_joins(rows))
-
-    def add_rows(self, buffers, rows: replay.Rows, joins: jax.Array):
-        """`insert` as a pure function, for a program that makes its own rows (device mode).
-        joins: (P,) bool, the members whose buffer was just copied (`take_joins`)."""
-        lane_joins = jnp.repeat(joins, rows.reward.shape[0] // self.size)
-        start = rows.episode_start.at[:, 0].set(rows.episode_start[:, 0] | lane_joins)
-        return self._layout.add(buffers, rows._replace(episode_start=start))
 
     def compile_insert_ahead(self) -> threading.Thread:
         """Compile `insert`'s program in a thread (process mode: while the collectors start,

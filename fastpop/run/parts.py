@@ -170,9 +170,13 @@ class RunPieces(NamedTuple):
 def local_pieces(parts: RunParts, checkpoint_dir: Path, log=print) -> RunPieces:
     """A run on this process alone: its learner, its collection, Ctrl-C and SIGTERM acted on at
     once, checkpoints in `checkpoint_dir` (<run>/checkpoints)."""
-    # Device mode: the env lanes are made (traced, compiled) while the learner initialises.
-    device = DeviceCollection(parts.device_parts()) if parts.collection_mode == "device" else None
-    learner = Learner(parts.learner_parts())
+    # Device mode: the chunk program traced, then compiled, and the env lanes made, in threads
+    # while the learner initialises.
+    device, learner_parts = None, parts.learner_parts()
+    if parts.collection_mode == "device":
+        device = DeviceCollection(parts.device_parts())
+        device.make_ahead(learner_parts)
+    learner = Learner(learner_parts)
     collection = make_collection(parts, learner, log, device)  # processes or device
     checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
     return RunPieces(learner, collection, StopSignals(), checkpoints)
