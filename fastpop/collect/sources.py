@@ -87,6 +87,7 @@ class ProcessCollection:
         leaves, version = learner.policy_leaves(), learner.policy_version
         config, spec, log = self.config, self.replay_spec, self.log
         learner.replay.compile_insert_ahead()  # while the collectors start
+        learner.compile_update_ahead()  # while they start and step their warm-up
         with Workers(
             config, leaves, spec, log, log_event, generation, policy_version=version
         ) as workers:

@@ -11,6 +11,8 @@ not depend on either's kind. Its parts are built once, by fastpop.run.parts.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -91,6 +93,7 @@ class Learner:
         # whose workers act with copies sends them new ones when it differs from what it sent.
         self.policy_version = 0
         self._metrics: dict | None = None
+        self._update_ahead: threading.Thread | None = None  # `compile_update_ahead`'s
 
     @property
     def buffers(self):
@@ -183,7 +186,28 @@ class Learner:
         """The rate limiter allows a call and every buffer holds a transition to sample."""
         return self.limiter.can_sample() and self.replay.ready()
 
+    def compile_update_ahead(self) -> None:
+        """The update's programs compiled in a thread from the shapes of the learner's arrays
+        (process mode: while the collectors start and step their warm-up); the first update
+        waits for it. An update without `compile_ahead` (the sequential executor's) or over a
+        mesh compiles at its first call, as does one whose compile here failed."""
+        compile_ahead = getattr(self.training.update, "compile_ahead", None)
+        if compile_ahead is None or self.mesh is not None:
+            return
+        arrays = (self.states, self.replay.buffers, self.member_hparams, self.key)
+        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), arrays)
+
+        def compile_update():
+            with contextlib.suppress(Exception):  # raised again by the first update's compile
+                compile_ahead(*shapes)
+
+        self._update_ahead = threading.Thread(target=compile_update, name="fastpop-compile")
+        self._update_ahead.start()
+
     def update(self) -> None:
+        if self._update_ahead is not None:  # its programs are the ones this call runs
+            self._update_ahead.join()
+            self._update_ahead = None
         self.key, update_key = jax.random.split(self.key)
         self.states, metrics = self.training.update(
             self.states, self.replay.buffers, self.member_hparams, update_key
