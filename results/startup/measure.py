@@ -108,13 +108,16 @@ def measure_once(code: Path, preset: str, env: dict, out: Path, entry: str = "mo
     return {"first_env_step_s": first_step, "first_update_s": first_update, "compiles": compiles}
 
 
-def measure(code: Path, preset: str, cache: str, label: str, entry: str) -> list[dict]:
+def measure(
+    code: Path, preset: str, cache: str, label: str, entry: str, warm_runs: int = 1
+) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastpop-startup-") as scratch:
         scratch = Path(scratch)
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
         env["FASTPOP_CACHE_DIR"] = str(scratch / "fastpop-cache")
-        runs = ["cold"] if cache == "none" else ["cold", "warm"]
+        warm = ["warm"] + [f"warm{index}" for index in range(2, warm_runs + 1)]
+        runs = ["cold"] if cache == "none" else ["cold", *warm]
         if cache == "none":
             env["FASTPOP_COMPILE_CACHE"] = "0"
         if cache == "manual-cold-warm":
@@ -136,9 +139,17 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=DEFAULT_PRESETS, choices=list(PRESETS))
     parser.add_argument("--entry", choices=("module", "console-script"), default="module")
     parser.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
+    parser.add_argument(
+        "--warm-runs",
+        type=int,
+        default=1,
+        help="warm reruns after the cold run (warm, warm2, ...): a process-mode preset's second "
+        "run may measure its members per chunk again (fastpop/population/chunking.py)",
+    )
     args = parser.parse_args()
     for preset in args.presets:
-        rows = measure(args.code.resolve(), preset, args.cache, args.label, args.entry)
+        code = args.code.resolve()
+        rows = measure(code, preset, args.cache, args.label, args.entry, args.warm_runs)
         if args.output is not None:
             with args.output.open("a") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in rows)
