@@ -146,3 +146,27 @@ def test_the_insert_compiled_ahead_is_the_program_the_first_insert_runs(layout):
     store.insert(stream_rows([np.arange(CHUNK) + 10 * lane for lane in range(rows)], True))
     assert "jit(add)" not in COMPILED, COMPILED
     assert np.asarray(store._layout.sizes(store.buffers)).min() == CHUNK  # the rows went in
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        ["population.size=2"],  # the vectorized executor (its chunk programs)
+        ["strategy=cemrl", "population.size=5", "replay.shared=true"],  # a jitted Learning
+    ],
+)
+def test_the_update_compiled_ahead_is_the_program_the_first_update_runs(strategy):
+    """Process mode compiles the update from the learner's shapes while the collectors step
+    their warm-up: the first update, once the rows are in, compiles nothing."""
+    from tests.test_resume import learner_for, rows_for
+
+    learner = learner_for(*strategy)
+    learner.compile_update_ahead()
+    chunk = 0
+    while not learner.can_update():
+        learner.insert(rows_for(learner, chunk))
+        chunk += 1
+    learner._update_ahead.join()
+    COMPILED.clear()
+    learner.update()
+    assert COMPILED == [], COMPILED

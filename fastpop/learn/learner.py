@@ -189,9 +189,12 @@ class Learner:
     def compile_update_ahead(self) -> None:
         """The update's programs compiled in a thread from the shapes of the learner's arrays
         (process mode: while the collectors start and step their warm-up); the first update
-        waits for it. An update without `compile_ahead` (the sequential executor's) or over a
-        mesh compiles at its first call, as does one whose compile here failed."""
-        compile_ahead = getattr(self.training.update, "compile_ahead", None)
+        waits for it. The sequential executor's update, or one over a mesh, compiles at its
+        first call, as does one whose compile here failed."""
+        update = self.training.update
+        compile_ahead = getattr(update, "compile_ahead", None)  # the executors' (chunks)
+        if compile_ahead is None and hasattr(update, "lower"):  # jitted: CEM-RL's, DvD's
+            compile_ahead = lambda *shapes: update.lower(*shapes).compile()
         if compile_ahead is None or self.mesh is not None:
             return
         arrays = (self.states, self.replay.buffers, self.member_hparams, self.key)
@@ -201,7 +204,11 @@ class Learner:
             with contextlib.suppress(Exception):  # raised again by the first update's compile
                 compile_ahead(*shapes)
 
-        self._update_ahead = threading.Thread(target=compile_update, name="fastpop-compile")
+        self._update_ahead = threading.Thread(
+            target=compile_update,
+            name="fastpop-compile",
+            daemon=True,  # a short run ends
+        )
         self._update_ahead.start()
 
     def update(self) -> None:
