@@ -204,10 +204,9 @@ class Learner:
             with contextlib.suppress(Exception):  # raised again by the first update's compile
                 compile_ahead(*shapes)
 
+        # A daemon: a run that ends before its first update does not wait for the compile.
         self._update_ahead = threading.Thread(
-            target=compile_update,
-            name="fastpop-compile",
-            daemon=True,  # a short run ends
+            target=compile_update, name="fastpop-compile", daemon=True
         )
         self._update_ahead.start()
 
