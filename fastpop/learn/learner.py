@@ -204,10 +204,9 @@ class Learner:
             with contextlib.suppress(Exception):  # raised again by the first update's compile
                 compile_ahead(*shapes)
 
-        # A daemon: a run that ends before its first update does not wait for the compile.
-        self._update_ahead = threading.Thread(
-            target=compile_update, name="fastpop-compile", daemon=True
-        )
+        # Not a daemon: a process exiting while XLA compiles in a daemon thread aborts ("FATAL:
+        # exception not rethrown"); a run stopped in its warm-up waits for the compile instead.
+        self._update_ahead = threading.Thread(target=compile_update, name="fastpop-compile")
         self._update_ahead.start()
 
     def update(self) -> None:

@@ -273,7 +273,8 @@ class ReplayStore:
             with contextlib.suppress(Exception):
                 self._layout.compile_insert(shapes)
 
-        thread = threading.Thread(target=compile_insert, name="fastpop-compile", daemon=True)
+        # Not a daemon: an exit while XLA compiles in a daemon thread aborts (Learner's update).
+        thread = threading.Thread(target=compile_insert, name="fastpop-compile")
         thread.start()
         return thread
 
