@@ -139,7 +139,7 @@ def test_the_insert_compiled_ahead_is_the_program_the_first_insert_runs(layout):
     spec = replay.make_replay_spec(STACKED, capacity=64, lanes=lanes, chunk_len=CHUNK)
     store = ReplayStore(spec, layout, size, batch_size=4)
     COMPILED.clear()
-    store.compile_insert_ahead().join()
+    store.compile_insert_ahead().result()
     assert COMPILED.count("jit(add)") == 1
     COMPILED.clear()
     rows = lanes * (1 if layout == "shared" else size)
@@ -166,7 +166,7 @@ def test_the_update_compiled_ahead_is_the_program_the_first_update_runs(strategy
     while not learner.can_update():
         learner.insert(rows_for(learner, chunk))
         chunk += 1
-    learner._update_ahead.join()
+    learner._update_ahead.result()
     COMPILED.clear()
     learner.update()
     assert COMPILED == [], COMPILED

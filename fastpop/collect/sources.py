@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, NamedTuple, Protocol
 
 import jax
@@ -25,6 +25,7 @@ import numpy as np
 from fastpop import population
 from fastpop.collect import device_rollout, fused, snapshot
 from fastpop.compilation import stored_programs
+from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
 from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
 from fastpop.learn.update_protocol import Training
@@ -239,7 +240,7 @@ class DeviceCollection:
         yield
 
     def _compile_evaluation_ahead(self) -> None:
-        self._evaluate_program = _in_a_thread(self._compile_evaluation)
+        self._evaluate_program = in_background(self._compile_evaluation)
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
@@ -275,8 +276,8 @@ class DeviceCollection:
         program = fused.compile_fused(self.parts.training, add_rows, rollout, None, identity)
         lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
         lowered = fused.lower_for(program, lanes, state)
-        self._fused_ahead = _in_a_thread(_compiled, lowered, program)
-        self._lanes_ahead = _in_a_thread(self._lanes_program, self._lanes_key)
+        self._fused_ahead = in_background(_compiled, lowered, program)
+        self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
 
     def _chunk_program(self, learner: Learner, state):
         """The program compiled ahead, else (not asked for, or it failed: then it raises here,
@@ -383,11 +384,3 @@ def _compiled(lowered: jax.stages.Lowered, program):
     """`program`, once `lowered` (its lowering for the arguments it will get) is compiled."""
     lowered.compile()
     return program
-
-
-def _in_a_thread(function, *args) -> Future:
-    """`function(*args)` in a thread of its own, which ends with it."""
-    worker = ThreadPoolExecutor(1, thread_name_prefix="fastpop-compile")
-    future = worker.submit(function, *args)
-    worker.shutdown(wait=False)
-    return future

@@ -218,7 +218,7 @@ def _leaf_signature(leaf):
 def committed(args: tuple) -> tuple:
     """`args` with every uncommitted array committed to its device, no copy: what a stored
     program is called with, and what a program compiled ahead for committed shapes expects
-    (fastpop.collect.fused.compile_for)."""
+    (fastpop.collect.fused.lower_for)."""
     leaves, treedef = jax.tree.flatten(args)
     return _committed(args, leaves, treedef)
 

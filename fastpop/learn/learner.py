@@ -11,14 +11,14 @@ not depend on either's kind. Its parts are built once, by fastpop.run.parts.
 
 from __future__ import annotations
 
-import contextlib
-import threading
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpop.compilation.background import in_background
 from fastpop.learn import update_protocol
 from fastpop.learn.rate_limiter import RateLimiter
 from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
@@ -93,7 +93,7 @@ class Learner:
         # whose workers act with copies sends them new ones when it differs from what it sent.
         self.policy_version = 0
         self._metrics: dict | None = None
-        self._update_ahead: threading.Thread | None = None  # `compile_update_ahead`'s
+        self._update_ahead: Future | None = None  # `compile_update_ahead`'s
 
     @property
     def buffers(self):
@@ -199,19 +199,12 @@ class Learner:
             return
         arrays = (self.states, self.replay.buffers, self.member_hparams, self.key)
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), arrays)
-
-        def compile_update():
-            with contextlib.suppress(Exception):  # raised again by the first update's compile
-                compile_ahead(*shapes)
-
-        # Not a daemon: a process exiting while XLA compiles in a daemon thread aborts ("FATAL:
-        # exception not rethrown"); a run stopped in its warm-up waits for the compile instead.
-        self._update_ahead = threading.Thread(target=compile_update, name="fastpop-compile")
-        self._update_ahead.start()
+        # Its failure is left to the first update's own compile, which raises it.
+        self._update_ahead = in_background(compile_ahead, *shapes)
 
     def update(self) -> None:
         if self._update_ahead is not None:  # its programs are the ones this call runs
-            self._update_ahead.join()
+            self._update_ahead.exception()  # waits; an error is raised by the call below
             self._update_ahead = None
         self.key, update_key = jax.random.split(self.key)
         self.states, metrics = self.training.update(

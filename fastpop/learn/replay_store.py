@@ -22,10 +22,9 @@ they are added; a shared buffer is replicated on every device.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import jax
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
+from fastpop.compilation.background import in_background
 from fastpop.population import replay, sharding
 from fastpop.types import PRNGKey, Transition
 
@@ -263,20 +263,12 @@ class ReplayStore:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
         self.buffers = self._layout.insert(self.buffers, self._mark_joins(rows))
 
-    def compile_insert_ahead(self) -> threading.Thread:
+    def compile_insert_ahead(self) -> Future:
         """Compile `insert`'s program in a thread (process mode: while the collectors start,
         so that their first rows do not wait for XLA). Its failure is left to the first
         insert, which raises it where the run reports errors."""
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self.buffers)
-
-        def compile_insert():
-            with contextlib.suppress(Exception):
-                self._layout.compile_insert(shapes)
-
-        # Not a daemon: an exit while XLA compiles in a daemon thread aborts (Learner's update).
-        thread = threading.Thread(target=compile_insert, name="fastpop-compile")
-        thread.start()
-        return thread
+        return in_background(self._layout.compile_insert, shapes)
 
     def take_joins(self) -> np.ndarray:
         """The join marks for `add_rows`, cleared here: they apply to the next rows only."""

@@ -139,9 +139,7 @@ class ChunkedUpdate:
         size = population_size(hparams)
         if chunk == size:
             return self.whole(states, replay, hparams, key)
-        if chunk not in self.programs:
-            self.programs[chunk] = self.make_program(chunk)
-        program, keys, metrics = self.programs[chunk], jax.random.split(key, size), []
+        program, keys, metrics = self._program(chunk), jax.random.split(key, size), []
         for index in range((members or size) // chunk):
             states, chunk_metrics = program(states, replay, hparams, keys, index)
             metrics.append(chunk_metrics)
@@ -160,9 +158,13 @@ class ChunkedUpdate:
             if chunk == size:
                 self.whole.lower(states, replay, hparams, key).compile()
                 continue
-            if chunk not in self.programs:
-                self.programs[chunk] = self.make_program(chunk)
-            self.programs[chunk].lower(states, replay, hparams, keys, 0).compile()
+            self._program(chunk).lower(states, replay, hparams, keys, 0).compile()
+
+    def _program(self, chunk: int) -> Callable:
+        """The program of chunks of `chunk` members, made at its first use."""
+        if chunk not in self.programs:
+            self.programs[chunk] = self.make_program(chunk)
+        return self.programs[chunk]
 
     def _cache_size(self) -> int:
         """Compiled variants in use, like jax.jit's (tests check that nothing recompiles)."""
