@@ -21,6 +21,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def with_this_checkout(env: dict[str, str]) -> dict[str, str]:
+    """`env` whose PYTHONPATH starts with this checkout: a child process started from any
+    directory imports the fastpop under test, installed or not."""
+    return env | {"PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))}
+
+
 TD3_PENDULUM = REPO / "configs" / "td3_pendulum_cpu.yaml"
 DQN_CARTPOLE = REPO / "configs" / "dqn_cartpole_cpu.yaml"
 SIZE = 4  # population.size of both presets
@@ -132,8 +140,7 @@ class Trainer:
         logs = "resume-" if resume else ""
         self.stdout_path = workdir / f"{logs}stdout.txt"
         self.stderr_path = workdir / f"{logs}stderr.txt"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        env = with_this_checkout({**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"})
         env |= environment or {}
 
         def limit_files():  # in the child: files it writes stop growing here, as on a full disk

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from tests.runs import with_this_checkout
+
 # JAX imported before `force_cpu_jax` (by a test, or by whatever imports it first).
 SCRIPT = """
 import pickle, jax
@@ -21,7 +23,11 @@ def test_force_cpu_jax_holds_when_jax_was_imported_first():
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
     env["JAX_PLATFORMS"] = "definitely-not-a-platform"  # what a learner's setting could be
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        env=with_this_checkout(env),
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["cpu", "cpu"]
@@ -64,7 +70,12 @@ def test_a_collector_in_its_warm_up_has_not_imported_jax(tmp_path):
     script = tmp_path / "train_script.py"
     script.write_text(WARM_UP)
     result = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=with_this_checkout(dict(os.environ)),
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout.splitlines()[-1])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.runs import with_this_checkout
 
 # Compiles a few programs (one of them sized by argv[1], so two processes can differ) and
 # prints the cache status and the compile counts as JSON.
@@ -45,8 +45,7 @@ def environment(tmp_path: Path, **extra: str) -> dict:
         for k, v in os.environ.items()
         if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE", "FASTPOP_COMPILE"))
     }
-    path = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env | {"FASTPOP_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": path} | extra
+    return with_this_checkout(env) | {"FASTPOP_CACHE_DIR": str(tmp_path / "cache")} | extra
 
 
 def start(env: dict, width: int = 8, *args: str) -> subprocess.Popen:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fastpop.distributed.lockstep import HEARTBEAT_SECONDS
-from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments
+from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments, with_this_checkout
 
 pytestmark = pytest.mark.xdist_group("distributed")
 
@@ -58,10 +58,9 @@ class Processes:
         """`late`: process 1 ends that many seconds after its run (tests/late_finish.py);
         `devices`: forced CPU devices per process."""
         port, self.workdir = free_port(), workdir
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"}
+        env = with_this_checkout({**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"})
         flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         env["JAX_COMPILATION_CACHE_DIR"] = str(workdir / "jax-cache")  # the resume reuses it
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
         env["LATE_FINISH_SECONDS"] = str(late)
