@@ -182,8 +182,7 @@ class UpdateAlone:
         add = jax.jit(jax.vmap(partial(replay.add, spec)))
         buffers = add(replay.init_population(spec, size), chunks)
         sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
-        unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates_per_call)
-        plan = population.UpdatePlan(agent, sample_batch, updates_per_call, unroll=unroll)
+        plan = population.UpdatePlan(agent, sample_batch, updates_per_call)
         self.executor = population.make_executor("vectorized", plan)
         states = population.init_population(agent, key, hparams)
         self.run = [self.executor.adopt(tree) for tree in (states, buffers, hparams)]

@@ -270,9 +270,13 @@ def make_executors(
     """The executors of `implementations` sampling from `spec`'s buffers, and the FLOPs of one
     member's update."""
     sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
-    unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates_per_call)
-    plan = population.UpdatePlan(agent, sample_batch, updates_per_call, unroll=unroll)
-    executors = {name: population.make_executor(name, plan) for name in implementations}
+    per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates_per_call)
+    plan = population.UpdatePlan(agent, sample_batch, per_program)
+    calls = updates_per_call // per_program
+    executors = {}
+    for name in implementations:
+        executor = population.make_executor(name, plan)
+        executors[name] = executor._replace(update=population.repeated(executor.update, calls))
     batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
     return executors, flops_per_update(agent, agent.default_hparams(), batch)
 

@@ -69,7 +69,7 @@ def add_update_parser(benchmarks) -> None:
         "--updates-per-call",
         type=positive_int_arg("updates per call"),
         default=10,
-        help="K: updates per compiled call (the scan length)",
+        help="K: updates per member per call (Atari frames on a CPU: K one-update programs)",
     )
     update.add_argument(
         "--min-seconds", type=float, default=2.0, help="timed seconds per measurement"

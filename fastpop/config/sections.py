@@ -63,7 +63,8 @@ class PopulationConfig:
     size: int = field(4, min=1)
     """Number of members, trained side by side in one program."""
     execution: str = field("vectorized", choices=("vectorized", "sequential"))
-    """vectorized: one jit(vmap(scan)) updates all members; sequential: one member per call."""
+    """vectorized: one jit(vmap(scan)) updates all members; sequential: one member per call.
+    An Atari agent on a CPU (one device) is always updated member by member (faster there)."""
     grid: dict = dataclasses.field(default_factory=dict)
     """hparam -> list of values: members take every combination (in the order written, the last
     hparam varying fastest). population.size follows, or is a multiple (repeats, other seeds)."""
@@ -127,7 +128,8 @@ class TrainConfig:
     total_env_steps: int = field(20_000, min=1)
     """Env steps per member (warm-up included) after which training stops."""
     updates_per_call: int = field(50, min=1)
-    """Updates per member in one compiled call (K of the scan)."""
+    """Updates per member in one update call (K of the scan; Atari frames on a CPU: K calls of
+    a one-update program, `population.updates_per_program`)."""
     max_wall_seconds: float | None = field(None, gt=0)
     """Stop (with a checkpoint) after this many seconds; null: no limit."""
     compile_cache: bool = True

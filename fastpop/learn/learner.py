@@ -189,8 +189,8 @@ class Learner:
     def compile_update_ahead(self) -> None:
         """The update's programs compiled in a thread from the shapes of the learner's arrays
         (process mode: while the collectors start and step their warm-up); the first update
-        waits for it. The sequential executor's update, or one over a mesh, compiles at its
-        first call, as does one whose compile here failed."""
+        waits for it. An update over a mesh compiles at its first call, as does one whose
+        compile here failed."""
         update = self.training.update
         compile_ahead = getattr(update, "compile_ahead", None)  # the executors' (chunks)
         if compile_ahead is None and hasattr(update, "lower"):  # jitted: CEM-RL's, DvD's

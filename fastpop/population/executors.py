@@ -32,13 +32,12 @@ class UpdatePlan(NamedTuple):
     """What one call of a population's update does, whatever runs it (an executor, a sharded
     executor, a shared-critic strategy): `num_updates` (sample, update) steps of `agent` per
     member, each drawing its batch with `sample_batch` from one shared replay buffer or from
-    the member's own, the K-step scan unrolled `unroll` steps at a time (`scan_unroll`)."""
+    the member's own (K > 1: a scan; K = 1: no loop at all, see `updates_per_program`)."""
 
     agent: Agent
     sample_batch: SampleFn
     num_updates: int
     shared_replay: bool = False
-    unroll: int = 1
     fresh_wait: int = 0  # rows a member's own buffer must hold before it updates (halving's
     # fresh trials start with an empty one); 0: members update whenever the run does
 
@@ -48,10 +47,11 @@ def stack(members: Sequence[PyTree]) -> PyTree:
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *members)
 
 
+@jax.jit
 def unstack(population: PyTree) -> list[PyTree]:
-    """Inverse of `stack`."""
-    size = population_size(population)
-    return [member(population, i) for i in range(size)]
+    """Inverse of `stack`, as one program per tree (sliced leaf by leaf, every leaf shape made
+    two small programs of its own)."""
+    return [member(population, i) for i in range(population_size(population))]
 
 
 def member(population: PyTree, index: int) -> PyTree:
@@ -136,23 +136,56 @@ def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
     return initializer(agent)(key, hparams)
 
 
-def scan_unroll(obs_shape: tuple[int, ...], obs_dtype, num_updates: int) -> int:
-    """How far to unroll the K-update scan.
+def image_agent_on_cpu(obs_shape: tuple[int, ...], obs_dtype) -> bool:
+    """An Atari agent (uint8 frames) on a CPU: its K updates per call are K calls of a one-update
+    program with no loop (`updates_per_program`), and a run updates its members one at a time
+    on their own arrays, the sequential executor (`fastpop.run.parts.run_execution`).
 
-    XLA:CPU runs convolutions inside a while loop about 13x slower than the same convolutions
-    outside one (DQN's Nature CNN: 370 vs 28 ms per update, results/bench/README.md), so Atari
-    agents (uint8 frames) on CPU get a fully unrolled scan. Everything else keeps the rolled
-    loop, which compiles far faster: MinAtar's 10x10 grids run 2x slower per update rolled but
-    the unrolled 50-update device program took 103 s to compile (gymnax/Breakout-MinAtar,
-    population 2, this CPU).
+    XLA:CPU runs convolutions inside a while loop about 13x slower than outside one (DQN's
+    Nature CNN: 370 vs 28 ms per update, results/bench/README.md), and a scan, even of length 1,
+    is a while loop: K updates unrolled in one program ran at full speed but took ~55 s to
+    compile at K = 50. vmapped per-member convolutions run as grouped ones, at about half the
+    speed, and members updated one at a time out of stacked arrays are copied in and out at
+    every call. The pong preset's update call (2 members x 50 updates,
+    results/startup/update_call.py): 2.95 s after a first call of 64.5 s with K unrolled; 2.08 s
+    after 4.1 s this way.
     """
     on_cpu = jax.default_backend() == "cpu"
-    atari_frames = len(obs_shape) == 3 and np.dtype(obs_dtype) == np.uint8
-    return num_updates if on_cpu and atari_frames else 1
+    return on_cpu and len(obs_shape) == 3 and np.dtype(obs_dtype) == np.uint8
+
+
+def updates_per_program(obs_shape: tuple[int, ...], obs_dtype, num_updates: int) -> int:
+    """How many of a call's K updates one compiled program makes (the call runs it K / that
+    many times: `RepeatedUpdate`): 1 for `image_agent_on_cpu`, else all K in one scan."""
+    return 1 if image_agent_on_cpu(obs_shape, obs_dtype) else num_updates
+
+
+class RepeatedUpdate:
+    """update(states, replay, hparams, key) -> (states, metrics (P, K)) as `calls` consecutive
+    calls of `update`, which makes K / calls updates per member; call i gets key i of
+    split(key, calls). Every other attribute (compile_ahead, chosen, ...) is `update`'s."""
+
+    def __init__(self, update: Callable, calls: int):
+        self.update, self.calls = update, calls
+
+    def __call__(self, states, replay, hparams, key):
+        metrics = []
+        for call_key in jax.random.split(key, self.calls):
+            states, call_metrics = self.update(states, replay, hparams, call_key)
+            metrics.append(call_metrics)
+        return states, jax.tree.map(lambda *m: jnp.concatenate(m, axis=1), *metrics)
+
+    def __getattr__(self, name: str):
+        return getattr(self.update, name)
+
+
+def repeated(update: Callable, calls: int) -> Callable:
+    """`update` made `calls` times per call (itself when once)."""
+    return update if calls == 1 else RepeatedUpdate(update, calls)
 
 
 def member_update_loop(plan: UpdatePlan):
-    """K consecutive (sample, update) steps of one member, as one scan."""
+    """K consecutive (sample, update) steps of one member: one scan, or one step with no loop."""
     agent, sample_batch, num_updates = plan.agent, plan.sample_batch, plan.num_updates
 
     def run(state, buffer, hparams, key):
@@ -162,7 +195,11 @@ def member_update_loop(plan: UpdatePlan):
             return agent.update(state, batch, hparams, update_key)
 
         keys = jax.random.split(key, num_updates)
-        updated, metrics = jax.lax.scan(one_update, state, keys, unroll=plan.unroll)
+        if num_updates == 1:  # no loop: see `updates_per_program`
+            updated, metrics = one_update(state, keys[0])
+            metrics = jax.tree.map(lambda m: m[None], metrics)
+        else:
+            updated, metrics = jax.lax.scan(one_update, state, keys)
         if not plan.fresh_wait:
             return updated, metrics
         waits = ~replay.can_sample(buffer, plan.fresh_wait)
@@ -234,6 +271,12 @@ def sequential(plan: UpdatePlan) -> Executor:
             metrics.append(member_metrics)
         return new_states, stack(metrics)
 
+    def compile_ahead(states, replay, hparams, key) -> None:
+        """The member program compiled from the first member's shapes (none is run)."""
+        member_replay = replay if plan.shared_replay else replay[0]
+        member_loop.lower(states[0], member_replay, hparams[0], key).compile()
+
+    update.compile_ahead = compile_ahead
     return Executor("sequential", update, unstack, stack)
 
 
@@ -249,7 +292,7 @@ def tuned(plan: UpdatePlan) -> Executor:
         keys = jax.eval_shape(lambda k: jax.random.split(k, 1)[0], key)
         batch = jax.eval_shape(plan.sample_batch, member_replay, keys)
         args = (chunking.abstract_member(states), batch, chunking.abstract_member(hparams), keys)
-        text = f"{agent.name} K={plan.num_updates} unroll={plan.unroll} shared={shared_replay}"
+        text = f"{agent.name} K={plan.num_updates} shared={shared_replay}"
         shapes = " ".join(map(chunking.shapes_text, args))
         return text, shapes, chunking.has_convolutions(agent.update, *args)
 

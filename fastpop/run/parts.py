@@ -57,7 +57,7 @@ class RunParts(NamedTuple):
             self.agent,
             self.env_spec,
             self.replay_spec,
-            layout_for(config.replay.shared, config.population.execution),
+            layout_for(config.replay.shared, run_execution(config, self.env_spec, self.mesh)),
             config.population.size,
             self.strategy,
             self.training,
@@ -236,15 +236,26 @@ def initial_hparams(config: config_lib.Config, agent):
 
 def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch, mesh=None):
     """The strategy's `Training` under the config's execution and replay layout, with its
-    members split over `mesh` (population.devices > 1)."""
+    members split over `mesh` (population.devices > 1). Its update makes train.updates_per_call
+    updates per member: in one program, or in calls of a shorter one
+    (`population.updates_per_program`)."""
     updates = config.train.updates_per_call
-    unroll = population.scan_unroll(spec.obs_shape, spec.obs_dtype, updates)
+    per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates)
     # halving's fresh trials wait for replay.min_size rows in their emptied buffers
     fresh_wait = config.replay.min_size if config.strategy == "halving" else 0
-    plan = population.UpdatePlan(
-        agent, sample_batch, updates, config.replay.shared, unroll, fresh_wait
-    )
-    return update_protocol.make_training(strategy, config.population.execution, plan, mesh)
+    plan = population.UpdatePlan(agent, sample_batch, per_program, config.replay.shared, fresh_wait)
+    execution = run_execution(config, spec, mesh)
+    training = update_protocol.make_training(strategy, execution, plan, mesh)
+    return training._replace(update=population.repeated(training.update, updates // per_program))
+
+
+def run_execution(config: config_lib.Config, spec, mesh=None) -> str:
+    """The executor a run's members are updated by: population.execution, except that an Atari
+    agent on a CPU and one device is always updated member by member, as sequential execution
+    does (`population.image_agent_on_cpu`: the same numbers, faster, compiled in seconds)."""
+    if mesh is None and population.image_agent_on_cpu(spec.obs_shape, spec.obs_dtype):
+        return "sequential"
+    return config.population.execution
 
 
 def make_limiter(config: config_lib.Config, agent, mode: str) -> RateLimiter:

@@ -167,7 +167,7 @@ def make_update(
     def update(state, replay, member_hparams, key):
         keys = jax.random.split(key, plan.num_updates)
         state, metrics = jax.lax.scan(
-            lambda s, k: one_update(s, replay, member_hparams, k), state, keys, unroll=plan.unroll
+            lambda s, k: one_update(s, replay, member_hparams, k), state, keys
         )
         # Per-member shaped metrics, as the executors return them (the learner averages).
         return state, jax.tree.map(lambda m: jnp.broadcast_to(m, (1, *m.shape)), metrics)
