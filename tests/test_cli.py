@@ -29,7 +29,8 @@ def test_bad_bench_arguments_exit_2_with_a_clear_message(argv, message, capsys, 
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_bench_update_writes_json_and_png(tmp_path, capsys):
+def test_bench_update_writes_json_and_png(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FASTPOP_MEMBERS_PER_CHUNK", "2")  # not measured: the CLI is tested here
     code = main(
         [
             "bench",
