@@ -49,8 +49,8 @@ def stack(members: Sequence[PyTree]) -> PyTree:
 
 @jax.jit
 def unstack(population: PyTree) -> list[PyTree]:
-    """Inverse of `stack`, as one program per tree (sliced leaf by leaf, every leaf shape made
-    two small programs of its own)."""
+    """Inverse of `stack`, as one program per tree (slicing leaf by leaf outside a jit
+    compiled two small programs for every leaf shape)."""
     return [member(population, i) for i in range(population_size(population))]
 
 
@@ -148,7 +148,9 @@ def image_agent_on_cpu(obs_shape: tuple[int, ...], obs_dtype) -> bool:
     speed, and members updated one at a time out of stacked arrays are copied in and out at
     every call. The pong preset's update call (2 members x 50 updates,
     results/startup/update_call.py): 2.95 s after a first call of 64.5 s with K unrolled; 2.08 s
-    after 4.1 s this way.
+    after 4.1 s this way. MinAtar's float grids (device mode: the update inside one program per
+    chunk) keep the rolled scan: 2x slower per update, but its 50 updates unrolled took 103 s
+    to compile (gymnax/Breakout-MinAtar, population 2, this CPU).
     """
     on_cpu = jax.default_backend() == "cpu"
     return on_cpu and len(obs_shape) == 3 and np.dtype(obs_dtype) == np.uint8
@@ -176,6 +178,8 @@ class RepeatedUpdate:
         return states, jax.tree.map(lambda *m: jnp.concatenate(m, axis=1), *metrics)
 
     def __getattr__(self, name: str):
+        if name == "update":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.update, name)
 
 
