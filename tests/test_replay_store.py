@@ -14,6 +14,7 @@ from fastpop import population
 from fastpop.compilation import compile_stats
 from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import replay
+from fastpop.run import checkpoint
 from fastpop.run.parts import build_learner
 from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.types import EnvSpec
@@ -75,6 +76,37 @@ def test_join_marks_survive_a_checkpoint():
     restored = ReplayStore(spec, "stacked", size=3, batch_size=8)
     restored.restore(jax.tree.map(np.asarray, store.save()), store.counters())
     assert restored.joins.tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("saved_by,restored_into", [("stacked", "listed"), ("listed", "stacked")])
+def test_listed_and_stacked_buffers_save_alike_and_restore_each_others(
+    tmp_path, saved_by, restored_into
+):
+    """An Atari run lists its buffers on one CPU device and stacks them on several (or on an
+    accelerator): a checkpoint of either resumes into the other, rows and positions intact."""
+    spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
+    stores = {name: ReplayStore(spec, name, size=2, batch_size=8) for name in ("stacked", "listed")}
+    for chunk in range(3):
+        t = np.arange(chunk * CHUNK, (chunk + 1) * CHUNK)
+        for store in stores.values():
+            store.insert(stream_rows([10 + t, 100 + t], start=chunk == 0))
+    saved = {name: jax.tree.map(np.asarray, store.save()) for name, store in stores.items()}
+    assert_trees_equal(saved["listed"], saved["stacked"])
+    tree = {"buffers": stores[saved_by].save()}
+    path = checkpoint.save(tmp_path, 12, tree, {})
+    restored = ReplayStore(spec, restored_into, size=2, batch_size=8)
+    template = {"buffers": restored.save()}
+    restored.restore(checkpoint.restore(path, template)[0]["buffers"], None)
+    for member in range(2):
+        assert_trees_equal(
+            member_buffer(restored, member), member_buffer(stores[restored_into], member)
+        )
+
+
+def assert_trees_equal(a, b) -> None:
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_the_learner_waits_until_every_buffer_holds_a_transition():

@@ -49,7 +49,8 @@ class Layout(NamedTuple):
     """What one layout does with its buffers (`buffers`: a tree, or listed: a list of trees)."""
 
     empty: Callable[[], Any]  # new empty buffers where they live
-    put: Callable[[Any], Any]  # saved buffers (host or device arrays) onto their device(s)
+    saved: Callable[[Any], Any]  # the buffers as a checkpoint holds them: stacked, or shared
+    put: Callable[[Any], Any]  # `saved` buffers (host or device arrays) onto their device(s)
     insert: Callable[[Any, replay.Rows], Any]  # host rows added, compiled, buffers donated
     add: Callable[[Any, replay.Rows], Any]  # `insert` as a pure function, traced by its caller
     first: Callable[[Any], replay.ReplayState]  # the shared buffer, or member 0's
@@ -108,6 +109,7 @@ def _shared(spec: replay.ReplaySpec, place: Placement) -> Layout:
     compiled = jax.jit(add, donate_argnums=0, **place.jit_options)
     return Layout(
         empty=lambda: place.make(functools.partial(replay.init, spec)),
+        saved=lambda buffers: buffers,
         put=place.put,
         insert=lambda buffers, rows: compiled(buffers, place.put(rows)),
         add=add,
@@ -151,6 +153,7 @@ def _stacked(spec: replay.ReplaySpec, size: int, place: Placement, mesh_sharding
     copy = _copy_stacked if mesh_sharding is None else _copy_across_devices(mesh_sharding)
     return Layout(
         empty=lambda: place.make(functools.partial(replay.init_population, spec, size)),
+        saved=lambda buffers: buffers,
         put=place.put,
         insert=lambda buffers, rows: compiled(buffers, place.put(by_member(rows))),
         add=lambda buffers, rows: add(buffers, by_member(rows)),
@@ -166,11 +169,29 @@ def _stacked(spec: replay.ReplaySpec, size: int, place: Placement, mesh_sharding
     )
 
 
+class MembersStacked:
+    """The members' arrays of one leaf of listed buffers, seen as that leaf of stacked ones:
+    assembled on the host only when a checkpoint writes it (np.asarray), one member at a time.
+    Listed and stacked buffers are saved alike, so a checkpoint resumes into either layout (an
+    Atari run on a CPU lists its members' buffers on one device and stacks them on several)."""
+
+    def __init__(self, members: tuple[jax.Array, ...]):
+        self.members = members
+        self.shape = (len(members), *members[0].shape)
+        self.dtype = members[0].dtype
+        self.nbytes = len(members) * members[0].nbytes
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        stacked = np.empty(self.shape, dtype or self.dtype)
+        for index, member in enumerate(self.members):
+            stacked[index] = np.asarray(member)
+        return stacked
+
+
 def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
     add = functools.partial(replay.add, spec)
     compiled = jax.jit(add, donate_argnums=0)
     by_member = _by_member(size)
-    put = lambda tree: jax.tree.map(jnp.asarray, tree)
 
     def insert(buffers, rows):
         lanes = spec.lanes
@@ -193,7 +214,10 @@ def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
 
     return Layout(
         empty=lambda: [replay.init(spec) for _ in range(size)],
-        put=lambda buffers: [put(b) for b in buffers],
+        saved=lambda buffers: jax.tree.map(lambda *members: MembersStacked(members), *buffers),
+        put=lambda stacked: [
+            jax.tree.map(jnp.asarray, population.member(stacked, m)) for m in range(size)
+        ],
         insert=insert,
         add=add_each,
         first=lambda buffers: buffers[0],
@@ -311,7 +335,8 @@ class ReplayStore:
     # --- checkpoints ---
 
     def save(self):
-        return self.buffers
+        """The buffers as a checkpoint holds them, whatever the layout (`Layout.saved`)."""
+        return self._layout.saved(self.buffers)
 
     def counters(self) -> dict:
         return {"joins": np.flatnonzero(self.joins).tolist()}
