@@ -235,6 +235,10 @@ class Run:
                 self.updated = True
                 self.timers["update"] += time.perf_counter() - start
                 busy = True
+                # A stop asked for during the update (a signal to the whole process group
+                # killed the workers too) is acted on before any worker is checked: none is
+                # restarted on the way out.
+                self.signals.check()
             self._receive_evaluations(timeout=0.01 if waiting else 0.0)
             self._progress()
             if self._checkpoint_due():
