@@ -9,8 +9,9 @@ import time
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.learn import learner as learner_lib
+from fastpop.population import chunking, tuning_cache
 from fastpop.run import loop
-from fastpop.run.parts import build_run
+from fastpop.run.parts import build_learner, build_run
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import format_breakdown
 from tests.runs import FAST, TD3_PENDULUM
@@ -43,8 +44,8 @@ def test_nested_phases_report_the_inner_one_and_the_thread_stops():
 
 
 def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
-    """A run whose first update takes 1.5 s (as compiling does on a CPU) with progress lines
-    every 0.2 s: the log says the update is compiling, and for how long, while it runs."""
+    """A run whose first update takes 1.5 s (as compiling or measuring does on a CPU) with
+    progress lines every 0.2 s: the log says the first update runs, and for how long."""
     overrides = [*FAST, "train.total_env_steps=384", "eval.interval=10000"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
     real_update = learner_lib.Learner.update
@@ -62,7 +63,10 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     run_dir.mkdir()
     summary = loop.Run(build_run(config), run_dir, log=lines.append).run()
     assert summary["stopped_by"] == "completed" and len(calls) > 1
-    phase = "compiling the population update (its first call)"
+    # Named by what it waits for (its programs were compiled during the warm-up, maybe still)
+    phase = next(line for line in lines if line.startswith("first population update")).split(
+        " ... "
+    )[0]
     reports = [line for line in lines if line.startswith(f"{phase} ... ")]
     assert len(reports) >= 4, lines  # 1.5 s at least, reported every 0.2 s
     done = lines.index(next(line for line in lines if line.startswith(f"{phase}: done in")))
@@ -70,6 +74,26 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
     assert float(re.search(r"done in (\S+)s", lines[done])[1]) >= 1.5
     # The later updates are quick: nothing more is said about them.
     assert not any(line.startswith("population update") for line in lines)
+
+
+def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
+    """Measuring members per chunk (a CPU, a population past one vmap's size), compiling (no
+    program made ahead) or nothing more than the update (compiled during the warm-up)."""
+    monkeypatch.setattr(tuning_cache, "_memory", {})
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", "")  # this process only: nothing measured before
+    monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
+    config = config_lib.load_config(TD3_PENDULUM, FAST)
+    monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
+    learner = build_learner(config)
+    assert learner.first_update_phase() == (
+        "first population update (measuring members per chunk on this CPU)"
+    )
+    monkeypatch.setenv(chunking.CHUNK_ENV, "2")
+    learner = build_learner(config)
+    assert learner.first_update_phase() == "first population update (compiling)"
+    learner.compile_update_ahead()
+    learner._update_ahead.result()
+    assert learner.first_update_phase() == "first population update"
 
 
 SLOW_SNAPSHOT_SECONDS = 1.0  # well above what moving this run's rows takes (~0.2 s here)

@@ -202,6 +202,21 @@ class Learner:
         # Its failure is left to the first update's own compile, which raises it.
         self._update_ahead = in_background(compile_ahead, *shapes)
 
+    def first_update_phase(self) -> str:
+        """What the progress line calls the first update, which waits for more than the others:
+        its programs' compile (where none was made ahead, or it is still running) or, on a CPU,
+        the measurement of its members per chunk (fastpop.population.chunking)."""
+        ahead, update = self._update_ahead, self.training.update
+        candidates = getattr(update, "chunks_ahead", None)  # the executors' chunk sizes
+        arrays = (self.states, self.replay.buffers, self.member_hparams, self.key)
+        if candidates is not None and self.mesh is None and len(candidates(*arrays)) > 1:
+            return "first population update (measuring members per chunk on this CPU)"
+        if ahead is None:
+            return "first population update (compiling)"
+        if not ahead.done():
+            return "first population update (compiling, started during the warm-up)"
+        return "first population update"
+
     def update(self) -> None:
         if self._update_ahead is not None:  # its programs are the ones this call runs
             self._update_ahead.exception()  # waits; an error is raised by the call below

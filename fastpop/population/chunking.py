@@ -195,6 +195,7 @@ class TunedUpdate(ChunkedUpdate):
         self.fallback = fallback
         self.chosen: dict[int, int] = {}  # population size -> members per chunk
         self.how: dict[int, str] = {}  # population size -> how the size was chosen
+        self.known: dict[int, Choice] = {}  # `_known_choice`'s, once per size (it traces)
 
     def chunk_for(self, states, replay, hparams, key) -> int:
         size = population_size(hparams)
@@ -214,8 +215,13 @@ class TunedUpdate(ChunkedUpdate):
         return candidates(size) if known.chunk is None else [known.chunk]
 
     def _known_choice(self, size, states, replay, hparams, key) -> Choice:
-        """The chunk size where nothing needs measuring (chunk None: measure). Reads only
-        shapes: `compile_ahead` calls it before any row exists."""
+        """The chunk size where nothing needs measuring (chunk None: measure), worked out once
+        per size. Reads only shapes: `compile_ahead` calls it before any row exists."""
+        if size not in self.known:
+            self.known[size] = self._work_out_choice(size, states, replay, hparams, key)
+        return self.known[size]
+
+    def _work_out_choice(self, size, states, replay, hparams, key) -> Choice:
         setting = os.environ.get(CHUNK_ENV, "auto").strip().lower()
         if setting.isdigit() and int(setting) > 0:
             return Choice(chunk_size(size, int(setting)), f"{CHUNK_ENV}={setting}")

@@ -229,8 +229,8 @@ class Run:
                 start = time.perf_counter()
                 if self.progress.learning_started_at is None:
                     self.progress.learning_started_at = self.elapsed()
-                first = "compiling the population update (its first call)"
-                with self.watch.phase("population update" if self.updated else first):
+                phase = "population update" if self.updated else learner.first_update_phase()
+                with self.watch.phase(phase):
                     learner.update()  # the collection acts with it from its next call
                 self.updated = True
                 self.timers["update"] += time.perf_counter() - start
