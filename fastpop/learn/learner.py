@@ -197,7 +197,7 @@ class Learner:
             compile_ahead = lambda *shapes: update.lower(*shapes).compile()
         if compile_ahead is None or self.mesh is not None:
             return
-        arrays = (self.states, self.replay.buffers, self.member_hparams, self.key)
+        arrays = (*self._update_inputs(), self.key)
         shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), arrays)
         # Its failure is left to the first update's own compile, which raises it.
         self._update_ahead = in_background(compile_ahead, *shapes)
@@ -208,11 +208,11 @@ class Learner:
         the measurement of its members per chunk (fastpop.population.chunking)."""
         ahead, update = self._update_ahead, self.training.update
         candidates = getattr(update, "chunks_ahead", None)  # the executors' chunk sizes
-        arrays = (self.states, self.replay.buffers, self.member_hparams, self.key)
+        arrays = (*self._update_inputs(), self.key)
         if candidates is not None and self.mesh is None and len(candidates(*arrays)) > 1:
             return "first population update (measuring members per chunk on this CPU)"
-        if ahead is None:
-            return "first population update (compiling)"
+        if ahead is None or (ahead.done() and ahead.exception() is not None):
+            return "first population update (compiling)"  # none ahead, or it failed
         if not ahead.done():
             return "first population update (compiling, started during the warm-up)"
         return "first population update"
@@ -222,13 +222,15 @@ class Learner:
             self._update_ahead.exception()  # waits; an error is raised by the call below
             self._update_ahead = None
         self.key, update_key = jax.random.split(self.key)
-        self.states, metrics = self.training.update(
-            self.states, self.replay.buffers, self.member_hparams, update_key
-        )
+        self.states, metrics = self.training.update(*self._update_inputs(), update_key)
         self.limiter.record_sample()
         self.updates += self.updates_per_call
         self.policy_version += 1
         self._metrics = metrics  # read (a device-to-host copy) only when logged
+
+    def _update_inputs(self) -> tuple:
+        """What `training.update` is called with, its key aside."""
+        return self.states, self.replay.buffers, self.member_hparams
 
     # --- device mode: one program per chunk (fastpop.collect.fused) ---
 
