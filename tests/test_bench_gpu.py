@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("gymnax")
 
-from fastpop.bench import gpu_phases
+from fastpop.bench import gpu_phases, gpu_runner
 from fastpop.bench.gpu_report import judge_targets
 from fastpop.commands import bench as commands
 from fastpop.commands import bench_gpu
@@ -97,6 +97,20 @@ def test_a_capped_phase_keeps_the_finished_ones(smoke):
         assert manifest["phases"][phase]["status"] == "done"
         assert all((out / name).is_file() for name in manifest["phases"][phase]["files"])
     assert "| pbt | capped |" in (out / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("complete", "capped", "exit_code", "status"),
+    [
+        (True, False, 0, "done"),
+        (True, True, -15, "done"),  # all its files written, its collectors still stopping
+        (False, True, -15, "capped"),
+        (True, False, 1, "failed"),
+        (False, False, 0, "failed"),
+    ],
+)
+def test_phase_status(complete, capped, exit_code, status):
+    assert gpu_runner.phase_status(complete, capped, exit_code) == status
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 
 from fastpop import population
 from fastpop.compilation import compile_stats
-from fastpop.population import UpdatePlan, chunking, tuning_cache
+from fastpop.population import UpdatePlan, chunking, executors, tuning_cache
 from tests.helpers import (
     leaves_allclose,
     program_names,
@@ -132,10 +132,13 @@ def test_changing_hparam_values_does_not_recompile():
     assert executor.update._cache_size() == 1
 
 
-def test_stack_unstack_gather_round_trip():
-    tree = {"w": jnp.arange(12.0).reshape(4, 3), "step": jnp.arange(4)}
+# 4 members: one program; 20: sliced leaf by leaf (its compile grows faster than P)
+@pytest.mark.parametrize("size", [4, executors.UNSTACK_IN_ONE_PROGRAM_UP_TO + 4])
+def test_stack_unstack_gather_round_trip(size):
+    tree = {"w": jnp.arange(3.0 * size).reshape(size, 3), "step": jnp.arange(size)}
     members = population.unstack(tree)
-    assert len(members) == 4
+    assert len(members) == size
+    np.testing.assert_array_equal(members[size - 1]["w"], tree["w"][size - 1])
     assert leaves_allclose(population.stack(members), tree, atol=0.0)
     gathered = population.gather(tree, jnp.array([3, 3, 0, 1]))
     np.testing.assert_array_equal(gathered["step"], [3, 3, 0, 1])

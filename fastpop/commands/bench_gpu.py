@@ -57,8 +57,8 @@ def add_gpu_parser(benchmarks) -> None:
         action="store_true",
         help="the targets first, in about 9 minutes: TD3 at P 1-256 and SAC at 80, the "
         "256-member SAC PBT on brax/ant for 2 minutes, the 80-member learner with 14 "
-        "collectors, one device-mode row on gymnax and brax/ant (caps: update 160 s, device "
-        "60 s, pipeline 125 s, pbt 150 s)",
+        "collectors, one device-mode row on gymnax and brax/ant (caps: update 130 s, device "
+        "120 s, pipeline 125 s, pbt 135 s)",
     )
     programme.add_argument(
         "--smoke",

@@ -47,10 +47,23 @@ def stack(members: Sequence[PyTree]) -> PyTree:
     return jax.tree.map(lambda *leaves: jnp.stack(leaves), *members)
 
 
-@jax.jit
+# Up to this many members `unstack` is one program per tree (slicing leaf by leaf outside a
+# jit compiles two small programs for every leaf shape). That program's compile grows faster
+# than the population (TD3 states on a 2-core CPU: 1.4 s at 16 members against 0.6 s
+# sliced, 66 s at 256 against 3 s).
+UNSTACK_IN_ONE_PROGRAM_UP_TO = 8
+
+
 def unstack(population: PyTree) -> list[PyTree]:
-    """Inverse of `stack`, as one program per tree (slicing leaf by leaf outside a jit
-    compiled two small programs for every leaf shape)."""
+    """Inverse of `stack`."""
+    size = population_size(population)
+    if size <= UNSTACK_IN_ONE_PROGRAM_UP_TO:
+        return _unstack_program(population)
+    return [member(population, i) for i in range(size)]
+
+
+@jax.jit
+def _unstack_program(population: PyTree) -> list[PyTree]:
     return [member(population, i) for i in range(population_size(population))]
 
 
