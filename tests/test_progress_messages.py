@@ -99,9 +99,14 @@ def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
 SLOW_SNAPSHOT_SECONDS = 1.0  # well above what moving this run's rows takes (~0.2 s here)
 
 
+SLOW_UPDATE_SECONDS = 0.1  # an update's compute, waited for after its asynchronous dispatch
+
+
 def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeypatch):
     """Snapshots are taken in the pass that moves rows into the replay: their seconds go to
-    evaluation_snapshots only (transport counted them too, so the phases summed past the wall)."""
+    evaluation_snapshots only (transport counted them too, so the phases summed past the wall).
+    An update's compute is counted in `update` (it was in no timer: the host waited for it when
+    it copied the new policies to the collectors)."""
     overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
     real_encode, encoded = snapshot.encode, []
@@ -112,6 +117,14 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
         return real_encode(*args)
 
     monkeypatch.setattr(snapshot, "encode", slow_encode)
+    real_wait, waits = learner_lib.Learner.wait_for_update, []
+
+    def slow_wait(self):
+        time.sleep(SLOW_UPDATE_SECONDS)
+        waits.append(self.updates)
+        real_wait(self)
+
+    monkeypatch.setattr(learner_lib.Learner, "wait_for_update", slow_wait)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     summary = loop.Run(build_run(config), run_dir, log=lambda line: None).run()
@@ -119,6 +132,7 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
     assert len(encoded) >= in_loop
     assert timers["evaluation_snapshots"] >= in_loop * SLOW_SNAPSHOT_SECONDS
     assert timers["transport"] < 2 * SLOW_SNAPSHOT_SECONDS, timers  # was >= 3 x 1 s
+    assert waits and timers["update"] >= len(waits) * SLOW_UPDATE_SECONDS, (waits, timers)
     assert sum(timers.values()) <= summary["wall_time"]
 
 

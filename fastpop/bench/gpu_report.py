@@ -4,6 +4,7 @@ the GPU targets of issue 24 judged met or missed, and the main numbers of each p
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -186,7 +187,8 @@ def pipeline_lines(out_dir: Path, record: dict) -> list[str]:
         f"- training with {learner['collectors']} collector(s): "
         f"{learner['run_agent_updates_per_s']:,.0f} agent-updates/s against "
         f"{learner['update_benchmark_agent_updates_per_s']:,.0f} in the update benchmark "
-        f"(utilisation {learner['utilisation']:.0%}); idle "
+        f"(utilisation {learner['utilisation']:.0%}); updating "
+        f"{learner.get('update_fraction_of_learning', math.nan):.0%} and idle "
         f"{learner['idle_fraction_of_learning']:.0%} of the learning time"
     )
     return lines

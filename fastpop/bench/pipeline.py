@@ -160,6 +160,8 @@ def learner_utilisation(
         # an upper bound of the idle share after learning began: the loop's idle seconds
         # include those of the warm-up before it
         "idle_fraction_of_learning": summary["learner_seconds"].get("idle", 0.0) / learning_seconds,
+        # the learner's busy share: its updates' seconds, their compute waited for
+        "update_fraction_of_learning": summary["learner_seconds"]["update"] / learning_seconds,
         "time_breakdown": {
             "learner_seconds": summary["learner_seconds"],
             "workers": summary["workers"],

@@ -54,6 +54,9 @@ class Collection(Protocol):
     def feed(self, learner: Learner) -> list | None:
         """One chunk into the learner: its finished episodes, or None when none was ready."""
 
+    def publish(self, learner: Learner) -> None:
+        """The learner's new policies to whatever acts with copies of them (after an update)."""
+
     def evaluate(self, arrays: dict) -> None:
         """Evaluate an encoded snapshot (fastpop.collect.snapshot) of the members' policies."""
 
@@ -107,6 +110,9 @@ class ProcessCollection:
     def feed(self, learner: Learner) -> list | None:
         self._keep_up()
         return self.workers.feed(learner)
+
+    def publish(self, learner: Learner) -> None:
+        self.workers.publish_if_changed(learner)
 
     def waiting_on(self) -> str | None:
         """What start-up waits for: collectors not yet sending rows (None once all are)."""
@@ -244,6 +250,9 @@ class DeviceCollection:
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
+
+    def publish(self, learner: Learner) -> None:
+        pass  # the chunk's program acts with the learner's own states
 
     def feed(self, learner: Learner) -> list:
         """One chunk of every lane, inserted, and the updates it allows, as one compiled call

@@ -227,6 +227,9 @@ class LockstepCollection:
             del self.results[want]
             self.expected.pop(0)
 
+    def publish(self, learner) -> None:
+        self.workers.publish_if_changed(learner)
+
     def feed(self, learner) -> list | None:
         if not self.chunk_agreed:
             return None

@@ -228,6 +228,10 @@ class Learner:
         self.policy_version += 1
         self._metrics = metrics  # read (a device-to-host copy) only when logged
 
+    def wait_for_update(self) -> None:
+        """Until the last update's states are computed (calls are dispatched asynchronously)."""
+        jax.block_until_ready(self.states)
+
     def _update_inputs(self) -> tuple:
         """What `training.update` is called with, its key aside."""
         return self.states, self.replay.buffers, self.member_hparams

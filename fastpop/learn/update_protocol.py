@@ -130,8 +130,8 @@ def executor_training(
     `move`: `Training.move` (None: a gather of the whole stacked state)."""
     if executor.name == "sequential":  # stack the policies only, not every member's state
         policies = lambda states: population.stack([agent.policy_params(s) for s in states])
-    else:
-        policies = lambda states: population.member_policies(agent, states)
+    else:  # compiled once: the learner publishes after every update (traced, it took 8 ms)
+        policies = jax.jit(jax.vmap(agent.policy_params))
 
     initialize = population.initializer(agent)  # compiled once: fresh trials reuse it
 

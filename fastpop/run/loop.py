@@ -231,9 +231,15 @@ class Run:
                     self.progress.learning_started_at = self.elapsed()
                 phase = "population update" if self.updated else learner.first_update_phase()
                 with self.watch.phase(phase):
-                    learner.update()  # the collection acts with it from its next call
+                    learner.update()
+                    # Its time here, not in the host copy of the policies that waits for it
+                    # next (the update's compute was counted nowhere before).
+                    learner.wait_for_update()
                 self.updated = True
                 self.timers["update"] += time.perf_counter() - start
+                start = time.perf_counter()
+                self.collection.publish(learner)  # acted with from the collectors' next step
+                self.timers["publish"] += time.perf_counter() - start
                 busy = True
                 # A stop asked for during the update (a signal to the whole process group
                 # killed the workers too) is acted on before any worker is checked: none is

@@ -13,7 +13,7 @@ import numpy as np
 from fastpop.collect import snapshot
 
 TRAINING_RETURNS_KEPT = 10  # recent training episodes per member, for the progress line
-TIMERS = ("transport", "update", "evaluation_snapshots", "checkpoints", "idle")
+TIMERS = ("transport", "update", "publish", "evaluation_snapshots", "checkpoints", "idle")
 
 
 @dataclasses.dataclass
