@@ -62,6 +62,10 @@ def test_smoke_runs_every_phase_and_writes_its_files(smoke):
     assert {(r["impl"], r["population"]) for r in td3["rows"]} == {
         (impl, 1) for impl in ("vectorized", "sequential")
     }
+    vectorized = next(r for r in td3["rows"] if r["impl"] == "vectorized")  # what bounds it
+    assert vectorized["kernels_per_update_step"] >= 1 and td3["memory_gbps"] > 0
+    # (a smoke-sized matmul is slow: the floors are only checked to be there)
+    assert vectorized["compute_floor_seconds"] > 0 and vectorized["memory_floor_seconds"] > 0
     # the device phase's two sweeps of one env are merged into its one file
     device = json.loads((out / "device_gymnax_Pendulum-v1_cpu.json").read_text())
     assert [(r["population"], r["envs_per_member"]) for r in device["rows"]] == [(2, 1), (2, 2)]
@@ -84,6 +88,7 @@ def test_the_summary_names_the_machine_phases_and_targets(smoke):
         assert f"| {phase} | done |" in readme
     assert readme.count("| not measured") == 5  # smoke sizes judge no target
     assert "| 2 | 2 |" in readme  # the device table
+    assert "What bounds a vectorized population step" in readme
 
 
 def test_a_capped_phase_keeps_the_finished_ones(smoke):

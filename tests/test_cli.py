@@ -47,6 +47,8 @@ def test_bench_update_writes_json_and_png(tmp_path, capsys, monkeypatch):
             "2",
             "--min-seconds",
             "0",
+            "--anatomy-from",
+            "2",
             "--out",
             str(tmp_path),
         ]
@@ -58,6 +60,8 @@ def test_bench_update_writes_json_and_png(tmp_path, capsys, monkeypatch):
     assert set(rows) == {(impl, size) for impl in ("vectorized", "sequential") for size in (2,)}
     assert result["shapes"]["batch_size"] == 16
     assert result["flops_per_update"] > 0 and result["matmul_gflops_per_s"] > 0
+    assert rows[("vectorized", 2)]["kernels_per_update_step"] >= 1  # --anatomy-from 2
+    assert "kernels_per_update_step" not in rows[("sequential", 2)]
     for (_, size), row in rows.items():
         assert row["agent_updates_per_s"] > 0
         assert row["speedup_over_sequential"] == pytest.approx(

@@ -38,6 +38,8 @@ FULL_PLANS = {
         "min_seconds": 1.0,
         "updates_per_call": 10,
         "matmul_size": None,
+        "anatomy_from": 80,  # the targets' sizes: XLA's kernels and the floors (bench/anatomy)
+        "memory_megabytes": None,
     },
     "device": {  # (env id, population sizes, envs per member): each a product, most wanted first
         "sweeps": [
@@ -117,6 +119,8 @@ SMOKE_PLANS = {
         "min_seconds": 0.03,
         "updates_per_call": 2,
         "matmul_size": 128,
+        "anatomy_from": 1,
+        "memory_megabytes": 8,
     },
     "device": {
         # P=2, E=2 at these sizes is `fastpop bench device`'s tiny test: its programs come from
@@ -248,7 +252,13 @@ def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
             record["algos"][algo] = {"skipped": "the phase's time cap had passed"}
             continue
         settings = UpdateBenchSettings(
-            algo, plan["updates_per_call"], None, plan["min_seconds"], matmul_size=size
+            algo,
+            plan["updates_per_call"],
+            None,
+            plan["min_seconds"],
+            matmul_size=size,
+            anatomy_from=plan["anatomy_from"],
+            memory_megabytes=plan["memory_megabytes"],
         )
 
         def partial(rows, algo=algo):

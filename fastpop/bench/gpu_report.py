@@ -148,6 +148,27 @@ def update_lines(out_dir: Path, record: dict) -> list[str]:
                 f"{'-' if speedup is None else f'{speedup:.1f}'} | {r['gflops_per_s']:,.1f} | "
                 f"{r['compile_seconds']:.1f} |"
             )
+        lines += anatomy_lines(rows)
+    return lines
+
+
+def anatomy_lines(rows: list[dict]) -> list[str]:
+    """What bounds the vectorized update (fastpop.bench.anatomy), where it was read."""
+    read = [r for r in rows if "kernels_per_update_step" in r]
+    if not read:
+        return []
+    ms = lambda r, key: "-" if key not in r else f"{1e3 * r[key]:.3f}"
+    lines = ["", "What bounds a vectorized population step (XLA's program and costs):", ""]
+    lines += ["| P | ms per step | compute floor ms | memory floor ms | kernels | µs per kernel |"]
+    lines += ["|---:|---:|---:|---:|---:|---:|"]
+    for r in read:
+        per_kernel = r["seconds_per_kernel"]
+        lines.append(
+            f"| {r['population']} | {ms(r, 'seconds_per_update_step')} | "
+            f"{ms(r, 'compute_floor_seconds')} | {ms(r, 'memory_floor_seconds')} | "
+            f"{r['kernels_per_update_step']:.0f} | "
+            f"{'-' if per_kernel is None else f'{1e6 * per_kernel:.1f}'} |"
+        )
     return lines
 
 

@@ -9,6 +9,7 @@ population, on random data of the paper's shapes held in a device replay buffer:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -21,6 +22,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import Agent, make_agent
+from fastpop.bench import anatomy
 from fastpop.bench.common import device_label, two_panel_figure, write_json
 from fastpop.population import replay
 from fastpop.types import EnvSpec, Transition, stored_obs
@@ -78,15 +80,16 @@ def random_replay(algo: str, population_size: int, key):
     return spec, state
 
 
-def flops_per_update(agent: Agent, hparams, batch: Transition) -> float:
-    """FLOPs of one member's update from XLA's cost analysis.
+def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
+    """[FLOPs, bytes accessed] of one member's update from XLA's cost analysis.
 
     XLA counts a conditional as its larger branch, so TD3's delayed actor step is costed on its
     own and weighted by 1 / policy_delay.
     """
 
-    def cost(fn, *args) -> float:
-        return float(jax.jit(fn).lower(*args).compile().cost_analysis()["flops"])
+    def cost(fn, *args) -> np.ndarray:
+        analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
+        return np.array([analysis["flops"], analysis["bytes accessed"]], float)
 
     state = agent.init(jax.random.key(0), hparams)
     key = jax.random.key(1)
@@ -169,6 +172,8 @@ class UpdateBenchSettings(NamedTuple):
     seed: int = 0
     matmul_size: int | None = None  # of the reference matmul; None: `matmul_gflops`' default
     agent: dict | None = None  # more of the agent's config fields (hidden_sizes, ...)
+    anatomy_from: int | None = None  # vectorized rows from this P get fastpop.bench.anatomy's
+    memory_megabytes: float | None = None  # of the bandwidth measurement; None: its default
 
 
 def bench_update(
@@ -189,45 +194,44 @@ def bench_update(
     hparams_one = agent.default_hparams()
     torch_bench = torch_benchmark(log) if "torch" in implementations else None
     jax_implementations = [name for name in implementations if name != "torch"]
-    executors, flops, rows = None, None, []
+    executors, rows = None, []
     for size in populations:
         key = jax.random.key(settings.seed + size)
         spec, buffers = random_replay(algo, size, key)
         if executors is None:  # the replay's layout is the same at every population size
-            executors, flops = make_executors(
-                agent, spec, buffers, jax_implementations, updates_per_call
-            )
+            executors, plan = make_executors(agent, spec, jax_implementations, updates_per_call)
+            batch = plan.sample_batch(population.member(buffers, 0), jax.random.key(0))
+            flops, bytes_accessed = map(float, update_cost(agent, hparams_one, batch))
         hparams = population.broadcast_hparams(hparams_one, size)
         states = population.init_population(agent, key, hparams)
         timings = time_executors(executors, states, buffers, hparams, settings.min_seconds)
         for name, timing in timings.items():
             rate = size * updates_per_call / timing["seconds_per_call"]
             chunks = members_per_chunk(executors[name], size)
-            rows.append(
-                {
-                    "impl": name,
-                    "population": size,
-                    "agent_updates_per_s": rate,
-                    **timing,
-                    "gflops_per_s": rate * flops / 1e9,
-                    **chunks,
-                }
-            )
-            log(
-                f"{algo} {name:10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
-                f"{rate * flops / 1e9:7.1f} GFLOP/s  compile {timing['compile_seconds']:.1f} s"
-                + (
-                    f"  chunks of {chunks['members_per_chunk']} ({chunks['how_chunked']})"
-                    if chunks
-                    else ""
-                )
-            )
+            row = {
+                "impl": name,
+                "population": size,
+                "agent_updates_per_s": rate,
+                **timing,
+                "gflops_per_s": rate * flops / 1e9,
+                **chunks,
+            }
+            if name == "vectorized" and size >= (settings.anatomy_from or math.inf):
+                per_program = timing["seconds_per_call"] * plan.num_updates / updates_per_call
+                update = executors[name].update
+                row |= anatomy.update_anatomy(plan, update, states, buffers, hparams, per_program)
+            rows.append(row)
+            log(row_line(algo, row))
         del buffers
         if torch_bench is not None:
             rows.append(torch_row(torch_bench, algo, size, flops, log))
         if on_row is not None:
             on_row(list(rows))
     add_speedups(rows)
+    rates = {"matmul_gflops_per_s": matmul_gflops(settings.matmul_size)}
+    if any("kernels_per_update_step" in row for row in rows):
+        rates["memory_gbps"] = anatomy.memory_gbps(settings.memory_megabytes)
+        anatomy.add_floors(rows, flops, bytes_accessed, rates, updates_per_call)
     return {
         "algo": algo,
         "device": device_label(),
@@ -240,9 +244,27 @@ def bench_update(
         "agent_overrides": dict(settings.agent or {}),
         "updates_per_call": updates_per_call,
         "flops_per_update": flops,
-        "matmul_gflops_per_s": matmul_gflops(settings.matmul_size),
+        "bytes_per_update": bytes_accessed,
+        **rates,
         "rows": rows,
     }
+
+
+def row_line(algo: str, row: dict) -> str:
+    """A JAX implementation's row as the console shows it."""
+    line = (
+        f"{algo} {row['impl']:10s} P={row['population']:3d}  "
+        f"{row['agent_updates_per_s']:9.1f} agent-updates/s  {row['gflops_per_s']:7.1f} GFLOP/s  "
+        f"compile {row['compile_seconds']:.1f} s"
+    )
+    if "members_per_chunk" in row:
+        line += f"  chunks of {row['members_per_chunk']} ({row['how_chunked']})"
+    if row.get("seconds_per_kernel"):
+        line += (
+            f"  {row['kernels_per_update_step']:.0f} kernels per update step, "
+            f"{1e6 * row['seconds_per_kernel']:.1f} us each"
+        )
+    return line
 
 
 def members_per_chunk(executor: population.Executor, size: int) -> dict:
@@ -265,10 +287,10 @@ def torch_benchmark(log):
 
 
 def make_executors(
-    agent: Agent, spec: replay.ReplaySpec, buffers, implementations, updates_per_call: int
-) -> tuple[dict[str, population.Executor], float]:
-    """The executors of `implementations` sampling from `spec`'s buffers, and the FLOPs of one
-    member's update."""
+    agent: Agent, spec: replay.ReplaySpec, implementations, updates_per_call: int
+) -> tuple[dict[str, population.Executor], population.UpdatePlan]:
+    """The executors of `implementations` sampling from `spec`'s buffers, and their plan (the
+    updates of one program call)."""
     sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
     per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates_per_call)
     plan = population.UpdatePlan(agent, sample_batch, per_program)
@@ -277,8 +299,7 @@ def make_executors(
     for name in implementations:
         executor = population.make_executor(name, plan)
         executors[name] = executor._replace(update=population.repeated(executor.update, calls))
-    batch = sample_batch(population.member(buffers, 0), jax.random.key(0))
-    return executors, flops_per_update(agent, agent.default_hparams(), batch)
+    return executors, plan
 
 
 def torch_row(torch_bench, algo: str, size: int, flops: float, log) -> dict:

@@ -74,6 +74,14 @@ def add_update_parser(benchmarks) -> None:
     update.add_argument(
         "--min-seconds", type=float, default=2.0, help="timed seconds per measurement"
     )
+    update.add_argument(
+        "--anatomy-from",
+        type=positive_int_arg("population size"),
+        default=None,
+        help="from this population size on, each vectorized row also gets what bounds it: "
+        "the kernels per update step of XLA's program, and its FLOPs and bytes at the "
+        "measured matmul rate and memory bandwidth (one more compile per size)",
+    )
     update.add_argument("--out", type=Path, default=Path("results/bench"))
 
 
@@ -181,7 +189,11 @@ def run_update(args: argparse.Namespace) -> int:
     from fastpop.bench.update import UpdateBenchSettings, bench_update, write_results
 
     settings = UpdateBenchSettings(
-        args.algo, args.updates_per_call, args.batch_size, args.min_seconds
+        args.algo,
+        args.updates_per_call,
+        args.batch_size,
+        args.min_seconds,
+        anatomy_from=args.anatomy_from,
     )
     result = bench_update(settings, args.pop, args.impl)
     json_path, png_path = write_results(result, args.out)

@@ -1,0 +1,135 @@
+"""What bounds a population update, read from XLA (issue 24: "profile a miss with XLA dumps").
+
+For each vectorized row of `fastpop bench update`: the kernels the optimised whole-population
+program launches per update step (parsed from its HLO: fusions, library calls and every other
+op that is not a view or control flow; loops counted by their known trip counts, a conditional
+by its larger branch) and the measured seconds per kernel; with XLA's FLOPs and bytes of one
+member's update, the floors a population step cannot go below: its FLOPs at the matmul rate
+and its bytes at the memory bandwidth, both measured in the same run.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import time
+
+import jax
+import jax.numpy as jnp
+
+from fastpop import population
+from fastpop.population import chunking
+
+# Ops that launch nothing: views, tuples, control flow (its bodies are counted), async halves.
+NOT_KERNELS = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "while",
+    "conditional",
+    "call",
+    "after-all",
+    "opt-barrier",
+    "partition-id",
+    "replica-id",
+    "add-dependency",
+    "domain",
+}
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(")
+_INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%?[\w.\-]+ = .*?\s([a-z][a-z0-9\-]*)\((.*)$")
+_CALLED = {
+    "while": re.compile(r"(?:condition|body)=%?([\w.\-]+)"),
+    "call": re.compile(r"to_apply=%?([\w.\-]+)"),
+}
+_BRANCHES = re.compile(
+    r"(?:branch_computations=\{([^}]*)\}|(?:true|false)_computation=%?([\w.\-]+))"
+)
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"')
+
+
+def parse_hlo(text: str) -> tuple[dict[str, list[tuple[str, str]]], str]:
+    """Computations of an HLO module's text: name -> [(op, rest of its line)], and the entry's
+    name."""
+    computations, entry, current = {}, None, None
+    for line in text.splitlines():
+        header = _COMPUTATION.match(line)
+        if header and line.rstrip().endswith("{"):
+            current = computations.setdefault(header.group(1), [])
+            entry = header.group(1) if line.startswith("ENTRY") else entry
+            continue
+        instruction = _INSTRUCTION.match(line) if current is not None else None
+        if instruction:
+            current.append((instruction.group(1), instruction.group(2)))
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return computations, entry
+
+
+def kernels_per_call(text: str) -> int:
+    """Kernel launches of one call of the compiled program whose HLO `text` is."""
+    computations, entry = parse_hlo(text)
+
+    @functools.cache
+    def launches(name: str) -> int:
+        total = 0
+        for op, rest in computations.get(name, []):
+            if op == "conditional":
+                names = [n for group in _BRANCHES.findall(rest) for n in group if n]
+                branches = [b.strip().lstrip("%") for n in names for b in n.split(",")]
+                total += max((launches(b) for b in branches if b), default=0)
+            elif op in _CALLED:
+                trip = _TRIP_COUNT.search(rest)
+                called = sum(launches(n) for n in _CALLED[op].findall(rest))
+                total += called * (int(trip.group(1)) if trip and op == "while" else 1)
+            elif op not in NOT_KERNELS and not op.endswith("-done"):
+                total += 1
+        return total
+
+    return launches(entry)
+
+
+def update_anatomy(plan: population.UpdatePlan, update, states, replay, hparams, seconds_per_call):
+    """Kernels per update step of `plan`'s whole-population program at this population size,
+    and the measured seconds per kernel (`seconds_per_call`: one call of `plan.num_updates`
+    steps). `update`: the executor's, whose compiled program is read where it is one (an
+    accelerator's: no second compile); a CPU's runs chunks, so the program is compiled here."""
+    program = update if hasattr(update, "lower") else None
+    if program is None:
+        member_loop = population.member_update_loop(plan)
+        program = chunking.whole_population(member_loop, None if plan.shared_replay else 0)
+    compiled = program.lower(states, replay, hparams, jax.random.key(0)).compile()
+    kernels = kernels_per_call(compiled.as_text())
+    return {
+        "kernels_per_update_step": kernels / plan.num_updates,
+        "seconds_per_kernel": seconds_per_call / kernels if kernels else None,
+    }
+
+
+def memory_gbps(megabytes: float | None = None, repeats: int = 5) -> float:
+    """Best-of-N GB/s of one elementwise pass over a large float32 array (read and written)."""
+    megabytes = megabytes or (256 if jax.devices()[0].platform == "cpu" else 2048)
+    array = jnp.ones(int(megabytes * 2**20) // 4, jnp.float32)
+    scale = jax.jit(lambda x: x * 1.0001)
+    scale(array).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        scale(array).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * array.nbytes / best / 1e9
+
+
+def add_floors(rows: list[dict], flops: float, bytes_accessed: float, rates: dict, steps: int):
+    """Each anatomised row's measured seconds per population step (`steps`: update steps per
+    timed call) beside two floors it cannot go below: its FLOPs (`flops` per member update) at
+    `rates["matmul_gflops_per_s"]` and its bytes at `rates["memory_gbps"]`. Far above both,
+    with few microseconds per kernel, a step is bound by its kernels' launches."""
+    for row in rows:
+        if "kernels_per_update_step" not in row:
+            continue
+        size = row["population"]
+        row["seconds_per_update_step"] = row["seconds_per_call"] / steps
+        row["compute_floor_seconds"] = size * flops / (rates["matmul_gflops_per_s"] * 1e9)
+        row["memory_floor_seconds"] = size * bytes_accessed / (rates["memory_gbps"] * 1e9)
