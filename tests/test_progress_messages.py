@@ -139,18 +139,25 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
 def test_the_time_breakdown_names_device_mode_phases_by_what_they_time():
     summary = {
         "wall_time": 10.0,
-        "learner_seconds": {"transport": 6.0, "update": 0.0, "evaluation_snapshots": 3.0},
+        "learner_seconds": {
+            "transport": 6.0,
+            "update": 0.0,
+            "publish": 0.5,
+            "evaluation_snapshots": 3.0,
+        },
         "workers": {},
         "samples_per_insert_target": 256.0,
         "samples_per_insert_achieved": 256.0,
     }
     process = format_breakdown(summary | {"collect_mode": "processes"}).splitlines()
+    assert re.fullmatch(r"  learner publish +0\.5s +5\.0%", process[3]), process
     device = format_breakdown(summary | {"collect_mode": "device"}).splitlines()
     assert re.fullmatch(r"  learner transport +6\.0s +60\.0%", process[1]), process
     assert "asynchronously" in device[1]
     assert re.fullmatch(r"  learner fused calls +6\.0s +60\.0%", device[2]), device
     assert re.fullmatch(r"  learner update \(in fused calls\) +0\.0s +0\.0%", device[3]), device
     assert re.fullmatch(r"  learner evaluations +3\.0s +30\.0%", device[4]), device
+    assert not any("publish" in line for line in device)  # nothing to publish in device mode
 
 
 def test_the_breakdown_says_when_no_update_ran_instead_of_nan():

@@ -160,6 +160,8 @@ def format_breakdown(summary: dict) -> str:
     if device:
         lines.append("  (device mode: calls run asynchronously; time lands where the host waits)")
     for name, seconds in summary["learner_seconds"].items():
+        if device and name == "publish":  # the chunk's program acts with the learner's states
+            continue
         label = DEVICE_TIMER_LABELS.get(name, name) if device else name
         lines.append(f"  learner {label:22s} {seconds:8.1f}s  {100 * seconds / wall:5.1f}%")
     for name, stats in summary["workers"].items():
