@@ -38,7 +38,8 @@ class Collection(Protocol):
 
     `running` is the context in which it works (processes started, programs compiling); the
     learner is the one it feeds, already restored, and it acts with that learner's policies as
-    they change. `feed` and `evaluations` are called on every pass of the loop: a collection
+    `publish` hands them over. `feed`, `publish` and `evaluations` are called on every pass of
+    the loop (`publish` when no update is running on the device): a collection
     that can fail (a worker process dying) raises there. What it holds for a checkpoint is
     `saved()` (an empty dict: nothing), put back by `restore` before it runs."""
 
@@ -55,7 +56,8 @@ class Collection(Protocol):
         """One chunk into the learner: its finished episodes, or None when none was ready."""
 
     def publish(self, learner: Learner) -> None:
-        """The learner's new policies to whatever acts with copies of them (after an update)."""
+        """The learner's policies to whatever acts with copies of them, if they changed since
+        (the run loop calls it once the update it started has finished)."""
 
     def evaluate(self, arrays: dict) -> None:
         """Evaluate an encoded snapshot (fastpop.collect.snapshot) of the members' policies."""
@@ -73,9 +75,9 @@ class Collection(Protocol):
 class ProcessCollection:
     """Collector and evaluator processes (fastpop.collect.workers), started by `running`. The
     processes rebuild their envs and agents from the config (agents do not cross the spawn
-    boundary). They act with copies of the policies: on every pass the workers are checked and
-    sent the learner's policies if they changed (`Learner.policy_version`). Nothing to
-    checkpoint: a resumed run starts new processes with new seeds."""
+    boundary). They act with copies of the policies: on every pass the workers are checked, and
+    `publish` sends the learner's policies if they changed (`Learner.policy_version`). Nothing
+    to checkpoint: a resumed run starts new processes with new seeds."""
 
     chunks_per_pass = None  # the loop drains every chunk that is ready
 
@@ -103,9 +105,9 @@ class ProcessCollection:
         return self.workers.evaluator_restarts
 
     def _keep_up(self) -> None:
-        """Raise if a worker failed beyond its restarts; send changed policies."""
+        """Raise if a worker failed beyond its restarts (policies go out through `publish`:
+        here they could wait for an update the device is still running)."""
         self.workers.check()
-        self.workers.publish_if_changed(self.learner)
 
     def feed(self, learner: Learner) -> list | None:
         self._keep_up()

@@ -190,11 +190,10 @@ class LockstepCollection:
             self.failure = str(error)
 
     def agree(self) -> None:
-        """The agreement of one pass of the loop (raises the agreed stop or failure); the
-        collectors get the learner's policies first if they changed."""
+        """The agreement of one pass of the loop (raises the agreed stop or failure); policies
+        go out through `publish` (here they could wait for an update still running)."""
         try:
             self.workers.check()
-            self.workers.publish_if_changed(self.learner)
         except WorkerFailed as error:
             self.failure = str(error)
         self._gather_local()

@@ -1,6 +1,7 @@
 """The training loop: collectors feed the device replay, the learner updates the population.
 
     drain chunks -> replay.add -> rate limiter -> K-step population update -> collectors' params
+    (an update runs on the device while the next pass drains chunks; the pass after waits for it)
     every eval.interval env steps: snapshot -> evaluator process -> metrics.jsonl
     every checkpoint interval and at every stop: the whole run -> checkpoints/ (run/run_state.py)
 
@@ -23,10 +24,11 @@ from fastpop import strategies
 from fastpop.collect import snapshot
 from fastpop.collect.workers import WorkerFailed
 from fastpop.run import checkpoint, run_state
-from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, median, rewind_logs
+from fastpop.run import progress as progress_lib
+from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, rewind_logs
 from fastpop.run.parts import RunParts, RunPieces, local_pieces
 from fastpop.run.phases import PhaseWatch
-from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows, format_breakdown
+from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows
 from fastpop.run.stop_signals import StopRequested
 from fastpop.run.trackers import check_trackers, open_trackers
 from fastpop.strategies.base import Evaluation
@@ -65,6 +67,7 @@ class Run:
         self.last_progress = time.monotonic()
         # Says what a call longer than a progress interval is doing (the first update compiles).
         self.watch, self.updated = PhaseWatch(log, config.log.progress_interval_seconds), False
+        self.update_running: str | None = None  # its phase's name while the device runs it
 
     @property
     def member_env_steps(self) -> int:
@@ -124,17 +127,6 @@ class Run:
         return MetricsWriter(self.run_dir, self.config.log.tensorboard, False, purge_step, trackers)
 
     # --- checkpoints ---
-
-    def _checkpoint_due(self) -> bool:
-        every = self.config.checkpoint
-        seconds, steps = self.progress.last_checkpoint
-        return (
-            every.interval_seconds is not None
-            and self.elapsed() - seconds >= every.interval_seconds
-        ) or (
-            every.interval_env_steps is not None
-            and self.member_env_steps - steps >= every.interval_env_steps
-        )
 
     def save_checkpoint(self, reason: str) -> Path:
         """The whole run as it is now: see fastpop.run.run_state for what goes where."""
@@ -223,36 +215,53 @@ class Run:
         max_seconds = self.config.train.max_wall_seconds or math.inf
         while self.member_env_steps < total and self.elapsed() < max_seconds:
             self.signals.check()
-            busy = self._collect()
+            busy = self._collect()  # rows move while the update started last pass computes
+            self._finish_update()
             waiting = self.strategy.waits_for_evaluation and bool(self.pending)
             if learner.can_update() and not waiting:
-                start = time.perf_counter()
-                if self.progress.learning_started_at is None:
-                    self.progress.learning_started_at = self.elapsed()
-                phase = "population update" if self.updated else learner.first_update_phase()
-                with self.watch.phase(phase):
-                    learner.update()
-                    # Its time here, not in the host copy of the policies that waits for it
-                    # next (the update's compute was counted nowhere before).
-                    learner.wait_for_update()
-                self.updated = True
-                self.timers["update"] += time.perf_counter() - start
-                start = time.perf_counter()
-                self.collection.publish(learner)  # acted with from the collectors' next step
-                self.timers["publish"] += time.perf_counter() - start
+                self._start_update()
                 busy = True
-                # A stop asked for during the update (a signal to the whole process group
-                # killed the workers too) is acted on before any worker is checked: none is
-                # restarted on the way out.
-                self.signals.check()
             self._receive_evaluations(timeout=0.01 if waiting else 0.0)
             self._progress()
-            if self._checkpoint_due():
+            every, steps = self.config.checkpoint, self.member_env_steps
+            if self.progress.checkpoint_due(every, self.elapsed(), steps):
+                self._finish_update()  # its compute counted as the update's, not the save's
                 self.save_checkpoint("interval")
             if not busy:
                 start = time.perf_counter()
                 time.sleep(0.001)
                 self.timers["idle"] += time.perf_counter() - start
+        self._finish_update()
+
+    def _start_update(self) -> None:
+        """Dispatches a population update (compiled at its first call); the device runs it
+        while the loop moves the next rows, and `_finish_update` waits for it. One at a time:
+        the next update's inputs are this one's outputs anyway."""
+        start = time.perf_counter()
+        if self.progress.learning_started_at is None:
+            self.progress.learning_started_at = self.elapsed()
+        phase = "population update" if self.updated else self.learner.first_update_phase()
+        with self.watch.phase(phase):
+            self.learner.update()
+        self.updated, self.update_running = True, phase
+        self.timers["update"] += time.perf_counter() - start
+        # A stop asked for meanwhile (a signal to the whole process group, workers included) is
+        # acted on before any worker is checked: none is restarted on the way out.
+        self.signals.check()
+
+    def _finish_update(self) -> None:
+        """Waits for the running update (its compute counts as `update`), then sends changed
+        policies (after an update or a strategy step) to whatever acts with copies of them."""
+        if self.update_running is not None:
+            start = time.perf_counter()
+            with self.watch.phase(self.update_running):
+                self.learner.wait_for_update()
+            self.update_running = None
+            self.timers["update"] += time.perf_counter() - start
+            self.signals.check()  # as after the dispatch: before a worker is checked
+        start = time.perf_counter()
+        self.collection.publish(self.learner)
+        self.timers["publish"] += time.perf_counter() - start
 
     def _collect(self) -> bool:
         """Moves complete chunks (one per collector) into the replay while the limiter allows;
@@ -282,6 +291,7 @@ class Run:
             self.progress.learning_started_at = self.elapsed()
 
     def _snapshot_for_evaluation(self) -> None:
+        self._finish_update()  # the snapshot copies the policies it makes
         start = time.perf_counter()
         progress = self.progress
         meta = snapshot.SnapshotMeta(
@@ -318,6 +328,7 @@ class Run:
             rows = evaluation_rows(result, hparams, self.config.eval.episodes, labels)
             self.metrics.log_evaluation(rows)
             if not self.training_done:
+                self._finish_update()  # the step reads the members' states
                 with self.watch.phase(f"{self.strategy.name} strategy step"):
                     self._strategy_step(result)
 
@@ -364,17 +375,9 @@ class Run:
         waiting_on = getattr(self.collection, "waiting_on", None)  # process mode's workers
         if env_steps == 0 and waiting_on is not None and (waiting := waiting_on()):
             left = f"starting: {waiting}"
-        returns = self.progress.latest_returns
-        if np.all(np.isnan(returns)):
-            training = self.progress.training_returns
-            returns = np.array([np.mean(r) if r else np.nan for r in training])
-        finite = returns[np.isfinite(returns)]
-        best = f"{finite.max():.1f}" if finite.size else "-"
-        middle = f"{median(finite.tolist()):.1f}" if finite.size else "-"
+        returns = self.progress.returns_so_far()
         self.log(
-            f"[{elapsed:6.0f}s] {env_steps:,} env steps ({env_steps / elapsed:,.0f}/s) | "
-            f"{learner.updates:,} updates/member ({learner.updates * size / elapsed:,.0f} "
-            f"agent-updates/s) | return best {best} median {middle} | {left}"
+            progress_lib.progress_line(elapsed, env_steps, learner.updates, size, returns, left)
         )
         if learner.last_metrics:
             self.metrics.log_scalars(env_steps, learner.last_metrics)
@@ -393,5 +396,5 @@ class Run:
             "learner_seconds": self.timers,
             "workers": self.worker_stats,
         }
-        self.log(format_breakdown(summary))
+        self.log(progress_lib.format_breakdown(summary))
         return summary

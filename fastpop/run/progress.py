@@ -11,6 +11,7 @@ from collections import deque
 import numpy as np
 
 from fastpop.collect import snapshot
+from fastpop.run.metrics import median
 
 TRAINING_RETURNS_KEPT = 10  # recent training episodes per member, for the progress line
 TIMERS = ("transport", "update", "publish", "evaluation_snapshots", "checkpoints", "idle")
@@ -41,6 +42,23 @@ class RunProgress:
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
+
+    def checkpoint_due(self, every, elapsed: float, member_env_steps: int) -> bool:
+        """`every` (config.checkpoint)'s interval in seconds or env steps has passed (`elapsed`:
+        the run's clock, which processes of a distributed run agree on)."""
+        seconds, steps = self.last_checkpoint
+        return (
+            every.interval_seconds is not None and elapsed - seconds >= every.interval_seconds
+        ) or (
+            every.interval_env_steps is not None
+            and member_env_steps - steps >= every.interval_env_steps
+        )
+
+    def returns_so_far(self) -> np.ndarray:
+        """(P,) the latest evaluation's returns, else the recent training episodes' means."""
+        if not np.all(np.isnan(self.latest_returns)):
+            return self.latest_returns
+        return np.array([np.mean(r) if r else np.nan for r in self.training_returns])
 
     def saved(self) -> dict:
         """Plain JSON data (the `run` part of a checkpoint's metadata)."""
@@ -151,6 +169,21 @@ DEVICE_TIMER_LABELS = {
     "update": "update (in fused calls)",
     "evaluation_snapshots": "evaluations",
 }
+
+
+def progress_line(
+    elapsed: float, env_steps: int, updates: int, size: int, returns: np.ndarray, left: str
+) -> str:
+    """The periodic progress line: env steps and updates (per member) with their rates, the
+    best and median return of the `size` members."""
+    finite = returns[np.isfinite(returns)]
+    best = f"{finite.max():.1f}" if finite.size else "-"
+    middle = f"{median(finite.tolist()):.1f}" if finite.size else "-"
+    return (
+        f"[{elapsed:6.0f}s] {env_steps:,} env steps ({env_steps / elapsed:,.0f}/s) | "
+        f"{updates:,} updates/member ({updates * size / elapsed:,.0f} "
+        f"agent-updates/s) | return best {best} median {middle} | {left}"
+    )
 
 
 def format_breakdown(summary: dict) -> str:
