@@ -250,6 +250,7 @@ def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     for algo, populations in plan["algos"].items():
         if record.time_left() <= 0:
             record["algos"][algo] = {"skipped": "the phase's time cap had passed"}
+            record["cut_short"] = True
             continue
         settings = UpdateBenchSettings(
             algo,
@@ -286,6 +287,7 @@ def device_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
         record["sweeps"].append(sweep)
         if record.time_left() <= 0:
             sweep["skipped"] = "the phase's time cap had passed"
+            record["cut_short"] = True
             continue
         earlier = results.get(env_id, {}).get("rows", [])
 
@@ -353,6 +355,7 @@ def pbt_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     for preset, overrides in plan["runs"]:
         if record.time_left() < wall:
             record["runs"][preset] = {"skipped": "too little of the phase's time cap was left"}
+            record["cut_short"] = True
             continue
         run_dir = out_dir / "runs" / preset
         config = CONFIGS_DIR / f"{preset}.yaml"

@@ -97,10 +97,11 @@ def run_phases(
 
 
 def phase_status(complete: bool, capped: bool, exit_code: int | None) -> str:
-    """ "done" once the phase wrote its whole record, even if its process was still exiting at
-    the cap (a pipeline's 14 collectors take seconds to stop): the files are all there. A
-    capped phase's exit code says nothing (its SIGTERM can land where Python ignores the
-    exception it raises, a GC callback, say)."""
+    """Done once the phase did all its work (`complete`: its record says so, nothing skipped
+    for lack of time), even if its process was still exiting at the cap (a pipeline's 14
+    collectors take seconds to stop): the files are all there. A capped phase's exit code
+    says nothing (its SIGTERM can land where Python ignores the exception it raises, a GC
+    callback, say)."""
     if complete and (capped or exit_code == 0):
         return "done"
     return "capped" if capped else "failed"
@@ -127,7 +128,8 @@ def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
     if capped:
         stop(process, grace)
     record = read_record(out_dir, phase) or {}
-    status = phase_status(bool(record.get("complete")), capped, process.exitcode)
+    whole = bool(record.get("complete")) and not record.get("cut_short")
+    status = phase_status(whole, capped, process.exitcode)
     entry |= {"status": status, "seconds": time.perf_counter() - start}
     if capped and status == "done":
         entry["past_cap"] = True  # still exiting at its cap
