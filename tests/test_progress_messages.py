@@ -106,7 +106,7 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
     """Snapshots are taken in the pass that moves rows into the replay: their seconds go to
     evaluation_snapshots only (transport counted them too, so the phases summed past the wall).
     An update's compute is counted in `update` (it was in no timer: the host waited for it when
-    it copied the new policies to the collectors)."""
+    it copied the new policies to the collectors), and rows move while it runs."""
     overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
     real_encode, encoded = snapshot.encode, []
@@ -118,13 +118,20 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
 
     monkeypatch.setattr(snapshot, "encode", slow_encode)
     real_wait, waits = learner_lib.Learner.wait_for_update, []
+    Learner, order = learner_lib.Learner, []
 
     def slow_wait(self):
         time.sleep(SLOW_UPDATE_SECONDS)
         waits.append(self.updates)
+        order.append("wait")
         real_wait(self)
 
-    monkeypatch.setattr(learner_lib.Learner, "wait_for_update", slow_wait)
+    def noted(name, method):
+        return lambda self, *args: (order.append(name), method(self, *args))[1]
+
+    monkeypatch.setattr(Learner, "wait_for_update", slow_wait)
+    monkeypatch.setattr(Learner, "update", noted("update", Learner.update))
+    monkeypatch.setattr(Learner, "insert", noted("insert", Learner.insert))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     summary = loop.Run(build_run(config), run_dir, log=lambda line: None).run()
@@ -133,6 +140,10 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
     assert timers["evaluation_snapshots"] >= in_loop * SLOW_SNAPSHOT_SECONDS
     assert timers["transport"] < 2 * SLOW_SNAPSHOT_SECONDS, timers  # was >= 3 x 1 s
     assert waits and timers["update"] >= len(waits) * SLOW_UPDATE_SECONDS, (waits, timers)
+    # One update at a time, each waited for after the loop moved rows while it ran.
+    steps = "".join({"update": "u", "wait": "w", "insert": "i"}[name] for name in order)
+    assert steps.replace("i", "").replace("uw", "") == "", steps
+    assert re.search("ui+w", steps), steps
     assert sum(timers.values()) <= summary["wall_time"]
 
 
