@@ -3,9 +3,10 @@
 For each vectorized row of `fastpop bench update`: the kernels the optimised whole-population
 program launches per update step (parsed from its HLO: fusions, library calls and every other
 op that is not a view or control flow; loops counted by their known trip counts, a conditional
-by its larger branch) and the measured seconds per kernel; with XLA's FLOPs and bytes of one
-member's update, the floors a population step cannot go below: its FLOPs at the matmul rate
-and its bytes at the memory bandwidth, both measured in the same run.
+by its larger branch; kernels XLA outlines into a command buffer, a CUDA graph launched at
+once, are counted inside its `call`) and the measured seconds per kernel; with XLA's FLOPs and
+bytes of one member's update, the floors a population step cannot go below: its FLOPs at the
+matmul rate and its bytes at the memory bandwidth, both measured in the same run.
 """
 
 from __future__ import annotations
