@@ -123,3 +123,23 @@ def test_an_accelerators_program_is_read_as_compiled_and_a_cpus_compiled_alike()
     assert read[0]["seconds_per_kernel"] == pytest.approx(
         0.01 / (2 * read[0]["kernels_per_update_step"])
     )
+
+
+def test_an_unreadable_program_leaves_the_row_with_its_reason():
+    class Unlowerable:
+        def lower(self, *args):
+            raise RuntimeError("no HLO here")
+
+    read = anatomy.read_safely(None, Unlowerable(), None, None, None, 0.01)
+    assert read == {"anatomy_error": "RuntimeError: no HLO here"}
+
+
+def test_the_summary_tables_what_was_read_and_names_what_was_not():
+    from fastpop.bench.gpu_report import anatomy_lines
+
+    read = {"population": 80, "kernels_per_update_step": 120.0, "seconds_per_kernel": 8e-6}
+    read |= {"seconds_per_update_step": 9.6e-4, "compute_floor_seconds": 1.1e-4}
+    lines = anatomy_lines([read, {"population": 256, "anatomy_error": "ValueError: odd HLO"}])
+    assert "| 80 | 0.960 | 0.110 | - | 120 | 8.0 |" in lines
+    assert lines[-1] == "- P=256: not read (ValueError: odd HLO)"
+    assert anatomy_lines([{"population": 1, "impl": "sequential"}]) == []

@@ -108,6 +108,15 @@ def update_anatomy(plan: population.UpdatePlan, update, states, replay, hparams,
     }
 
 
+def read_safely(plan, update, states, replay, hparams, seconds_per_call) -> dict:
+    """`update_anatomy`, or why it could not be read: a benchmark's timings are kept whatever
+    an HLO text this parser has not met looks like."""
+    try:
+        return update_anatomy(plan, update, states, replay, hparams, seconds_per_call)
+    except Exception as error:  # recorded in the row; the sweep goes on
+        return {"anatomy_error": f"{type(error).__name__}: {error}"}
+
+
 def memory_gbps(megabytes: float | None = None, repeats: int = 5) -> float:
     """Best-of-N GB/s of one elementwise pass over a large float32 array (read and written)."""
     megabytes = megabytes or (256 if jax.devices()[0].platform == "cpu" else 2048)

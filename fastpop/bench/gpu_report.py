@@ -155,8 +155,13 @@ def update_lines(out_dir: Path, record: dict) -> list[str]:
 def anatomy_lines(rows: list[dict]) -> list[str]:
     """What bounds the vectorized update (fastpop.bench.anatomy), where it was read."""
     read = [r for r in rows if "kernels_per_update_step" in r]
+    failed = [
+        f"- P={r['population']}: not read ({r['anatomy_error']})"
+        for r in rows
+        if "anatomy_error" in r
+    ]
     if not read:
-        return []
+        return ["", *failed] if failed else []
     ms = lambda r, key: "-" if key not in r else f"{1e3 * r[key]:.3f}"
     lines = ["", "What bounds a vectorized population step (XLA's program and costs):", ""]
     lines += ["| P | ms per step | compute floor ms | memory floor ms | kernels | µs per kernel |"]
@@ -169,7 +174,7 @@ def anatomy_lines(rows: list[dict]) -> list[str]:
             f"{r['kernels_per_update_step']:.0f} | "
             f"{'-' if per_kernel is None else f'{1e6 * per_kernel:.1f}'} |"
         )
-    return lines
+    return [*lines, *failed]
 
 
 def device_lines(out_dir: Path, record: dict) -> list[str]:

@@ -219,7 +219,7 @@ def bench_update(
             if name == "vectorized" and size >= (settings.anatomy_from or math.inf):
                 per_program = timing["seconds_per_call"] * plan.num_updates / updates_per_call
                 update = executors[name].update
-                row |= anatomy.update_anatomy(plan, update, states, buffers, hparams, per_program)
+                row |= anatomy.read_safely(plan, update, states, buffers, hparams, per_program)
             rows.append(row)
             log(row_line(algo, row))
         del buffers
