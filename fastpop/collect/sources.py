@@ -85,6 +85,8 @@ class ProcessCollection:
         self.config, self.replay_spec, self.log = config, replay_spec, log
         self.workers = None  # while running
         self.learner: Learner | None = None  # while running
+        # The run loop's stop check, made before a worker check (a group signal kills both).
+        self.stop_check: Callable[[], None] = lambda: None
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
@@ -107,6 +109,7 @@ class ProcessCollection:
     def _keep_up(self) -> None:
         """Raise if a worker failed beyond its restarts (policies go out through `publish`:
         here they could wait for an update the device is still running)."""
+        self.stop_check()
         self.workers.check()
 
     def feed(self, learner: Learner) -> list | None:

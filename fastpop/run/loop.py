@@ -105,6 +105,8 @@ class Run:
             self.collection.running(self.learner, metrics.log_event, self.progress.resumes),
         ):
             self.metrics = metrics
+            if hasattr(self.collection, "stop_check"):  # before its workers are checked
+                self.collection.stop_check = self.signals.check
             self._announce_resume()
             try:
                 self.signals.in_loop = True
@@ -234,9 +236,8 @@ class Run:
         self._finish_update()
 
     def _start_update(self) -> None:
-        """Dispatches a population update (compiled at its first call); the device runs it
-        while the loop moves the next rows, and `_finish_update` waits for it. One at a time:
-        the next update's inputs are this one's outputs anyway."""
+        """Dispatches a population update (compiled at its first call): the device runs it while
+        the loop moves the next rows; `_finish_update` waits for it (one at a time)."""
         start = time.perf_counter()
         if self.progress.learning_started_at is None:
             self.progress.learning_started_at = self.elapsed()
@@ -246,7 +247,7 @@ class Run:
         self.updated, self.update_running = True, phase
         self.timers["update"] += time.perf_counter() - start
         # A stop asked for meanwhile (a signal to the whole process group, workers included) is
-        # acted on before any worker is checked: none is restarted on the way out.
+        # acted on before a worker is checked (here and `stop_check`): none is restarted.
         self.signals.check()
 
     def _finish_update(self) -> None:
@@ -375,10 +376,8 @@ class Run:
         waiting_on = getattr(self.collection, "waiting_on", None)  # process mode's workers
         if env_steps == 0 and waiting_on is not None and (waiting := waiting_on()):
             left = f"starting: {waiting}"
-        returns = self.progress.returns_so_far()
-        self.log(
-            progress_lib.progress_line(elapsed, env_steps, learner.updates, size, returns, left)
-        )
+        returns, updates = self.progress.returns_so_far(), learner.updates
+        self.log(progress_lib.progress_line(elapsed, env_steps, updates, size, returns, left))
         if learner.last_metrics:
             self.metrics.log_scalars(env_steps, learner.last_metrics)
 
