@@ -218,17 +218,19 @@ class Run:
         while self.member_env_steps < total and self.elapsed() < max_seconds:
             self.signals.check()
             busy = self._collect()  # rows move while the update started last pass computes
+            # No update runs from here to the pass's end: the progress line, a strategy step
+            # and a checkpoint see finished updates only.
             self._finish_update()
             waiting = self.strategy.waits_for_evaluation and bool(self.pending)
-            if learner.can_update() and not waiting:
-                self._start_update()
-                busy = True
             self._receive_evaluations(timeout=0.01 if waiting else 0.0)
             self._progress()
             every, steps = self.config.checkpoint, self.member_env_steps
             if self.progress.checkpoint_due(every, self.elapsed(), steps):
-                self._finish_update()  # its compute counted as the update's, not the save's
                 self.save_checkpoint("interval")
+            waiting = self.strategy.waits_for_evaluation and bool(self.pending)
+            if learner.can_update() and not waiting:
+                self._start_update()
+                busy = True
             if not busy:
                 start = time.perf_counter()
                 time.sleep(0.001)
@@ -329,7 +331,6 @@ class Run:
             rows = evaluation_rows(result, hparams, self.config.eval.episodes, labels)
             self.metrics.log_evaluation(rows)
             if not self.training_done:
-                self._finish_update()  # the step reads the members' states
                 with self.watch.phase(f"{self.strategy.name} strategy step"):
                     self._strategy_step(result)
 
