@@ -103,15 +103,17 @@ def test_resume_refuses_what_it_cannot_do_and_writes_nothing(tmp_path, capsys):
 
 
 def test_a_full_disk_stops_the_run_clearly_and_keeps_the_newest_checkpoint(trainers):
-    # Bytes per file: the first checkpoint's arrays (no replay; ~90 KB with the policy snapshots
-    # still waiting for the evaluator) fit; a later one's, holding more of them as the evaluator
-    # lags, or the metrics fill it. (At eval.interval=32 a first checkpoint held ~120 KB.)
+    # Bytes per file: the first checkpoint's arrays (no replay; ~86 KB, and ~26 KB more for each
+    # policy snapshot still waiting for the evaluator: at most two here) fit; a later one's,
+    # holding more of them as the evaluator lags, or the metrics fill it. (At eval.interval=64
+    # the first checkpoint, written at the warm-up's end before the first update compiles,
+    # held four: ~160 KB.)
     limit = 120 * 1024
     trainer = trainers(
         TD3_PENDULUM,
         *FAST,
         "train.total_env_steps=10_000_000",
-        "eval.interval=64",
+        "eval.interval=128",
         "checkpoint.interval_env_steps=128",
         "checkpoint.replay=false",
         "log.tensorboard=false",
