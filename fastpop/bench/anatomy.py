@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 
 import jax
 import jax.numpy as jnp
 
 from fastpop import population
-from fastpop.population import chunking
+from fastpop.bench.common import best_seconds
 
 # Ops that launch nothing: views, tuples, control flow (its bodies are counted), async halves.
 NOT_KERNELS = {
@@ -95,11 +94,9 @@ def update_anatomy(plan: population.UpdatePlan, update, states, replay, hparams,
     """Kernels per update step of `plan`'s whole-population program at this population size,
     and the measured seconds per kernel (`seconds_per_call`: one call of `plan.num_updates`
     steps). `update`: the executor's, whose compiled program is read where it is one (an
-    accelerator's: no second compile); a CPU's runs chunks, so the program is compiled here."""
-    program = update if hasattr(update, "lower") else None
-    if program is None:
-        member_loop = population.member_update_loop(plan)
-        program = chunking.whole_population(member_loop, None if plan.shared_replay else 0)
+    accelerator's: no second compile); a CPU's runs chunks, so the whole-population program
+    (`population.vectorized`'s) is compiled here."""
+    program = update if hasattr(update, "lower") else population.vectorized(plan).update
     compiled = program.lower(states, replay, hparams, jax.random.key(0)).compile()
     kernels = kernels_per_call(compiled.as_text())
     return {
@@ -122,13 +119,8 @@ def memory_gbps(megabytes: float | None = None, repeats: int = 5) -> float:
     megabytes = megabytes or (256 if jax.devices()[0].platform == "cpu" else 2048)
     array = jnp.ones(int(megabytes * 2**20) // 4, jnp.float32)
     scale = jax.jit(lambda x: x * 1.0001)
-    scale(array).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        scale(array).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * array.nbytes / best / 1e9
+    seconds = best_seconds(lambda: scale(array).block_until_ready(), repeats)
+    return 2 * array.nbytes / seconds / 1e9
 
 
 def add_floors(rows: list[dict], flops: float, bytes_accessed: float, rates: dict, steps: int):

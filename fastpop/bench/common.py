@@ -1,14 +1,17 @@
 """What the benchmarks share: a label and a description of the machine they run on, its host
-memory, a learner built from a config without any worker process, and how results are written
-(JSON, two-panel PNG)."""
+memory, a learner built from a config without any worker process, the best of repeated timings,
+and how results are written (JSON, two-panel PNG)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import re
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -106,6 +109,18 @@ class HostMemory:
 
     def peak_above_start(self) -> int | None:
         return None if self.start is None else _memory_status()["VmHWM"] - self.start
+
+
+def best_seconds(call: Callable[[], object], repeats: int) -> float:
+    """The fastest of `repeats` timed calls of `call`, which waits for its result, after one
+    untimed call (its compile)."""
+    call()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def write_json(result: dict, path: Path) -> Path:

@@ -23,7 +23,7 @@ import numpy as np
 from fastpop import population
 from fastpop.agents import Agent, make_agent
 from fastpop.bench import anatomy
-from fastpop.bench.common import device_label, two_panel_figure, write_json
+from fastpop.bench.common import best_seconds, device_label, two_panel_figure, write_json
 from fastpop.population import replay
 from fastpop.types import EnvSpec, Transition, stored_obs
 
@@ -107,13 +107,8 @@ def matmul_gflops(size: int | None = None, repeats: int = 5, precision: str | No
     size = size or (2048 if jax.devices()[0].platform == "cpu" else 8192)
     a = jax.random.normal(jax.random.key(0), (size, size))
     matmul = jax.jit(partial(jnp.matmul, precision=precision))
-    matmul(a, a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        matmul(a, a).block_until_ready()
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
+    seconds = best_seconds(lambda: matmul(a, a).block_until_ready(), repeats)
+    return 2 * size**3 / seconds / 1e9
 
 
 ROUNDS = 3  # timed rounds per measurement, alternating between implementations

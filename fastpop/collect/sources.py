@@ -84,7 +84,6 @@ class ProcessCollection:
     def __init__(self, config, replay_spec: replay.ReplaySpec, log=print):
         self.config, self.replay_spec, self.log = config, replay_spec, log
         self.workers = None  # while running
-        self.learner: Learner | None = None  # while running
         # The run loop's stop check, made before a worker check (a group signal kills both).
         self.stop_check: Callable[[], None] = lambda: None
 
@@ -99,7 +98,7 @@ class ProcessCollection:
         with Workers(
             config, leaves, spec, log, log_event, generation, policy_version=version
         ) as workers:
-            self.workers, self.learner = workers, learner
+            self.workers = workers
             yield
 
     @property

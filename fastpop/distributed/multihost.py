@@ -132,7 +132,6 @@ class LockstepCollection:
         self.lockstep, self.config, self.replay_spec, self.log = lockstep, config, replay_spec, log
         self.signals, self.local_elapsed = AgreedSignals(self.agree), local_elapsed
         self.workers: Workers | None = None  # while running
-        self.learner: Learner | None = None  # while running
         self.agreed_elapsed: float | None = None  # process 0's clock at the latest pass
         self.held = None  # (rows, episodes) of a chunk waiting for the other processes'
         self.chunk_agreed = False
@@ -151,7 +150,7 @@ class LockstepCollection:
         config, spec, log = self.config, self.replay_spec, self.log
         workers = Workers(config, leaves, spec, log, log_event, generation, version)
         with workers:
-            self.workers, self.learner = workers, learner
+            self.workers = workers
             self.agree()  # the processes start the loop together, on one clock
             yield
 

@@ -20,6 +20,7 @@ several devices are `make_training(..., mesh=...)` (fastpop.population.sharding)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -131,7 +132,7 @@ def executor_training(
     if executor.name == "sequential":  # stack the policies only, not every member's state
         policies = lambda states: population.stack([agent.policy_params(s) for s in states])
     else:  # compiled once: the learner publishes after every update (traced, it took 8 ms)
-        policies = jax.jit(jax.vmap(agent.policy_params))
+        policies = jax.jit(functools.partial(population.member_policies, agent))
 
     initialize = population.initializer(agent)  # compiled once: fresh trials reuse it
 
