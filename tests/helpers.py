@@ -65,12 +65,14 @@ def train_here(tmp_path: Path, preset: Path, *overrides: str):
     tmp_path/run: the finished `fastpop.run.loop.Run`."""
     from fastpop import config as config_lib
     from fastpop.run import loop
-    from fastpop.run.parts import build_run
+    from fastpop.run.parts import build_run, local_pieces
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     config = config_lib.load_config(preset, [*QUIET, *overrides])
-    trained = loop.Run(build_run(config), run_dir, log=lambda message: None)
+    parts, log = build_run(config), lambda message: None
+    pieces = local_pieces(parts, run_dir / loop.CHECKPOINTS_DIR, log, collectors_ahead=True)
+    trained = loop.Run(parts, run_dir, log=log, pieces=pieces)
     trained.run()
     return trained
 

@@ -204,10 +204,17 @@ class Trainer:
                 pytest.fail(f"not training after {START_SECONDS} s:\n{self.stdout[-3000:]}")
             time.sleep(0.05)
 
+    def workers(self, collectors: int) -> list[int]:
+        """The collectors, then the evaluator (started with the first trained policies)."""
+        deadline = time.monotonic() + START_SECONDS
+        while len(workers := worker_children(self.pid)) < collectors + 1:
+            assert time.monotonic() < deadline, f"expected {collectors} collectors and an evaluator"
+            time.sleep(0.05)
+        assert len(workers) == collectors + 1, f"expected {collectors} collectors and an evaluator"
+        return workers
+
     def collectors(self, count: int) -> list[int]:
-        workers = worker_children(self.pid)
-        assert len(workers) == count + 1, f"expected {count} collectors and an evaluator"
-        return workers[:count]
+        return self.workers(count)[:count]
 
     def group(self) -> list[int]:
         """Live processes of the run's session (it outlives the trainer while any lives)."""

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.runs import with_this_checkout
 
@@ -63,10 +64,11 @@ if __name__ == "__main__":
 """
 
 
-def test_a_collector_in_its_warm_up_has_not_imported_jax(tmp_path):
+def test_a_collectors_first_rows_go_out_before_it_imports_jax(tmp_path):
     """Its first rows wait only for gymnasium: 16 collectors importing JAX (~1-2 s of CPU each)
     were most of the paper preset's start-up on 2 cores (results/startup/README.md). Neither
-    what it is sent nor the parent's main script brings JAX in."""
+    what it is sent nor the parent's main script brings JAX in (its policy is built in a
+    thread once they are out)."""
     script = tmp_path / "train_script.py"
     script.write_text(WARM_UP)
     result = subprocess.run(
@@ -80,7 +82,7 @@ def test_a_collector_in_its_warm_up_has_not_imported_jax(tmp_path):
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout.splitlines()[-1])
     assert stats["shape"] == [2, 4, 3] and stats["env_steps"] >= 2 * 4
-    assert stats["jax_imported"] is False
+    assert stats["first_rows_without_jax"] is True
 
 
 def test_a_collectors_warm_up_ends_on_a_chunk_boundary():
@@ -93,3 +95,79 @@ def test_a_collectors_warm_up_ends_on_a_chunk_boundary():
 
     rows = RowLayout(32, (3,), np.dtype(np.float32), np.dtype(np.float32), 1)
     assert [whole_chunks(steps, rows) for steps in (0, 1, 32, 1_000)] == [0, 32, 32, 1_024]
+
+
+def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_its_policies():
+    """A fresh run starts its collectors before it makes its learner (run/parts.local_pieces):
+    they send exactly their warm-up's random rows, then wait for the learner's first publish
+    rather than step on at random, and act with its policies once `running` publishes them."""
+    import math
+    import time
+
+    from fastpop import config as config_lib
+    from fastpop.collect.sources import ProcessCollection
+    from fastpop.learn.learner import Learner
+    from fastpop.run.parts import build_run
+
+    config = config_lib.config_from_dict(
+        {
+            "name": "ahead",
+            "algo": "td3",
+            "env": {"id": "Pendulum-v1"},
+            "population": {"size": 2},
+            "agent": {"hidden_sizes": [8, 8]},
+            "collect": {"num_collectors": 1, "chunk_len": 8, "warmup_steps": 64, "ring_slots": 32},
+        }
+    )
+    parts = build_run(config)
+    collection = ProcessCollection(config, parts.replay_spec, log=lambda *_: None)
+    collection.start_ahead(parts.agent)
+    workers, warm_up_chunks = collection.workers, 64 // 8
+
+    def chunks_within(seconds: float, enough: float = math.inf) -> int:
+        count, deadline = 0, time.monotonic() + seconds
+        while time.monotonic() < deadline and count < enough:
+            workers.check()
+            count += workers.next_chunk()[0] is not None
+            time.sleep(0.01)
+        return count
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers.rings[0]) < warm_up_chunks and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert chunks_within(1.5) == warm_up_chunks  # and nothing after them
+        assert workers.evaluator is None  # started with the first trained policies
+        learner = Learner(parts.learner_parts())
+        with collection.running(learner, lambda *_: None, generation=0):
+            assert chunks_within(60, enough=1) == 1  # policy steps, once published
+            stats = workers.stop()["collector 0"]
+    finally:
+        workers.__exit__(None, None, None)  # every process stopped, every segment unlinked
+    assert stats["param_version"] == 1 and stats["first_rows_without_jax"] is True
+    assert stats["env_steps"] > 2 * 64
+
+
+def test_a_worker_starts_with_ctrl_c_blocked_and_the_parent_gets_its_own_back():
+    """A Ctrl-C to the process group while a worker still imports (before it sets SIGINT to
+    ignored) printed the worker's KeyboardInterrupt traceback: workers start with it blocked."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    from fastpop.collect.spawning import starting_worker
+
+    def blocked(pid: int) -> bool:
+        status = Path(f"/proc/{pid}/status").read_text()
+        mask = int(next(line for line in status.splitlines() if line.startswith("SigBlk:"))[7:], 16)
+        return bool(mask & (1 << (signal.SIGINT - 1)))
+
+    with starting_worker():
+        worker = mp.get_context("spawn").Process(target=time.sleep, args=(30,), daemon=True)
+        worker.start()
+    try:
+        assert blocked(worker.pid)
+        assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    finally:
+        worker.kill()
+        worker.join()

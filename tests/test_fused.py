@@ -13,7 +13,7 @@ pytest.importorskip("gymnax")
 
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
-from fastpop.collect.sources import DeviceCollection
+from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import compile_stats
 from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_run, make_collection

@@ -19,7 +19,7 @@ from tests.runs import ENDLESS, FAST, TD3_PENDULUM
 def signal_the_group(run) -> None:
     """What a group SIGTERM does: every worker dies, the trainer's handler records it."""
     workers = run.collection.workers
-    processes = [*workers.collectors, workers.evaluator]
+    processes = [p for p in (*workers.collectors, workers.evaluator) if p is not None]
     for process in processes:
         process.terminate()  # SIGTERM
     run.signals._on_signal(signal.SIGTERM, None)

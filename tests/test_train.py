@@ -38,7 +38,6 @@ from tests.runs import (
     read_jsonl,
     segments,
     survivors,
-    worker_children,
 )
 
 # --- end to end ---
@@ -220,7 +219,7 @@ def test_killed_collector_is_restarted_and_the_run_completes(trainers):
 def test_killed_evaluator_is_restarted_and_no_evaluation_is_lost(trainers):
     trainer = trainers(TD3_PENDULUM, *FAST, "train.total_env_steps=1500", "eval.interval=750")
     trainer.wait_until_training()
-    evaluator = worker_children(trainer.pid)[-1]
+    evaluator = trainer.workers(2)[-1]
     os.kill(evaluator, signal.SIGKILL)
     assert trainer.wait(START_SECONDS) == 0, trainer.stderr
     assert "evaluator died (killed by SIGKILL); restarting it (1/3)" in trainer.stdout

@@ -4,7 +4,7 @@
                         shared-memory rings and are copied to the device (`Workers`)
     DeviceCollection    device envs (brax, gymnax, Playground) stepped on the device by the
                         policy the learner trains; rows never leave it, no worker process is
-                        started
+                        started (fastpop.collect.device_collection)
 
 Both are a `Collection`, the interface the run loop uses (a distributed run's, in
 fastpop.distributed.multihost, is a third).
@@ -13,24 +13,15 @@ fastpop.distributed.multihost, is a third).
 from __future__ import annotations
 
 import contextlib
-import time
+import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from typing import Any, NamedTuple, Protocol
+from typing import Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population
-from fastpop.collect import device_rollout, fused, snapshot
-from fastpop.compilation import stored_programs
-from fastpop.compilation.background import in_background
-from fastpop.config.sections import CollectConfig
-from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
-from fastpop.learn.update_protocol import Training
-from fastpop.population import replay, sharding
-from fastpop.types import EnvSpec
+from fastpop.learn.learner import Learner
+from fastpop.population import replay
 
 
 class Collection(Protocol):
@@ -81,25 +72,57 @@ class ProcessCollection:
 
     chunks_per_pass = None  # the loop drains every chunk that is ready
 
-    def __init__(self, config, replay_spec: replay.ReplaySpec, log=print):
+    def __init__(
+        self, config, replay_spec: replay.ReplaySpec, log=print, waits_for_evaluation=False
+    ):
+        """`waits_for_evaluation`: the strategy's (its evaluator starts with the collectors'
+        first rows; otherwise with the first trained policies, `Workers`)."""
         self.config, self.replay_spec, self.log = config, replay_spec, log
+        self.evaluator_with_first_rows = waits_for_evaluation
         self.workers = None  # while running
         # The run loop's stop check, made before a worker check (a group signal kills both).
         self.stop_check: Callable[[], None] = lambda: None
 
+    def start_ahead(self, agent) -> None:
+        """Starts a fresh run's collectors before its learner is made (run/parts.local_pieces):
+        their warm-up acts at random; at its end they wait for `running`'s first publish."""
+        from fastpop.collect.collector import policy_template
+
+        template = jax.tree.leaves(policy_template(agent, self.config.population.size))
+        zeros = [np.zeros(leaf.shape, leaf.dtype) for leaf in template]
+        workers = self._workers(zeros, policy_version=None)
+        self.workers = workers.__enter__()
+        # stopped by `running`, or at exit if the run fails before it starts
+        self._stop_ahead = weakref.finalize(self, workers.__exit__, None, None, None)
+
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
-        from fastpop.collect.workers import Workers
-
-        leaves, version = learner.policy_leaves(), learner.policy_version
-        config, spec, log = self.config, self.replay_spec, self.log
         learner.replay.compile_insert_ahead()  # while the collectors start
         learner.compile_update_ahead()  # while they start and step their warm-up
-        with Workers(
-            config, leaves, spec, log, log_event, generation, policy_version=version
-        ) as workers:
+        if self.workers is not None:  # started ahead: a fresh run's
+            if generation:
+                raise RuntimeError("collectors started ahead act for a fresh run, not a resume")
+            self.workers.log_event = log_event
+            self.workers.publish_from(learner)
+            try:
+                yield
+            finally:
+                self._stop_ahead()
+            return
+        leaves, version = learner.policy_leaves(), learner.policy_version
+        with self._workers(leaves, log_event, generation, version) as workers:
             self.workers = workers
             yield
+
+    def _workers(self, leaves, log_event=None, generation=0, policy_version=0):
+        from fastpop.collect.workers import Workers
+
+        early = self.evaluator_with_first_rows
+        return Workers(
+            *(self.config, leaves, self.replay_spec, self.log, log_event, generation),
+            policy_version=policy_version,
+            evaluator_with_first_rows=early,
+        )
 
     @property
     def evaluator_restarts(self) -> int:
@@ -138,262 +161,3 @@ class ProcessCollection:
     def restore(self, tree: dict) -> None:
         if tree:
             raise ValueError("process collection restores nothing: a checkpoint held env lanes")
-
-
-class DeviceParts(NamedTuple):
-    """What device collection is made of (fastpop.run.parts.RunParts.device_parts)."""
-
-    env: Any  # the DeviceEnv
-    episode_length: int
-    collect: CollectConfig
-    eval_episodes: int
-    population_size: int
-    seed: int
-    agent: Any
-    env_spec: EnvSpec
-    training: Training  # its `policies` and `update`, for the program per chunk
-    mesh: Any  # None: one device
-    # What decides its programs, to keep them on disk (fastpop.compilation.stored_programs);
-    # None: not kept
-    program_identity: str | None = None
-
-
-class DeviceCollection:
-    """P members x E device envs stepped on the device, one jitted call per chunk of rows (env
-    states donated), acting with each member's current exploration; evaluation on a separate
-    batch of envs with the snapshot's policy held constant. With population.devices > 1 each
-    device steps the envs of its own members. The learner's state it acts with comes in as
-    arguments (`feed`, `next_chunk`)."""
-
-    evaluator_restarts = 0  # nothing to restart
-    chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
-
-    def __init__(self, parts: DeviceParts, policy_template=None):
-        """policy_template: shapes of the learner's `policy_tree` (what a snapshot decodes to);
-        None: given later by `set_policy_template`, before the loop (`make_ahead` may then
-        make the lanes and the chunk program beside the learner's making)."""
-        self.parts = parts
-        self.env, self.episode_length = parts.env, parts.episode_length
-        key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
-        self.key, lanes_key = jax.random.split(key)
-        lanes = parts.population_size * parts.collect.envs_per_member
-        init = device_rollout.lanes_init(self.env, lanes)
-        # Lanes are member-major: split over the learner's mesh like the members they serve
-        # (their scalars, a key, on every device).
-        self._placement = None
-        if parts.mesh is not None:
-            split, everywhere = sharding.members(parts.mesh), sharding.replicated(parts.mesh)
-            shapes = jax.eval_shape(init, lanes_key)
-            self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
-        self._identity = parts.program_identity  # None on a mesh (run/parts.stored_identity)
-        self._lanes, self._lanes_ahead = None, None  # made at first use, or by `make_ahead`
-        self._lanes_program = stored_programs.stored_jit(init, self._identity, "lanes")
-        self._lanes_key = lanes_key
-        if self._placement is not None:
-            self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
-        elif policy_template is not None or jax.process_count() > 1:
-            self.lanes = self._lanes_program(lanes_key)
-        self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
-        self._fused = None  # the program per chunk, made at the first `feed`
-        self._fused_ahead: Future | None = None  # or by `make_ahead`
-        self._evaluate = stored_programs.stored_jit(
-            self._evaluate_members, self._identity, "evaluate"
-        )
-        self._evaluate_program: Future | None = None
-        self._evaluation_wanted = False  # compiled ahead once `running` (after 1 chunk)
-        self._results: list[dict] = []
-        if policy_template is not None:
-            self.set_policy_template(policy_template)
-
-    def set_policy_template(self, policy_template) -> None:
-        """What an evaluation snapshot decodes to: host arrays of the policy tree's shapes."""
-        self._snapshot = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy_template
-        )
-        self._treedef = jax.tree.structure(policy_template)
-
-    @property
-    def lanes(self):
-        if self._lanes_ahead is not None:  # made in a thread: its error, if any, raises here
-            self._lanes, self._lanes_ahead = self._lanes_ahead.result(), None
-        elif self._lanes is None:
-            self._lanes = self._lanes_program(self._lanes_key)
-        return self._lanes
-
-    @lanes.setter
-    def lanes(self, lanes) -> None:
-        self._lanes, self._lanes_ahead = lanes, None
-
-    # --- checkpoints ---
-
-    def saved(self) -> dict:
-        return {"lanes": self.lanes, "key": self.key}
-
-    def restore(self, tree: dict) -> None:
-        lanes = tree["lanes"]
-        if self._placement is None:
-            self.lanes = jax.tree.map(jnp.asarray, lanes)
-        else:
-            self.lanes = sharding.place_from_host(lanes, self._placement)
-        self.key = tree["key"]
-
-    # --- the run loop's interface ---
-
-    @contextlib.contextmanager
-    def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
-        """The evaluation program compiles in a thread once the first chunk's program has: the
-        first evaluation would otherwise stop the loop for as long (~5 s for the inverted
-        pendulum on the CPU). Not sooner: compiled beside the chunk program, the two shared
-        the GIL while tracing and the cores while compiling, and the first chunk came ~3 s
-        later (the brax preset on 2 cores, results/startup/README.md)."""
-        self._evaluation_wanted = True
-        yield
-
-    def _compile_evaluation_ahead(self) -> None:
-        self._evaluate_program = in_background(self._compile_evaluation)
-
-    def stop(self) -> dict:
-        return {}  # no worker processes, no stats of theirs
-
-    def publish(self, learner: Learner) -> None:
-        pass  # the chunk's program acts with the learner's own states
-
-    def feed(self, learner: Learner) -> list:
-        """One chunk of every lane, inserted, and the updates it allows, as one compiled call
-        (fastpop.collect.fused) over the learner's state; env lanes, buffers and member states
-        are donated. No episodes are reported: their returns would have to cross to the host
-        every chunk."""
-        state = learner.device_state()
-        if self._fused is None:
-            self._fused = self._chunk_program(learner, state)
-        self.key, key = jax.random.split(self.key)
-        plan = learner.plan_chunk(self.parts.collect.envs_per_member)
-        args = (self.lanes, *state[:3], key, *state[3:], plan)
-        if self._placement is None:  # one device: committed to it, as `make_ahead` compiles
-            args = stored_programs.committed(args)
-        self.lanes, state, metrics = self._fused(*args)
-        learner.adopt_chunk(state, plan, metrics)
-        if self._evaluation_wanted and self._evaluate_program is None:
-            self._compile_evaluation_ahead()
-        return []
-
-    def make_ahead(self, learner_parts: LearnerParts) -> None:
-        """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
-        one process): the chunk program traced here from its shapes (a run's longest trace,
-        first: with the interpreter to itself), then compiled in a thread, beside another
-        making the env lanes while the caller makes the learner."""
-        if self._placement is not None or jax.process_count() > 1:
-            return
-        add_rows, state = chunk_program_inputs(learner_parts)
-        rollout, identity = self._rollout_chunk, self._identity
-        program = fused.compile_fused(self.parts.training, add_rows, rollout, None, identity)
-        lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
-        lowered = fused.lower_for(program, lanes, state)
-        self._fused_ahead = in_background(_compiled, lowered, program)
-        self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
-
-    def _chunk_program(self, learner: Learner, state):
-        """The program compiled ahead, else (not asked for, or it failed: then it raises here,
-        where the loop reports errors) made now, placed over the mesh as the learner is."""
-        if self._fused_ahead is not None:
-            with contextlib.suppress(Exception):
-                return self._fused_ahead.result()
-        placement = None
-        if self.parts.mesh is not None:  # as the learner and `init` placed them
-            arrays = (self.lanes, state.buffers, state.states)
-            placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
-        rollout = self._rollout_chunk
-        return fused.compile_fused(
-            learner.training, learner.add_rows, rollout, placement, self._identity
-        )
-
-    def next_chunk(self, states, hparams, member_steps: int):
-        """The next `chunk_len` rows of every lane as device arrays, acting with the members'
-        `states` and `hparams` after `member_steps` env steps each, without inserting them
-        (what `fastpop bench device` times as collection alone)."""
-        self.key, key = jax.random.split(self.key)
-        steps = jnp.int32(member_steps)
-        self.lanes, rows = self._chunk(self.lanes, key, states, hparams, steps)
-        return rows, []
-
-    def evaluate(self, arrays: dict) -> None:
-        leaves, meta = snapshot.decode(arrays)
-        policy, hparams, _ = jax.tree.unflatten(self._treedef, leaves)
-        start = time.perf_counter()
-        returns = self._member_returns(policy, hparams, self._evaluation_key(meta))
-        self._results.append(
-            {
-                "eval_index": meta.eval_index,
-                "env_steps": meta.env_steps,
-                "updates": meta.updates,
-                "wall_time": meta.wall_time,
-                "return_mean": returns.mean(axis=1).tolist(),
-                "return_std": returns.std(axis=1).tolist(),
-                "seconds": time.perf_counter() - start,
-            }
-        )
-
-    def evaluations(self, timeout: float = 0.0) -> list[dict]:
-        results, self._results = self._results, []
-        return results
-
-    def _member_returns(self, policy, hparams, key) -> np.ndarray:
-        """(P, episodes) returns of a decoded snapshot's members."""
-        return np.asarray(self._evaluation_program()(policy, hparams, key), np.float64)
-
-    def _evaluation_key(self, meta: snapshot.SnapshotMeta):
-        return jax.random.fold_in(jax.random.key(self.parts.seed), 7919 * (meta.eval_index + 1))
-
-    def _compile_evaluation(self):
-        """The evaluation program for a decoded snapshot, as `evaluate` passes it (so it runs
-        where the jitted call would). Shapes only: the learner's state is the loop's."""
-        key = jax.eval_shape(lambda: self._evaluation_key(snapshot.SnapshotMeta(0, 0, 0, 0.0)))
-        policy, hparams, _ = self._snapshot
-        return self._evaluate.lower(policy, hparams, key).compile()
-
-    def _evaluation_program(self):
-        """The program compiled in the background, or, where that failed (or it was not
-        `running`), the jitted call, which raises the same error here in the loop."""
-        if self._evaluate_program is not None:
-            try:
-                return self._evaluate_program.result()
-            except Exception:  # the jitted call below raises it where the loop reports it
-                pass
-        return self._evaluate
-
-    # --- compiled programs ---
-
-    def _rollout_chunk(self, lanes, key, states, hparams, member_steps):
-        parts = self.parts
-        policy = parts.training.policies(states)  # inside the jit: no host work per chunk
-        size, per_member = parts.population_size, parts.collect.envs_per_member
-        act = population.population_act(parts.agent)
-        warmup_env_steps = -(-parts.collect.warmup_steps // per_member)
-        spec = parts.env_spec
-
-        def lane_act(obs, step_key, index):
-            env_steps = member_steps // per_member + index  # per env, as collectors count
-            explore_key, random_key = jax.random.split(step_key)
-            member_obs = obs.reshape(size, per_member, *obs.shape[1:])
-            keys = jax.random.split(explore_key, size)
-            actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
-            actions = actions.reshape(size * per_member, *actions.shape[2:])
-            warmup = device_rollout.random_actions(spec, random_key, actions.shape)
-            return jnp.where(env_steps < warmup_env_steps, warmup, actions).astype(warmup.dtype)
-
-        lanes, rows, _ = device_rollout.rollout(
-            self.env, self.episode_length, lanes, lane_act, key, parts.collect.chunk_len
-        )
-        return lanes, rows
-
-    def _evaluate_members(self, policy, hparams, key):
-        episodes, agent = self.parts.eval_episodes, self.parts.agent
-        return device_rollout.evaluate_members(
-            self.env, self.episode_length, agent, policy, hparams, key, episodes
-        )
-
-
-def _compiled(lowered: jax.stages.Lowered, program):
-    """`program`, once `lowered` (its lowering for the arguments it will get) is compiled."""
-    lowered.compile()
-    return program

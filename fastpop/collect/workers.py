@@ -7,12 +7,9 @@ a whole in /dev/shm. Shared-memory segments such a run leaves are reclaimed at t
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import signal
-import sys
 import time
-import types
 from collections import deque
 
 import numpy as np
@@ -29,6 +26,7 @@ from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
 from fastpop.collect.rollout import RowLayout
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
+from fastpop.collect.spawning import starting_worker
 from fastpop.population import replay
 
 EVAL_SLOTS = 4
@@ -62,21 +60,6 @@ def received(connection) -> list:
     return messages
 
 
-@contextlib.contextmanager
-def main_module_left_out():
-    """Processes started inside start from fastpop's own modules, not the parent's `__main__`.
-    Spawning runs the parent's main script again in every child (as `__mp_main__`) unless it was
-    started with `-m pkg` or has no file: for the `fastpop` console script that is the whole
-    command line, JAX included (~1 s of CPU per collector, 16 of them on 2 cores). Nothing a
-    worker is sent refers to `__main__`."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")  # no __file__, no __spec__
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
 def describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         return f"killed by {signal.Signals(-code).name}"
@@ -100,11 +83,17 @@ class Workers:
         log=print,
         log_event=None,
         generation: int = 0,
-        policy_version: int = 0,
+        policy_version: int | None = 0,
+        evaluator_with_first_rows: bool = True,
     ):
         """`replay_spec`: the learner's (`Learner.replay_spec`); collectors build their chunks
         with it rather than deriving their own. `policy_version`: the learner's
-        `policy_version` when `initial_leaves` were taken (see `publish_if_changed`)."""
+        `policy_version` when `initial_leaves` were taken (see `publish_if_changed`); None:
+        they are zeros of the policies' layout, not published (collectors started before the
+        learner exists step their warm-up, then wait for `publish_from`).
+        `evaluator_with_first_rows`: start the evaluator once every collector has sent rows (a
+        strategy that pauses for its evaluations); False: with the first trained policies, so
+        that it takes no CPU from the warm-up and the first update."""
         if (problem := memory_order_problem()) is not None:
             raise WorkerFailed(problem)
         self.config = config
@@ -144,7 +133,9 @@ class Workers:
         self.evaluator_restarts = 0
         self.stats: dict[str, dict] = {}
         self.collectors: list = [None] * len(self.blocks)
-        self.evaluator = None  # started once every collector sent rows, or when first needed
+        # Started as `evaluator_with_first_rows` says, or sooner if a snapshot is waited for
+        # or fills its ring.
+        self.evaluator, self.evaluator_with_first_rows = None, evaluator_with_first_rows
         self.delivered = [False] * len(self.blocks)  # whether each collector has sent rows yet
         self.started = time.monotonic()
         self.stopped = False
@@ -160,7 +151,8 @@ class Workers:
                 )
             self.stop_flag = StopFlag.create()
             self.params = ParamChannel.create(self.initial_leaves)
-            self.params.publish(self.initial_leaves)
+            if self.published_version is not None:
+                self.params.publish(self.initial_leaves)
             chunk_len = self.replay_spec.chunk_len
             for fields, (_, count) in zip(self.ring_fields, self.blocks, strict=True):
                 self.rings.append(
@@ -211,7 +203,7 @@ class Workers:
             args=(spec, send),
             daemon=True,
         )
-        with main_module_left_out():
+        with starting_worker():
             process.start()
         send.close()  # the worker's end: when it dies, reading here ends instead of blocking
         if self.status[index] is not None:
@@ -234,7 +226,7 @@ class Workers:
             args=(spec, send),
             daemon=True,
         )
-        with main_module_left_out():
+        with starting_worker():
             self.evaluator.start()
         send.close()
         if self.results is not None:
@@ -251,9 +243,12 @@ class Workers:
         self.published_version = learner.policy_version
 
     def publish_if_changed(self, learner) -> None:
-        """`publish_from` unless the collectors already act with the learner's policies."""
+        """`publish_from` unless the collectors already act with the learner's policies; the
+        first trained ones also start the evaluator."""
         if learner.policy_version != self.published_version:
             self.publish_from(learner)
+        if self.evaluator is None and learner.updates:
+            self._start_evaluator()
 
     def feed(self, learner) -> list | None:
         """One chunk from every collector into the learner's replay; its finished episodes, or
@@ -272,7 +267,7 @@ class Workers:
                 if chunk is not None:
                     pending.append(chunk)
                     self.delivered[index] = True
-        if self.evaluator is None and all(self.delivered):
+        if self.evaluator is None and self.evaluator_with_first_rows and all(self.delivered):
             self._start_evaluator()  # after the collectors' start-up: the CPU was theirs
         if not all(self.pending):
             return None, []
@@ -296,15 +291,17 @@ class Workers:
         )
 
     def evaluate(self, arrays: dict) -> None:
-        if self.evaluator is None:
-            self._start_evaluator()
-        while not self.eval_ring.put(arrays, timeout=1.0):
+        while not self.eval_ring.put(arrays, timeout=1.0 if self.evaluator else 0.0):
+            if self.evaluator is None:
+                self._start_evaluator()  # the ring filled before the first update
             self.check()  # a full ring means a slow evaluator: wait, but notice if it died
 
     def evaluations(self, timeout: float = 0.0) -> list[dict]:
         """Evaluation results that arrived, after waiting up to `timeout` s for the first."""
-        if self.results is None:  # no evaluator yet: nothing was asked
-            return []
+        if self.results is None:  # no evaluator yet
+            if not (timeout and len(self.eval_ring)):
+                return []
+            self._start_evaluator()  # the run waits for snapshots taken before any update
         if timeout and not self.result_backlog:
             self.results.poll(timeout)
         messages, self.result_backlog = [*self.result_backlog, *received(self.results)], []

@@ -175,8 +175,8 @@ def train_config(config, run_dir: Path, overwrite: bool) -> int:
     (fastpop.commands.run_directory)."""
     from fastpop.commands import run_directory
     from fastpop.config import ConfigError
-    from fastpop.run.loop import Run
-    from fastpop.run.parts import build_run
+    from fastpop.run.loop import CHECKPOINTS_DIR, Run
+    from fastpop.run.parts import build_run, local_pieces
 
     descriptor = None
     try:
@@ -184,7 +184,10 @@ def train_config(config, run_dir: Path, overwrite: bool) -> int:
             run_directory.check(run_dir, overwrite)
             descriptor = run_directory.hold(run_dir, overwrite)  # never replace a live run
             # refuses what cannot run before anything is written
-            run = Run(build_run(config), run_dir)
+            parts = build_run(config)
+            # a fresh run: its collectors start and step their warm-up while the learner is made
+            pieces = local_pieces(parts, run_dir / CHECKPOINTS_DIR, collectors_ahead=True)
+            run = Run(parts, run_dir, pieces=pieces)
             descriptor = run_directory.replace(run_dir, descriptor)
         except ConfigError as error:  # not any ValueError: JAX's own are not the user's input
             return fail(str(error))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from fastpop.collect.sources import DeviceCollection, DeviceParts
+from fastpop.collect.device_collection import DeviceCollection, DeviceParts
 from fastpop.distributed.lockstep import AgreedSignals, Lockstep
 from fastpop.learn.learner import Learner
 from fastpop.population import sharding

@@ -20,9 +20,10 @@ from typing import Any, NamedTuple
 from fastpop import config as config_lib
 from fastpop import population, strategies
 from fastpop.agents import Agent
+from fastpop.collect.device_collection import DeviceCollection, DeviceParts
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
-from fastpop.collect.sources import Collection, DeviceCollection, DeviceParts, ProcessCollection
+from fastpop.collect.sources import Collection, ProcessCollection
 from fastpop.compilation import compile_cache
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.learn import update_protocol
@@ -155,7 +156,8 @@ def make_collection(parts: RunParts, learner: Learner, log=print, device=None):
             return DeviceCollection(parts.device_parts(), learner.policy_template())
         device.set_policy_template(learner.policy_template())
         return device
-    return ProcessCollection(parts.config, parts.replay_spec, log)
+    waits = parts.strategy.waits_for_evaluation
+    return ProcessCollection(parts.config, parts.replay_spec, log, waits)
 
 
 class RunPieces(NamedTuple):
@@ -167,17 +169,23 @@ class RunPieces(NamedTuple):
     checkpoints: CheckpointStore
 
 
-def local_pieces(parts: RunParts, checkpoint_dir: Path, log=print) -> RunPieces:
+def local_pieces(
+    parts: RunParts, checkpoint_dir: Path, log=print, collectors_ahead: bool = False
+) -> RunPieces:
     """A run on this process alone: its learner, its collection, Ctrl-C and SIGTERM acted on at
-    once, checkpoints in `checkpoint_dir` (<run>/checkpoints)."""
+    once, checkpoints in `checkpoint_dir` (<run>/checkpoints). `collectors_ahead`: a fresh run
+    (never one to restore) whose collector processes start now, before the learner is made."""
     # Device mode: the chunk program traced, then compiled, and the env lanes made, in threads
-    # while the learner initialises.
-    device, learner_parts = None, parts.learner_parts()
+    # while the learner initialises. Process mode, fresh: the collectors step their warm-up.
+    device, ahead, learner_parts = None, None, parts.learner_parts()
     if parts.collection_mode == "device":
         device = DeviceCollection(parts.device_parts())
         device.make_ahead(learner_parts)
+    elif collectors_ahead:
+        ahead = make_collection(parts, None, log)
+        ahead.start_ahead(parts.agent)
     learner = Learner(learner_parts)
-    collection = make_collection(parts, learner, log, device)  # processes or device
+    collection = ahead or make_collection(parts, learner, log, device)  # processes or device
     checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
     return RunPieces(learner, collection, StopSignals(), checkpoints)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import jax
 
 from fastpop import config as config_lib
-from fastpop.collect import sources
+from fastpop.collect import device_collection
 from fastpop.run import loop
 
 PRESET = Path("configs/td3_brax_inverted_pendulum_cpu.yaml")
@@ -26,7 +26,7 @@ PRESET = Path("configs/td3_brax_inverted_pendulum_cpu.yaml")
 
 def main(overrides: list[str]) -> None:
     seconds: list[float] = []
-    evaluate = sources.DeviceCollection.evaluate
+    evaluate = device_collection.DeviceCollection.evaluate
 
     def timed(collection, arrays):
         jax.block_until_ready(collection.learner.states)  # training queued before: not ours
@@ -34,7 +34,7 @@ def main(overrides: list[str]) -> None:
         evaluate(collection, arrays)
         seconds.append(time.perf_counter() - start)
 
-    sources.DeviceCollection.evaluate = timed
+    device_collection.DeviceCollection.evaluate = timed
     config = config_lib.load_config(
         PRESET, ["population.seeds=4", "log.tensorboard=false", *overrides]
     )
