@@ -21,14 +21,12 @@ import signal
 import sys
 import time
 import traceback
-from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from fastpop.collect.rollout import RowLayout, RowStream, lockstep_envs
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
-from fastpop.compilation.background import in_background
 
 
 class CollectorEnvs(NamedTuple):
@@ -147,9 +145,11 @@ def whole_chunks(env_steps: int, rows: RowLayout) -> int:
 
 def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: slice):
     """The batched policy and how to load it from the published leaves (from member
-    `own_members.start` on). Its first rows never wait for it: importing JAX, tracing and
-    compiling took ~2 s of CPU per collector, 16 of them on 2 cores most of the paper preset's
-    44 s to its first env step (results/startup/README.md)."""
+    `own_members.start` on): built at the first step that acts with a policy. The warm-up's
+    random steps run before, without JAX: importing it, tracing and compiling took ~2 s of CPU
+    per collector, 16 of them on 2 cores most of the paper preset's 44 s to its first env step
+    (results/startup/README.md). Built in a thread from half-way through the warm-up instead,
+    it slowed the warm-up more than it saved at its end (stop 36)."""
     import jax
 
     from fastpop import config as config_lib
@@ -192,10 +192,6 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     params = ParamChannel.attach(spec.params)
     ring = ChunkRing.attach(spec.ring)
     version, acting, leaves = 0, None, None  # leaves: the newest policy not yet handed over
-    # The policy is built (JAX imported, ~1-2 s of CPU) in a thread once the first rows are out,
-    # while the rest of the warm-up steps: its end then waits for none of it.
-    building: Future | None = None
-    first_rows_without_jax = None  # whether the first chunk went out before JAX was imported
     episodes: list[tuple[int, float, int]] = []
     timers = {"env_seconds": 0.0, "policy_seconds": 0.0, "blocked_seconds": 0.0}
     steps = 0  # env steps per env, counted from the start of the run
@@ -216,9 +212,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 actions = envs.action_space.sample()
             else:
                 if acting is None:
-                    if building is None:  # a restarted collector, or no warm-up to hide it in
-                        building = in_background(_build_acting, spec, slot_members, own_members)
-                    acting, slots_policy = building.result()
+                    acting, slots_policy = _build_acting(spec, slot_members, own_members)
                 if leaves is not None:
                     acting.set_policy(*slots_policy(leaves))
                     leaves = None
@@ -238,10 +232,6 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 start = time.perf_counter()
                 if not ring.put(stream.pop_fields(), episodes, stop_event=stop_event):
                     break
-                if first_rows_without_jax is None:
-                    first_rows_without_jax = "jax" not in sys.modules
-                if building is None and warmup_env_steps // 2 <= steps < warmup_env_steps:
-                    building = in_background(_build_acting, spec, slot_members, own_members)
                 timers["blocked_seconds"] += time.perf_counter() - start
                 episodes = []
     finally:
@@ -250,4 +240,4 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
         ring.close()
     env_steps = own_steps * spec.num_slots
     stats = {**timers, "param_version": version, "env_steps": env_steps, "envs": stepped_by}
-    return stats | {"first_rows_without_jax": first_rows_without_jax}
+    return stats | {"jax_imported": "jax" in sys.modules}  # False until a policy step

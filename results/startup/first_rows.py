@@ -51,12 +51,8 @@ def main() -> None:
         "collectors": len(firsts),
         "first_collector_s": round(min(firsts.values()), 2),
         "all_collectors_s": round(max(firsts.values()), 2),
-        # absent before these stats existed (None); jax_imported until stop 36, whose
-        # collectors import it in a thread once their first rows are out
+        # absent before this stat existed (None)
         "jax_imported": sorted({str(s.get("jax_imported")) for s in stats.values()}),
-        "first_rows_without_jax": sorted(
-            {str(s.get("first_rows_without_jax")) for s in stats.values()}
-        ),
     }
     print(json.dumps(row), flush=True)
 
