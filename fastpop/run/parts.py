@@ -176,16 +176,16 @@ def local_pieces(
     """A run on this process alone: its learner, its collection, Ctrl-C and SIGTERM acted on at
     once, checkpoints in `checkpoint_dir` (<run>/checkpoints). `collectors_ahead`: a fresh run
     (never one to restore) whose collector processes start now, before the learner is made,
-    where they leave it a core."""
+    unless they outnumber the cores."""
     # Device mode: the chunk program traced, then compiled, and the env lanes made, in threads
     # while the learner initialises. Process mode, fresh: the collectors step their warm-up.
     device, ahead, learner_parts = None, None, parts.learner_parts()
     if parts.collection_mode == "device":
         device = DeviceCollection(parts.device_parts())
         device.make_ahead(learner_parts)
-    elif collectors_ahead and parts.config.collect.num_collectors < usable_cores():
-        # (with no core left for it, the learner was late: 16 collectors on 2 cores put the
-        # paper preset's first env step at 10-15 s against 8.5-9.3)
+    elif collectors_ahead and parts.config.collect.num_collectors <= usable_cores():
+        # (more collectors than cores made the learner late: 16 on 2 cores put the paper
+        # preset's first env step at 10-15 s against 8.5-9.3)
         ahead = make_collection(parts, None, log)
         ahead.start_ahead(parts.agent)
     learner = Learner(learner_parts)
