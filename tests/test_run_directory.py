@@ -10,7 +10,7 @@ import pytest
 
 from fastpop.commands import cli, run_directory
 from fastpop.config import ConfigError
-from fastpop.run import loop, resume
+from fastpop.run import loop, parts, resume
 from tests.runs import TD3_PENDULUM
 
 
@@ -117,7 +117,9 @@ def test_overwrite_empties_a_run_and_holds_it_while_training(tmp_path, monkeypat
             resume.lock_run_directory(run_dir)
         return 0
 
-    monkeypatch.setattr(loop.Run, "__init__", lambda self, config, run_dir, log=print: None)
+    # no learner, no collectors: only what the command does with the directory
+    monkeypatch.setattr(parts, "local_pieces", lambda *args, **kwargs: None)
+    monkeypatch.setattr(loop.Run, "__init__", lambda self, *args, **kwargs: None)
     monkeypatch.setattr(cli, "execute", execute)
     assert train(run, "--overwrite") == 0
     assert seen == [[]]
