@@ -157,6 +157,11 @@ def make_collection(parts: RunParts, learner: Learner, log=print, device=None):
             return DeviceCollection(parts.device_parts(), learner.policy_template())
         device.set_policy_template(learner.policy_template())
         return device
+    return process_collection(parts, log)
+
+
+def process_collection(parts: RunParts, log=print) -> ProcessCollection:
+    """Process mode's collection (its evaluator starts early where the strategy waits for it)."""
     waits = parts.strategy.waits_for_evaluation
     return ProcessCollection(parts.config, parts.replay_spec, log, waits)
 
@@ -186,7 +191,7 @@ def local_pieces(
     elif collectors_ahead and parts.config.collect.num_collectors <= usable_cores():
         # (more collectors than cores made the learner late: 16 on 2 cores put the paper
         # preset's first env step at 10-15 s against 8.5-9.3)
-        ahead = make_collection(parts, None, log)
+        ahead = process_collection(parts, log)
         ahead.start_ahead(parts.agent)
     learner = Learner(learner_parts)
     collection = ahead or make_collection(parts, learner, log, device)  # processes or device
