@@ -27,6 +27,7 @@ import numpy as np
 
 from fastpop.collect.rollout import RowLayout, RowStream, lockstep_envs
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
+from fastpop.gc_settings import tune_for_tracing
 
 
 class CollectorEnvs(NamedTuple):
@@ -124,6 +125,7 @@ def run_collector(spec: CollectorSpec, status) -> None:
     """Process entry point. Reports ("stats", index, dict) at a clean exit and
     ("error", index, traceback) when it fails, on the `status` pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner coordinates every shutdown
+    tune_for_tracing()
     force_cpu_jax()
     try:
         with StopFlag.attach(spec.stop) as stop_flag:

@@ -18,6 +18,7 @@ import numpy as np
 from fastpop.collect import snapshot
 from fastpop.collect.collector import force_cpu_jax, policy_template, report
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, StopFlag
+from fastpop.gc_settings import tune_for_tracing
 
 
 class EvaluatorSpec(NamedTuple):
@@ -69,6 +70,7 @@ def run_evaluator(spec: EvaluatorSpec, results) -> None:
     """Process entry point: ("evaluation", dict) per snapshot, ("error", -1, traceback), on
     the `results` pipe."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tune_for_tracing()
     force_cpu_jax()
     try:
         with StopFlag.attach(spec.stop) as stop_flag:

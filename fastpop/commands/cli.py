@@ -15,6 +15,7 @@ from fastpop.commands import evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
 from fastpop.compilation import compile_cache, compile_stats, stored_programs
 from fastpop.distributed import flags as distributed_flags
+from fastpop.gc_settings import tune_for_tracing
 from fastpop.run.run_state import SAFE_ON_RESUME
 
 
@@ -336,6 +337,7 @@ def run_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_for_tracing()  # `python -m fastpop` did before its imports; the `fastpop` script did not
     args = build_parser().parse_args(argv)
     handlers = {
         "bench": bench_commands.run,
