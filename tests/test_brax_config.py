@@ -226,3 +226,34 @@ def test_env_fields_have_docstrings():
         if isinstance(statement, ast.AnnAssign):
             following = env_class.body[i + 1]
             assert isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+
+
+@needs_brax
+@pytest.mark.parametrize(
+    ("name", "backend"), [("inverted_pendulum", "generalized"), ("ant", "spring")]
+)
+def test_systems_are_braxs_own_built_without_a_program_per_leaf(name, backend):
+    # fastpop builds a brax env without brax's per-leaf `jnp.array` copies (each a program of
+    # its own: 41 for the pendulum): the system must be brax's own, leaf for leaf, dtype and
+    # weak type included.
+    import jax
+    from brax import envs as brax_registry
+    from brax.io import mjcf
+
+    from fastpop.compilation import compile_stats
+
+    compile_stats.install()
+    jax.clear_caches()  # programs of this process's earlier tests would be reused uncounted
+    before = compile_stats.counts()["programs"]
+    ours = brax_envs._make.__wrapped__(f"brax/{name}", backend)
+    assert compile_stats.counts()["programs"] - before <= 1  # MJX's put_model converts one
+    assert mjcf.jp is jax.numpy  # brax's module as it was
+    theirs = brax_registry.get_environment(name, backend=backend)
+    our_leaves, their_leaves = jax.tree.leaves(ours.sys), jax.tree.leaves(theirs.sys)
+    assert len(our_leaves) == len(their_leaves) > 100
+    for mine, brax_own in zip(our_leaves, their_leaves, strict=True):
+        assert type(mine) is type(brax_own)  # (the env may set a leaf to a Python number)
+        if isinstance(brax_own, jax.Array):
+            assert mine.dtype == brax_own.dtype and mine.shape == brax_own.shape
+            assert mine.weak_type == brax_own.weak_type
+        np.testing.assert_array_equal(np.asarray(mine), np.asarray(brax_own))

@@ -141,9 +141,52 @@ def make_brax_env(env_id: str, backend: str | None = None):
 @functools.cache
 def _make(env_id: str, backend: str):
     envs = _brax_envs()
-    with warnings.catch_warnings():  # "Brax System, pipelines ... not actively maintained"
+    with warnings.catch_warnings(), _systems_loaded_without_copies():
+        # "Brax System, pipelines ... not actively maintained"
         warnings.filterwarnings("ignore", message="Brax System", category=UserWarning)
         return envs.get_environment(env_id[len(PREFIX) :], backend=backend)
+
+
+@contextlib.contextmanager
+def _systems_loaded_without_copies():
+    """brax's `mjcf.load_model` ends with `jax.tree.map(jp.array, sys)`: a copy of each of the
+    system's leaves, every one a program JAX compiles (or loads from the cache) on its own: 41
+    for the inverted pendulum, ~0.5 s of every start on the 2-core CPU. Here `jp.array` gives a
+    JAX array back as it is (immutable: the copy changes nothing) and puts host data on the
+    device as `jnp.array` would (same dtype), compiling nothing; tests/test_brax_config.py
+    checks the system is leaf for leaf brax's own. Where brax's module is not as expected, it
+    is left alone."""
+    import jax
+    import jax.numpy as jnp
+    from brax.io import mjcf
+
+    if getattr(mjcf, "jp", None) is not jnp:
+        yield
+        return
+    mjcf.jp = _NumpyWithoutCopies(jax, jnp)
+    try:
+        yield
+    finally:
+        mjcf.jp = jnp
+
+
+class _NumpyWithoutCopies:
+    """`jax.numpy` but for `array` (see `_systems_loaded_without_copies`)."""
+
+    def __init__(self, jax, jnp):
+        self._jax, self._jnp = jax, jnp
+
+    def __getattr__(self, name: str):
+        return getattr(self._jnp, name)
+
+    def array(self, value):
+        if isinstance(value, self._jax.Array):
+            return value
+        if isinstance(value, bool | int | float | complex):  # weakly typed, as `jnp.array`'s
+            return self._jax.device_put(value)
+        # a private copy: on the CPU, JAX may keep using the host memory it was given (some
+        # of it the MuJoCo model's own arrays)
+        return self._jax.device_put(np.array(value, copy=True))
 
 
 @functools.cache
