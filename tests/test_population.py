@@ -233,25 +233,42 @@ def test_members_per_chunk_is_measured_once_and_cached(monkeypatch, tmp_path):
 def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(monkeypatch, tmp_path):
     """Rounds that disagree (a loaded machine) are measured again by the next run (a new
     process: the cache read from its file), but only NOISY_MEASUREMENTS times in all: a machine
-    that is never quiet must not pay for the measurement at every run."""
+    that is never quiet must not pay for the measurement at every run. The run measuring again
+    starts with the earlier choice, so that its first update waits for no measurement, and
+    measures after REMEASURE_AFTER_CALLS update calls; its later calls use the new choice."""
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
     monkeypatch.setattr(chunking, "CALIBRATION_ROUNDS", 1)
+    monkeypatch.setattr(chunking, "REMEASURE_AFTER_CALLS", 2)
     monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
     pick = chunking.pick_chunk
-    monkeypatch.setattr(chunking, "pick_chunk", lambda rounds: (*pick(rounds)[:2], False))
+    choices = iter([1, 2, 4])  # each measurement picks another chunk size, its rounds disagreeing
+    monkeypatch.setattr(chunking, "pick_chunk", lambda r: (next(choices), pick(r)[1], False))
     agent = tiny_agent("td3")
     spec, buffers = random_buffers("td3", 4)
     hparams = stacked_hparams(agent, 4)
     states = population.init_population(agent, jax.random.key(0), hparams)
     plan = UpdatePlan(agent, sampler(spec, agent.batch_size), 3)
-    measured = []
-    for _ in range(chunking.NOISY_MEASUREMENTS + 2):
-        monkeypatch.setattr(tuning_cache, "_memory", {})  # a new process
+
+    def one_run() -> tuple[list[int], list[int]]:
+        """(the update call each measurement came before: -1 for the first call's choice, the
+        members per chunk of each call), in a new process."""
+        monkeypatch.setattr(tuning_cache, "_memory", {})
         update = population.make_executor("vectorized", plan).update
-        update.chunk_for(states, buffers, hparams, jax.random.key(5))  # chooses, updates nothing
-        measured.append("measured:" in update.how[4])
-    assert measured == [True] * chunking.NOISY_MEASUREMENTS + [False, False]
+        measured, used, calibrate = [], [], update.calibrate
+        update.calibrate = lambda *args: measured.append(len(used)) or calibrate(*args)
+        update.chunk_for(states, buffers, hparams, jax.random.key(5))  # the first call's choice
+        measured[:] = [-1 for _ in measured]
+        work = population.copy_tree(states)
+        for _ in range(chunking.REMEASURE_AFTER_CALLS + 2):
+            said = update.measures_again(hparams)
+            work, _ = update(work, buffers, hparams, jax.random.key(5))
+            assert said == (len(used) in measured)  # what the progress line names
+            used.append(update.chosen[4])
+        return measured, used
+
+    runs = [one_run() for _ in range(chunking.NOISY_MEASUREMENTS + 2)]
+    assert runs == [([-1], [1, 1, 1, 1]), ([2], [1, 1, 2, 2]), ([], [2] * 4), ([], [2] * 4)]
     [entry] = json.loads((tmp_path / "tuning.json").read_text()).values()
     assert entry["noisy_measurements"] == chunking.NOISY_MEASUREMENTS
 

@@ -94,6 +94,13 @@ def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
     learner.compile_update_ahead()
     learner._update_ahead.result()
     assert learner.first_update_phase() == "first population update"
+    assert learner.update_phase(first=True) == "first population update"
+    # A later update: named only where it measures members per chunk again (chunking.py).
+    assert learner.update_phase(first=False) == "population update"
+    monkeypatch.setattr(learner.training.update, "measures_again", lambda hparams: True)
+    assert learner.update_phase(first=False) == (
+        "population update (measuring members per chunk again on this CPU)"
+    )
 
 
 SLOW_SNAPSHOT_SECONDS = 1.0  # well above what moving this run's rows takes (~0.2 s here)

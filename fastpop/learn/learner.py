@@ -202,6 +202,17 @@ class Learner:
         # Its failure is left to the first update's own compile, which raises it.
         self._update_ahead = in_background(compile_ahead, *shapes)
 
+    def update_phase(self, first: bool) -> str:
+        """What the progress line calls the next update (`first`: the run's first), which may
+        wait for more than the update itself: see `first_update_phase`; a later one, on a CPU,
+        for members per chunk measured again (fastpop.population.chunking)."""
+        if first:
+            return self.first_update_phase()
+        measures_again = getattr(self.training.update, "measures_again", None)
+        if measures_again is not None and measures_again(self.member_hparams):
+            return "population update (measuring members per chunk again on this CPU)"
+        return "population update"
+
     def first_update_phase(self) -> str:
         """What the progress line calls the first update, which waits for more than the others:
         its programs' compile (where none was made ahead, or it is still running) or, on a CPU,

@@ -13,10 +13,12 @@ member round by round (`pick_chunk`), cached in memory and on disk
 (fastpop.population.tuning_cache). A measurement whose rounds disagree (other load on the machine)
 is measured again by the next run, at most NOISY_MEASUREMENTS times in all: on a machine that is
 never quiet every run would otherwise pay for it again (12-18 s before the first update of
-td3_pbt_halfcheetah_cpu on 2 cores). Where it cannot matter it does not measure: a population of
-one, a population whose whole state fits in a CPU's L2 cache (one vmap), and programs with
-convolutions (one member at a time: vmapped per-member convolution weights become grouped
-convolutions, which XLA:CPU runs at about half the speed of separate ones).
+td3_pbt_halfcheetah_cpu on 2 cores). That run starts with the earlier choice and measures again
+after REMEASURE_AFTER_CALLS update calls, not before its first update: a rerun shows learning as
+soon as a run with a steady measurement does. Where it cannot matter it does not measure: a
+population of one, a population whose whole state fits in a CPU's L2 cache (one vmap), and
+programs with convolutions (one member at a time: vmapped per-member convolution weights become
+grouped convolutions, which XLA:CPU runs at about half the speed of separate ones).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ CALIBRATION_ROUNDS = 3
 MEASUREMENT = "members_per_chunk: pick_chunk against chunks of 1, rotating rounds"
 STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
 NOISY_MEASUREMENTS = 2  # measurements under load before the last one is kept for good
+REMEASURE_AFTER_CALLS = 20  # a run measuring again keeps the earlier choice for this many calls
 
 
 def chunk_size(size: int, members_per_chunk: int | None) -> int:
@@ -179,6 +182,7 @@ class Choice(NamedTuple):
     cache_key: str = ""
     summary: str = ""  # what is measured, kept with the measurement
     noisy_measurements: int = 0  # earlier measurements whose rounds disagreed
+    measure_again: bool = False  # `chunk` was measured under load: measured again later
 
 
 class TunedUpdate(ChunkedUpdate):
@@ -196,14 +200,33 @@ class TunedUpdate(ChunkedUpdate):
         self.chosen: dict[int, int] = {}  # population size -> members per chunk
         self.how: dict[int, str] = {}  # population size -> how the size was chosen
         self.known: dict[int, Choice] = {}  # `_known_choice`'s, once per size (it traces)
+        self.calls: dict[int, int] = {}  # population size -> update calls so far
+
+    def __call__(self, states, replay, hparams, key):
+        size = population_size(hparams)
+        if self.measures_again(hparams):
+            self.known[size] = self.known[size]._replace(measure_again=False)
+            self._note(size, *self._measure(size, states, replay, hparams, key))
+        self.calls[size] = self.calls.get(size, 0) + 1
+        return super().__call__(states, replay, hparams, key)
+
+    def measures_again(self, hparams) -> bool:
+        """Whether the next call measures the members per chunk again (an earlier measurement
+        under load, used so far, at the run's REMEASURE_AFTER_CALLS-th call)."""
+        size = population_size(hparams)
+        known = self.known.get(size)
+        due = self.calls.get(size, 0) == REMEASURE_AFTER_CALLS
+        return known is not None and known.measure_again and due
 
     def chunk_for(self, states, replay, hparams, key) -> int:
         size = population_size(hparams)
         if size not in self.chosen:
-            chunk, how = self._choose(size, states, replay, hparams, key)
-            self.chosen[size], self.how[size] = chunk, how
-            log.info("vectorized: %d members per chunk at P=%d (%s)", chunk, size, how)
+            self._note(size, *self._choose(size, states, replay, hparams, key))
         return self.chosen[size]
+
+    def _note(self, size: int, chunk: int, how: str) -> None:
+        self.chosen[size], self.how[size] = chunk, how
+        log.info("vectorized: %d members per chunk at P=%d (%s)", chunk, size, how)
 
     def chunks_ahead(self, states, replay, hparams, key) -> list[int]:
         """The size chosen without measuring where it can be, else every candidate (the first
@@ -238,15 +261,23 @@ class TunedUpdate(ChunkedUpdate):
         cache_key = tuning_cache.key(MEASUREMENT, summary, shapes, f"P={size}")
         cached = tuning_cache.load(cache_key) or {}
         noisy = cached.get("noisy_measurements", 0)
-        if cached and not 0 < noisy < NOISY_MEASUREMENTS:  # steady, or the last one allowed
-            how = f"measured before ({tuning_cache.path()})"
+        if not cached:
+            return Choice(None, "to measure", cache_key, summary)
+        how = f"measured before ({tuning_cache.path()})"
+        if not 0 < noisy < NOISY_MEASUREMENTS:  # steady, or the last one allowed
             return Choice(int(cached["members_per_chunk"]), how)
-        return Choice(None, "to measure", cache_key, summary, noisy)
+        how += f" under load; measured again at update call {REMEASURE_AFTER_CALLS + 1}"
+        return Choice(int(cached["members_per_chunk"]), how, cache_key, summary, noisy, True)
 
     def _choose(self, size, states, replay, hparams, key) -> tuple[int, str]:
         known = self._known_choice(size, states, replay, hparams, key)
         if known.chunk is not None:
             return known.chunk, known.how
+        return self._measure(size, states, replay, hparams, key)
+
+    def _measure(self, size, states, replay, hparams, key) -> tuple[int, str]:
+        """Measures the chunk sizes (`calibrate`) and keeps the choice in the tuning cache."""
+        known = self.known[size]
         rounds = self.calibrate(size, states, replay, hparams, key)
         chunk, ratios, steady = pick_chunk(rounds)
         # A measurement disturbed by other load is kept with its count: measured again by the

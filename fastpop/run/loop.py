@@ -243,7 +243,7 @@ class Run:
         start = time.perf_counter()
         if self.progress.learning_started_at is None:
             self.progress.learning_started_at = self.elapsed()
-        phase = "population update" if self.updated else self.learner.first_update_phase()
+        phase = self.learner.update_phase(first=not self.updated)
         with self.watch.phase(phase):
             self.learner.update()
         self.updated, self.update_running = True, phase
