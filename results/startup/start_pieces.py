@@ -5,9 +5,14 @@
   (`fastpop/gc_settings.py`);
 - `brax`: seconds to build the brax environment, with brax's own loader (a compiled `jnp.array`
   copy per leaf of the system) and with fastpop's (`brax_envs._make`), compilation cache off
-  ("cold") and over a cache the previous run filled ("warm").
+  ("cold") and over a cache the previous run filled ("warm");
+- `learner`: seconds to make td3_cemrl_hopper_cpu's learner (CEM-RL's initial actors and the
+  shared critic), and the programs it compiled or loaded, over one fresh cache: once cold, then
+  warm. The code measured is whatever `fastpop` PYTHONPATH gives, so an older commit unpacked
+  with `git archive` is measured the same way.
 
     python results/startup/start_pieces.py --repeats 3
+    PYTHONPATH=/tmp/fastpop-before python results/startup/start_pieces.py --pieces learner
 
 Prints a markdown table of each variant's seconds, one figure per fresh process.
 """
@@ -65,6 +70,25 @@ else:
 print(time.perf_counter() - start)
 """
 
+LEARNER = """
+import sys, time
+from fastpop.gc_settings import tune_for_tracing
+tune_for_tracing()
+import jax
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+from fastpop import config as config_lib
+from fastpop.compilation import compile_stats
+from fastpop.learn.learner import Learner
+from fastpop.run import parts as run_parts
+
+compile_stats.install()
+parts = run_parts.build_run(config_lib.load_config(sys.argv[1]))
+start = time.perf_counter()
+Learner(parts.learner_parts())
+print(compile_stats.counts()["programs"], time.perf_counter() - start)
+"""
+CEMRL = CONFIG.parent / "td3_cemrl_hopper_cpu.yaml"
+
 
 def seconds(script: str, args: list[str], env: dict) -> float:
     result = subprocess.run(
@@ -76,15 +100,30 @@ def seconds(script: str, args: list[str], env: dict) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    repeats = parser.parse_args().repeats
+    parser.add_argument("--pieces", nargs="+", default=["trace", "brax"])
+    args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     base |= {"FASTPOP_COMPILE_CACHE": "0"}
     rows = {}
-    for _ in range(repeats):
-        for collector in ("default", "fastpop"):
+    if "learner" in args.pieces:
+        with tempfile.TemporaryDirectory() as cache:
+            env = base | {"JAX_COMPILATION_CACHE_DIR": cache}
+            for run in ["cold", *["warm"] * args.repeats]:
+                result = subprocess.run(
+                    [sys.executable, "-c", LEARNER, str(CEMRL)],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    check=True,
+                )
+                programs, value = result.stdout.split()[-2:]
+                key = f"make td3_cemrl_hopper_cpu's learner, {run} cache ({programs} programs)"
+                rows.setdefault(key, []).append(float(value))
+    for _ in range(args.repeats):
+        for collector in ("default", "fastpop") if "trace" in args.pieces else ():
             key = f"trace the chunk program, {collector} garbage collector"
             rows.setdefault(key, []).append(seconds(TRACE, [collector, str(CONFIG)], base))
-        for loader in ("brax", "fastpop"):
+        for loader in ("brax", "fastpop") if "brax" in args.pieces else ():
             with tempfile.TemporaryDirectory() as cache:
                 env = base | {"JAX_COMPILATION_CACHE_DIR": cache}
                 for run in ("cold", "warm"):
