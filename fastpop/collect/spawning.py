@@ -4,7 +4,6 @@ with Ctrl-C held back until the worker has set itself to ignore it."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import types
@@ -35,10 +34,3 @@ def starting_worker():
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         sys.modules["__main__"] = main
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity where the OS says)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1

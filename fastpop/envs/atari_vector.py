@@ -28,13 +28,13 @@ agent step after them), so `rollout.lockstep_envs` falls back to gymnasium for i
 
 from __future__ import annotations
 
-import os
 import sys
 
 import gymnasium as gym
 import numpy as np
 
 from fastpop.envs import AtariOptions, check_env_id
+from fastpop.machine import usable_cores
 
 
 def unavailable_reason(options: AtariOptions) -> str | None:
@@ -53,8 +53,7 @@ def unavailable_reason(options: AtariOptions) -> str | None:
 def default_threads(num_envs: int, num_collectors: int) -> int:
     """Emulator threads of one collector: its share of the cores this process may use, the
     learner counted as one more user (on 2 loaded cores a second thread was no faster)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(num_envs, (cores or 1) // (num_collectors + 1)))
+    return max(1, min(num_envs, usable_cores() // (num_collectors + 1)))
 
 
 # A pixel's stacked frames as one machine word: shifting the word moves every frame one place.

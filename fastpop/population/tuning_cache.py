@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 
 from fastpop.compilation import compile_cache
+from fastpop.machine import usable_cores
 
 _memory: dict[str, dict] = {}
 
@@ -36,7 +37,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     device = jax.devices()[0]
     return (
         f"{model} x{cores} | {device.platform} {device.device_kind} | jax {jax.__version__} "

@@ -24,13 +24,13 @@ from fastpop.collect.device_collection import DeviceCollection, DeviceParts
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
 from fastpop.collect.sources import Collection, ProcessCollection
-from fastpop.collect.spawning import usable_cores
 from fastpop.compilation import compile_cache
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.learn import update_protocol
 from fastpop.learn.learner import Learner, LearnerParts
 from fastpop.learn.rate_limiter import InProgramLimiter, RateLimiter
 from fastpop.learn.replay_store import layout_for
+from fastpop.machine import usable_cores
 from fastpop.population import replay, sharding
 from fastpop.run.checkpoint import CheckpointStore, LocalCheckpoints
 from fastpop.run.stop_signals import StopSignals

@@ -77,7 +77,7 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         return actors, jax.vmap(optimizer.init)(actors)
 
     def init_states(agent, key, hparams):
-        # One program, not the ~40 small ones its operations made run one by one (~0.8 s of
+        # One program, not the ~50 small ones its operations made run one by one (~0.4 s of
         # a warm CPU start); its targets are separate buffers (copy_tree) as before.
         states, distribution = jax.jit(functools.partial(initial_arrays, agent))(key, hparams)
         return states, CEMRLState(distribution, 0)
