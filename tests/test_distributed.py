@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -15,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from fastpop.distributed.lockstep import HEARTBEAT_SECONDS
 from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments, with_this_checkout
 
 pytestmark = pytest.mark.xdist_group("distributed")
 
 RUN_SECONDS = 150  # a whole two-process run on a loaded 2-core CPU
 LOST_SECONDS = 30  # the survivor of a killed process must be gone this soon
+HEARTBEAT_SECONDS = 4  # `--heartbeat-seconds` of these runs: a loss is noticed this soon
 LATE_SECONDS = HEARTBEAT_SECONDS + 2  # process 1 of the trained run ends this much later
 OVERRIDES = [
     *FAST,
@@ -70,7 +71,7 @@ class Processes:
             log = workdir / f"{tag}-{index}.txt"
             command = [sys.executable, "-m", module, *args, "--distributed"]
             command += ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(count)]
-            command += ["--process-id", str(index)]
+            command += ["--process-id", str(index), "--heartbeat-seconds", str(HEARTBEAT_SECONDS)]
             with log.open("wb") as output:
                 self.processes.append(
                     subprocess.Popen(
@@ -216,6 +217,29 @@ def test_distributed_without_a_coordinator_exits_2(tmp_path):
     assert "--coordinator HOST:PORT --num-processes N --process-id I" in result.stderr
     assert "srun" in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_distributed_flags_that_cannot_start_a_run_are_named():
+    from fastpop.commands.cli import build_parser
+    from fastpop.config import ConfigError
+    from fastpop.distributed.flags import resolve
+
+    def arguments(*flags: str) -> dict | None:
+        return resolve(build_parser().parse_args(["train", "run.yaml", *flags]))
+
+    one = ["--distributed", "--coordinator", "h:1234", "--num-processes", "2", "--process-id", "1"]
+    assert arguments(*one)["heartbeat_timeout_seconds"] == 10
+    assert arguments(*one, "--heartbeat-seconds", "30")["heartbeat_timeout_seconds"] == 30
+    refused = {
+        "--heartbeat-seconds 1: expected 2 or more": [*one, "--heartbeat-seconds", "1"],
+        "--heartbeat-seconds belongs to --distributed": ["--heartbeat-seconds", "30"],
+        "--coordinator h:x: expected HOST:PORT": [*one[:2], "h:x", *one[3:]],
+        "the process ids are 0 .. N-1": [*one[:-1], "2"],
+        "--coordinator needs --process-id too": one[:-2],
+    }
+    for message, flags in refused.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            arguments(*flags)
 
 
 def test_every_strategy_and_replay_layout_runs_distributed_but_one_device_is_refused():

@@ -9,6 +9,9 @@ import os
 
 from fastpop.schema import ConfigError
 
+DEFAULT_HEARTBEAT_SECONDS = 10  # a process silent this long is lost (`--heartbeat-seconds`)
+MIN_HEARTBEAT_SECONDS = 2  # fewer would take a busy process for a lost one
+
 DETECTION_HELP = (
     "pass --coordinator HOST:PORT --num-processes N --process-id I to every process (the "
     "coordinator is process 0's host and a free port), or start the processes with srun (Slurm) "
@@ -27,6 +30,14 @@ def add_arguments(parser) -> None:
     group.add_argument("--coordinator", default=None, metavar="HOST:PORT", help=DETECTION_HELP)
     group.add_argument("--num-processes", type=int, default=None, metavar="N")
     group.add_argument("--process-id", type=int, default=None, metavar="I")
+    group.add_argument(
+        "--heartbeat-seconds",
+        type=int,
+        default=None,
+        metavar="S",
+        help=f"a process silent this long is lost; the others stop and name it (default "
+        f"{DEFAULT_HEARTBEAT_SECONDS}; longer on a network that stalls)",
+    )
 
 
 def _detected() -> bool:
@@ -53,8 +64,9 @@ def resolve(args) -> dict | None:
     flags["--process-id"] = args.process_id
     given = [name for name, value in flags.items() if value is not None]
     if not args.distributed:
-        if given:
-            raise ConfigError(f"{given[0]} belongs to --distributed; add --distributed")
+        if given or args.heartbeat_seconds is not None:
+            first = given[0] if given else "--heartbeat-seconds"
+            raise ConfigError(f"{first} belongs to --distributed; add --distributed")
         return None
     if args.coordinator is not None:
         missing = [name for name, value in flags.items() if value is None]
@@ -72,10 +84,19 @@ def resolve(args) -> dict | None:
         raise ConfigError(f"{given[0]} without --coordinator; {DETECTION_HELP}")
     elif not _detected():
         raise ConfigError(f"--distributed: no coordinator given or detected; {DETECTION_HELP}")
+    heartbeat = args.heartbeat_seconds
+    if heartbeat is None:
+        heartbeat = DEFAULT_HEARTBEAT_SECONDS
+    elif heartbeat < MIN_HEARTBEAT_SECONDS:
+        raise ConfigError(
+            f"--heartbeat-seconds {heartbeat}: expected {MIN_HEARTBEAT_SECONDS} or more "
+            f"(default {DEFAULT_HEARTBEAT_SECONDS})"
+        )
     return {
         "coordinator_address": args.coordinator,
         "num_processes": args.num_processes,
         "process_id": args.process_id,
+        "heartbeat_timeout_seconds": heartbeat,
     }
 
 

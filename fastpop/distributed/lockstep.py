@@ -5,9 +5,9 @@ The processes agree on every decision of the run loop through `Lockstep.exchange
 small JSON payload under a per-step key of jax.distributed's key-value store (the coordinator,
 process 0) and reads every other process's. A read waits in slices of `SLICE_MS`; between slices
 the coordination service's liveness of the awaited process is asked (`get_live_nodes`, driven by
-JAX's heartbeats, `HEARTBEAT_SECONDS`), so a dead process is named within about
-HEARTBEAT_SECONDS + a slice, while a live one that is busy (compiling, writing a checkpoint) is
-waited for. Collectives of a dead peer (gloo on CPU) fail at once rather than hang.
+JAX's heartbeats, `heartbeat_seconds()`, `--heartbeat-seconds`), so a dead process is named
+within about a heartbeat timeout + a slice, while a live one that is busy (compiling, writing a
+checkpoint) is waited for. Collectives of a dead peer (gloo on CPU) fail at once rather than hang.
 
 Recoverability (`jax_enable_recoverability`) is switched on so that the coordination service does
 not abort every process when one dies: the survivors stop by themselves, naming the lost one,
@@ -26,9 +26,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from fastpop.distributed.flags import DEFAULT_HEARTBEAT_SECONDS
 from fastpop.run.stop_signals import StopSignals
 
-HEARTBEAT_SECONDS = 10  # a process silent this long is dead (JAX's coordination service)
+_heartbeat_seconds = DEFAULT_HEARTBEAT_SECONDS  # this run's, set by `initialize`
 GRACE_SECONDS = 3.0  # the loop's own notice of a lost process, before the watchdog acts
 SLICE_MS = 1000
 KEY_PREFIX = "fastpop/lockstep"
@@ -45,23 +46,27 @@ class ProcessLost(RuntimeError):
             process, f"process {process}"
         )
         super().__init__(
-            f"{name} of the distributed run is gone (no heartbeat for {HEARTBEAT_SECONDS} s"
+            f"{name} of the distributed run is gone (no heartbeat for {heartbeat_seconds()} s"
             f"{'; ' + detail if detail else ''}); the newest complete checkpoint is intact: "
             "continue with fastpop resume RUN_DIR --distributed on every process"
         )
         self.process = process
 
 
+def heartbeat_seconds() -> int:
+    """How long a process of this run may be silent before it counts as lost."""
+    return _heartbeat_seconds
+
+
 def initialize(arguments: dict) -> None:
+    """jax.distributed's start, `arguments` from `fastpop.distributed.flags.resolve`."""
     import jax
 
+    global _heartbeat_seconds
+    _heartbeat_seconds = arguments["heartbeat_timeout_seconds"]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     jax.config.update("jax_enable_recoverability", True)  # see the module docstring
-    jax.distributed.initialize(
-        **arguments,
-        heartbeat_timeout_seconds=HEARTBEAT_SECONDS,
-        shutdown_timeout_seconds=30,
-    )
+    jax.distributed.initialize(**arguments, shutdown_timeout_seconds=30)
 
 
 class Lockstep:
@@ -172,10 +177,10 @@ def _live_nodes(client, processes: list[int], seconds: float) -> set[int] | None
     return live[0] if live else None
 
 
-def _wait_for_disconnects(client, count: int, seconds: float = HEARTBEAT_SECONDS) -> None:
-    """Until no other process is connected, at most `seconds`: `get_live_nodes` returns {0}
-    once the others, which call it no more, have disconnected."""
-    deadline = time.monotonic() + seconds
+def _wait_for_disconnects(client, count: int) -> None:
+    """Until no other process is connected, at most a heartbeat timeout: `get_live_nodes`
+    returns {0} once the others, which call it no more, have disconnected."""
+    deadline = time.monotonic() + heartbeat_seconds()
     while (left := deadline - time.monotonic()) > 0:
         live = _live_nodes(client, list(range(count)), left)
         if live is None or live <= {0}:
@@ -200,12 +205,12 @@ def leave_after_loss(code: int) -> None:
     os._exit(code)
 
 
-def wait_for_survivors(
-    client, count: int, seconds: float = HEARTBEAT_SECONDS + GRACE_SECONDS + 2
-) -> list[int]:
+def wait_for_survivors(client, count: int, seconds: float | None = None) -> list[int]:
     """Until every other live process has stopped or ended (its key is written), at most
-    `seconds` (a survivor notices a loss within a heartbeat and the watchdog's grace); the
-    processes still running then."""
+    `seconds` (default: a survivor notices a loss within a heartbeat timeout and the watchdog's
+    grace); the processes still running then."""
+    if seconds is None:
+        seconds = heartbeat_seconds() + GRACE_SECONDS + 2
     deadline = time.monotonic() + seconds
     while True:
         # Only those yet to speak are asked about: one that spoke and exited is not noticed
@@ -238,13 +243,14 @@ def lost_from(error: Exception) -> ProcessLost | None:
     return ProcessLost(wait_for_lost(), f"a collective failed: {text.splitlines()[0]}")
 
 
-def wait_for_lost(seconds: float = HEARTBEAT_SECONDS + 5) -> int:
-    """The first process the coordination service finds dead within `seconds` (-1: none)."""
+def wait_for_lost() -> int:
+    """The first process the coordination service finds dead within a heartbeat timeout and
+    5 s (-1: none)."""
     import jax
     from jax._src.distributed import global_state
 
     everyone = list(range(jax.process_count()))
-    deadline = time.monotonic() + seconds
+    deadline = time.monotonic() + heartbeat_seconds() + 5
     while time.monotonic() < deadline:
         try:
             live = global_state.client.get_live_nodes(everyone)
