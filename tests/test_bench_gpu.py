@@ -66,9 +66,8 @@ def test_smoke_runs_every_phase_and_writes_its_files(smoke):
     assert vectorized["kernels_per_update_step"] >= 1 and td3["memory_gbps"] > 0
     # (a smoke-sized matmul is slow: the floors are only checked to be there)
     assert vectorized["compute_floor_seconds"] > 0 and vectorized["memory_floor_seconds"] > 0
-    # the device phase's two sweeps of one env are merged into its one file
     device = json.loads((out / "device_gymnax_Pendulum-v1_cpu.json").read_text())
-    assert [(r["population"], r["envs_per_member"]) for r in device["rows"]] == [(2, 1), (2, 2)]
+    assert [(r["population"], r["envs_per_member"]) for r in device["rows"]] == [(2, 2)]
     pipeline = json.loads((out / "pipeline_Pendulum-v1_cpu.json").read_text())
     assert [row["collectors"] for row in pipeline["collection"]] == [1]
     assert pipeline["learner"]["collectors"] == 1 and pipeline["learner"]["utilisation"] > 0
@@ -78,6 +77,48 @@ def test_smoke_runs_every_phase_and_writes_its_files(smoke):
     for preset in runs:
         summary = json.loads((out / "runs" / preset / "summary.json").read_text())
         assert summary["stopped_by"] == "completed" and summary["wall_time"] > 0
+
+
+def test_sweeps_of_one_env_share_its_file_and_a_failed_sweep_is_recorded(
+    smoke, tmp_path, monkeypatch
+):
+    """The device phase's sweeps of one env (the full programme has brax/halfcheetah's and
+    brax/ant's twice) append their rows to its one JSON; a sweep that fails is recorded and the
+    next one still runs. Each sweep's measurements here are the smoke's real row, relabelled."""
+    from fastpop.bench import device as device_bench
+
+    out, _ = smoke
+    measured = json.loads((out / "device_gymnax_Pendulum-v1_cpu.json").read_text())
+
+    def bench_device(settings, populations, per_member, command, on_row=None):
+        if settings.env_id == "brax/ant":
+            raise ModuleNotFoundError("brax is not installed")
+        rows = [
+            {**measured["rows"][0], "population": size, "envs_per_member": envs}
+            for envs in per_member
+            for size in populations
+        ]
+        on_row(rows)
+        return {**measured, "rows": rows}
+
+    monkeypatch.setattr(device_bench, "bench_device", bench_device)
+    sweeps = [("gymnax/Pendulum-v1", [2, 4], [1]), ("brax/ant", [2], [1])]
+    sweeps += [("gymnax/Pendulum-v1", [2], [2])]
+    plan = {**gpu_phases.SMOKE_PLANS["device"], "sweeps": sweeps}
+    record = gpu_phases.PhaseRecord(tmp_path, "device", plan, cap=60.0)
+    record["command"] = "fastpop bench gpu --smoke"
+    gpu_phases.device_phase(tmp_path, plan, record)
+    merged = json.loads((tmp_path / "device_gymnax_Pendulum-v1_cpu.json").read_text())
+    assert [(r["population"], r["envs_per_member"]) for r in merged["rows"]] == [
+        (2, 1),
+        (4, 1),
+        (2, 2),
+    ]
+    assert record["sweeps"][1]["error"] == "ModuleNotFoundError: brax is not installed"
+    assert record["files"] == [
+        "device_gymnax_Pendulum-v1_cpu.json",
+        "device_gymnax_Pendulum-v1_cpu.png",
+    ]
 
 
 def test_the_summary_names_the_machine_phases_and_targets(smoke):

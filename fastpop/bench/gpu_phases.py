@@ -124,8 +124,9 @@ SMOKE_PLANS = {
     },
     "device": {
         # P=2, E=2 at these sizes is `fastpop bench device`'s tiny test: its programs come from
-        # the suite's shared compilation cache whichever of the two runs second.
-        "sweeps": [("gymnax/Pendulum-v1", [2], [1]), ("gymnax/Pendulum-v1", [2], [2])],
+        # the suite's shared compilation cache whichever of the two runs second. One row: each
+        # compiles three programs (sweeps of one env merging into one file: unit-tested).
+        "sweeps": [("gymnax/Pendulum-v1", [2], [2])],
         "seconds": 0.06,
         "chunk_len": 8,
         "agent": {"hidden_sizes": [16, 16]},
