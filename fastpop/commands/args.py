@@ -71,3 +71,8 @@ def fail(message: str, code: int = 2) -> int:
     """Print `message` as fastpop's error and return the exit code (2: bad input)."""
     print(f"fastpop: error: {message}", file=sys.stderr)
     return code
+
+
+def warn(message: str) -> None:
+    """Print `message` as fastpop's warning (the command goes on)."""
+    print(f"fastpop: warning: {message}", file=sys.stderr)

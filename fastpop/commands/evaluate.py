@@ -9,12 +9,11 @@ also records the first episode (`fastpop.commands.video`).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from fastpop.commands import video
-from fastpop.commands.args import fail, positive_int_arg
+from fastpop.commands.args import fail, positive_int_arg, warn
 
 
 class EvalError(ValueError):
@@ -84,17 +83,13 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(error))
 
 
-def _warn(message: str) -> None:
-    print(f"fastpop: warning: {message}", file=sys.stderr)
-
-
 def _run(args: argparse.Namespace) -> int:
     requested = parse_member(args.member)
     if args.video is not None:
         video.check_video_path(args.video)
         video.check_video_dependencies()
         video.choose_mujoco_gl()  # before the first MuJoCo render (the backend is read then)
-    loaded = load_latest(args.run_dir, _warn)
+    loaded = load_latest(args.run_dir, warn)
     config = loaded.config
     size = config.population.size
     member, reason = resolve_member(requested, loaded.metadata, config)

@@ -26,12 +26,11 @@ import dataclasses
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
 from fastpop.commands import evaluate
-from fastpop.commands.args import fail
+from fastpop.commands.args import fail, warn
 
 WEIGHTS_FILE = "weights.npz"
 FUNCTION_FILE = "policy.jax"
@@ -83,14 +82,10 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(error))
 
 
-def _warn(message: str) -> None:
-    print(f"fastpop: warning: {message}", file=sys.stderr)
-
-
 def _run(args: argparse.Namespace) -> int:
     requested = evaluate.parse_member(args.member)
     check_out_dir(args.out, args.overwrite)
-    loaded = evaluate.load_latest(args.run_dir, _warn)
+    loaded = evaluate.load_latest(args.run_dir, warn)
     size = loaded.config.population.size
     member, reason = evaluate.resolve_member(requested, loaded.metadata, loaded.config)
     if member >= size:
