@@ -250,3 +250,15 @@ def test_table_marks_minutes_past_a_runs_end(tmp_path):
     assert load_curve(runs[2]).ran_minutes == pytest.approx(15.0)  # its last evaluation
     longer = returns_table(runs[:1], minutes=(15.02,)).splitlines()
     assert longer[2].endswith("| 2950 (2950) |")  # inside the run's end, past its evaluation
+
+
+def test_a_directory_without_evaluation_rows_is_named_by_the_plot_and_the_sweep(tmp_path):
+    from fastpop.analysis.sweep import load_member_curves
+
+    for load, cannot in ((plot.load_curve, "plot"), (load_member_curves, "aggregate")):
+        with pytest.raises(ValueError, match=r"no metrics file; is .* a fastpop run directory"):
+            load(tmp_path)
+        (tmp_path / metrics.METRICS_FILE).write_text("")
+        with pytest.raises(ValueError, match=f"no evaluation rows yet; nothing to {cannot}"):
+            load(tmp_path)
+        (tmp_path / metrics.METRICS_FILE).unlink()

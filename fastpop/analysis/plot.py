@@ -59,6 +59,18 @@ def read_run_config(run_dir: Path) -> dict:
     return config if isinstance(config, dict) else {}
 
 
+def read_run_rows(run_dir: Path, empty: str) -> list[dict]:
+    """The evaluation rows of one run directory; ValueError naming what is missing (`empty`:
+    what the caller cannot do without rows)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        raise ValueError(f"{path}: no metrics file; is {run_dir} a fastpop run directory?")
+    rows = read_metrics(path)
+    if not rows:
+        raise ValueError(f"{path}: no evaluation rows yet; {empty}")
+    return rows
+
+
 def config_value(config: dict, *paths: str):
     for dotted in paths:
         value = config
@@ -113,12 +125,7 @@ def default_minutes(ran: list[float]) -> tuple[float, ...]:
 def load_curve(run_dir: Path) -> Curve:
     """Best and median return per evaluation round of one run directory."""
     run_dir = Path(run_dir)
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        raise ValueError(f"{path}: no metrics file; is {run_dir} a fastpop run directory?")
-    rows = read_metrics(path)
-    if not rows:
-        raise ValueError(f"{path}: no evaluation rows yet; nothing to plot")
+    rows = read_run_rows(run_dir, "nothing to plot")
     rounds = evaluation_rounds(rows)
     best, medians = [], []
     for group in rounds:

@@ -17,8 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from fastpop.analysis.plot import config_value, ran_minutes, read_run_config, run_label
-from fastpop.run.metrics import MEMBERS_FILE, METRICS_FILE, read_metrics
+from fastpop.analysis.plot import (
+    config_value,
+    ran_minutes,
+    read_run_config,
+    read_run_rows,
+    run_label,
+)
+from fastpop.run.metrics import MEMBERS_FILE
 
 GROUP_BY = ("configuration", "run")
 
@@ -122,12 +128,7 @@ def _config_labels(configurations: dict[int, tuple[int, dict]]) -> dict[int, str
 def load_member_curves(run_dir: Path) -> list[MemberCurve]:
     """Every member of one run directory, with its evaluations and configuration."""
     run_dir = Path(run_dir)
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        raise ValueError(f"{path}: no metrics file; is {run_dir} a fastpop run directory?")
-    rows = read_metrics(path)
-    if not rows:
-        raise ValueError(f"{path}: no evaluation rows yet; nothing to aggregate")
+    rows = read_run_rows(run_dir, "nothing to aggregate")
     config = read_run_config(run_dir)
     configurations = _configurations(run_dir, rows)
     labels = _config_labels(configurations)
