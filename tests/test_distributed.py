@@ -62,9 +62,8 @@ class Processes:
         env = with_this_checkout({**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"})
         flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-        # The suite's compilation cache (tests/conftest.py): the resumes, and the next session,
-        # load what the first run compiled; the processes of one run write it at once.
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(workdir / "jax-cache"))
+        # JAX_COMPILATION_CACHE_DIR is the suite's (tests/conftest.py): the resumes, and the next
+        # session, load what the first run compiled; the processes of one run write it at once.
         env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
         env["LATE_FINISH_SECONDS"] = str(late)
         module = "tests.late_finish" if late else "fastpop"
