@@ -19,10 +19,15 @@ from tests.runs import with_this_checkout
 # Compiles a few programs (one of them sized by argv[1], so two processes can differ) and
 # prints the cache status and the compile counts as JSON.
 PROGRAM = """
-import json, sys
-from fastpop.compilation import compile_cache, compile_stats
+import json, os, sys
+from fastpop.compilation import compile_cache, compile_stats, every_process_writes
 status = compile_cache.enable()
 compile_stats.install()
+installed = None
+if "AS_PROCESS" in os.environ:  # what a `--distributed` process of that index does
+    from jax._src import distributed
+    distributed.global_state.process_id = int(os.environ["AS_PROCESS"])
+    installed = every_process_writes.install() if "EVERY_PROCESS_WRITES" in os.environ else None
 if len(sys.argv) > 2:
     from fastpop.config import load_config
     from fastpop.run.parts import build_run
@@ -35,6 +40,7 @@ x = jnp.ones((width, width))
 y = jax.jit(lambda a: jnp.tanh(a @ a.T).sum(0))(x)
 z = jax.jit(lambda a, b: jnp.cumsum(a * b))(y, y)
 print(json.dumps({"status": status, "value": float(z[-1]), **compile_stats.counts(),
+                  "every_process_writes": installed,
                   "max_size": jax.config.values["jax_compilation_cache_max_size"]}))
 """
 
@@ -146,3 +152,26 @@ def test_half_written_pairs_in_fastpops_directory_are_dropped(tmp_path):
     run(environment(tmp_path))
     assert not (owned / "abc-cache").exists() and not (owned / "def-atime").exists()
     assert (owned / "keep.txt").exists()
+
+
+def test_a_distributed_process_other_than_0_writes_what_it_compiled(tmp_path):
+    """JAX writes the cache from process 0 alone; on a CPU the programs of the other processes
+    are keyed by their own devices, so they would compile on every rerun and resume
+    (fastpop/compilation/every_process_writes.py)."""
+    owned = tmp_path / "cache" / "jax-compile"
+    jax_alone, _ = run(environment(tmp_path, AS_PROCESS="1"))
+    assert jax_alone["cache_writes"] == 0 and not entries(owned)
+    env = environment(tmp_path, AS_PROCESS="1", EVERY_PROCESS_WRITES="1")
+    first, _ = run(env)
+    assert first["every_process_writes"] is True
+    assert first["compiled"] == first["programs"] == first["cache_writes"] == len(entries(owned))
+    second, _ = run(env)
+    assert second["from_cache"] == second["programs"] and second["compiled"] == 0
+    assert second["value"] == first["value"]
+
+    # A user's own cache without a size limit has no lock to write under: JAX's rule stays.
+    mine = tmp_path / "mine"
+    env = environment(tmp_path, AS_PROCESS="1", EVERY_PROCESS_WRITES="1")
+    user, _ = run(env | {"JAX_COMPILATION_CACHE_DIR": str(mine)})
+    assert user["every_process_writes"] is False
+    assert user["cache_writes"] == 0 and not entries(mine)

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +39,9 @@ OVERRIDES = [
 ]
 
 
+DISTRIBUTED_CACHE = Path(tempfile.gettempdir()) / f"fastpop-test-distributed-cache-{os.getuid()}"
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -62,9 +66,11 @@ class Processes:
         env = with_this_checkout({**os.environ, "PYTHONUNBUFFERED": "1", "JAX_PLATFORMS": "cpu"})
         flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
-        # JAX_COMPILATION_CACHE_DIR is the suite's (tests/conftest.py): the resumes, and the next
-        # session, load what the first run compiled; the processes of one run write it at once.
-        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        # fastpop's own compilation cache, as a user's runs have it (size-limited: every process
+        # writes what it compiled, fastpop/compilation/every_process_writes.py), one for every
+        # distributed test: the resumes, and the next session, load what the first run compiled.
+        env.pop("JAX_COMPILATION_CACHE_DIR", None)
+        env["FASTPOP_CACHE_DIR"] = str(DISTRIBUTED_CACHE)
         env["LATE_FINISH_SECONDS"] = str(late)
         module = "tests.late_finish" if late else "fastpop"
         self.logs, self.processes = [], []

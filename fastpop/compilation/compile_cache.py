@@ -6,11 +6,12 @@ the directory of the tuning cache), one file per compiled program (XLA's seriali
 executable, compressed) plus its last-use time. It is bounded: JAX evicts the least recently
 used programs past FASTPOP_COMPILE_CACHE_MAX_BYTES (default 1 GiB), under a file lock that also
 makes concurrent runs and their processes (spawned collectors, `--distributed` processes)
-read and write it safely. Off: FASTPOP_COMPILE_CACHE=0 or FASTPOP_CACHE_DIR="" (from the
-start), or the config's `train.compile_cache: false` (from the moment the run is built: the few
-small programs that checking the config compiles may still use it). A user's own
-JAX_COMPILATION_CACHE_DIR wins: fastpop then changes none of JAX's cache settings and never
-evicts anything there.
+read and write it safely (every `--distributed` process writes: every_process_writes.py).
+Off: FASTPOP_COMPILE_CACHE=0 or FASTPOP_CACHE_DIR="" (from the start), or the config's
+`train.compile_cache: false` (from the moment the run is built: the few small programs that
+checking the config compiles may still use it). A user's own JAX_COMPILATION_CACHE_DIR wins:
+fastpop then changes none of JAX's cache settings and never evicts anything there (given a
+size limit of the user's, every `--distributed` process writes it too).
 
 Every program is kept, however fast it compiled (JAX's default keeps only those over 1 s):
 fastpop's start-up compiles dozens of programs of 0.05-1 s each (initializers, evaluation,

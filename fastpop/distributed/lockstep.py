@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fastpop.compilation import every_process_writes
 from fastpop.distributed.flags import DEFAULT_HEARTBEAT_SECONDS
 from fastpop.run.stop_signals import StopSignals
 
@@ -67,6 +68,7 @@ def initialize(arguments: dict) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives
     jax.config.update("jax_enable_recoverability", True)  # see the module docstring
     jax.distributed.initialize(**arguments, shutdown_timeout_seconds=30)
+    every_process_writes.install()  # else only process 0's programs are ever cached on a CPU
 
 
 class Lockstep:
