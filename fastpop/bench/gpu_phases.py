@@ -136,13 +136,13 @@ SMOKE_PLANS = {
         "population": 2,
         "collectors": [1],
         "seconds": 0.3,
-        "train_seconds": 4.0,
+        "train_seconds": 2.5,
         "train_collectors": 1,
         "warmup_steps": 256,
         "agent": {"hidden_sizes": [16, 16], "batch_size": 32},
     },
     "pbt": {
-        "wall_seconds": 5.0,
+        "wall_seconds": 3.0,
         "wall_fraction": 0.36,
         "runs": [
             ("td3_pbt_halfcheetah", [*_TINY, "env.id=Pendulum-v1", "collect.num_collectors=1"]),
