@@ -191,6 +191,10 @@ def test_collectors_choose_the_vector_env_where_it_applies(monkeypatch):
     envs, stepped_by = lockstep_envs("Pong", 1, 0)
     assert isinstance(envs, LockstepEnvs) and "no AtariVectorEnv" in stepped_by
     envs.close()
-    assert atari_vector.default_threads(num_envs=3, num_collectors=1) in (1, 2, 3)
+    # (cores, a collector's envs, collectors, its emulator threads)
+    for cores, slots, collectors, threads in [(2, 4, 1, 2), (2, 4, 3, 1), (16, 4, 8, 2)]:
+        monkeypatch.setattr(atari_vector, "usable_cores", lambda cores=cores: cores)
+        assert atari_vector.default_threads(slots, collectors) == threads, (cores, slots)
+    assert atari_vector.default_threads(1, 1) == 1  # never more threads than envs
     parsed = config.config_from_dict({"collect": {"atari_vector": False}})
     assert parsed.collect.atari_vector is False and config.Config().collect.atari_vector

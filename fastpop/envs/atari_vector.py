@@ -51,9 +51,11 @@ def unavailable_reason(options: AtariOptions) -> str | None:
 
 
 def default_threads(num_envs: int, num_collectors: int) -> int:
-    """Emulator threads of one collector: its share of the cores this process may use, the
-    learner counted as one more user (on 2 loaded cores a second thread was no faster)."""
-    return max(1, min(num_envs, usable_cores() // (num_collectors + 1)))
+    """Emulator threads of one collector: its share of the cores this process may use. The
+    learner is not counted: it idles through the warm-up, which a collector's threads then
+    step on every core (dqn_pbt_pong_cpu on 2 cores: learning 3 s sooner, the same updates
+    per second after; results/startup/README.md), and threads waiting for it cost no CPU."""
+    return max(1, min(num_envs, usable_cores() // num_collectors))
 
 
 # A pixel's stacked frames as one machine word: shifting the word moves every frame one place.
