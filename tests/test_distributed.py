@@ -187,6 +187,9 @@ def test_ctrl_c_on_process_0_stops_every_process_with_a_checkpoint(trained, work
         run.cleanup()
     assert codes == [130, 130], run.output(0)[-3000:] + run.output(1)[-3000:]
     assert json.loads((trained / "summary.json").read_text())["stopped_by"] == "interrupted"
+    own = json.loads((trained / "processes" / "1" / "summary.json").read_text())  # process 1's
+    assert own["stopped_by"] == "interrupted" and own["compiles"]["programs"] > 0
+    assert own["compiles"]["cache"] == f"{DISTRIBUTED_CACHE / 'jax-compile'} (fastpop's)"
     newest = sorted((trained / "checkpoints").iterdir())[-1]  # written at the stop
     assert newest not in steps
     assert json.loads((newest / "manifest" / "metadata").read_text())["topology"]["processes"] == 2

@@ -13,7 +13,7 @@ from pathlib import Path
 from fastpop.commands import bench as bench_commands
 from fastpop.commands import evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
-from fastpop.compilation import compile_cache, compile_stats, stored_programs
+from fastpop.compilation import compile_cache, compile_stats
 from fastpop.distributed import flags as distributed_flags
 from fastpop.gc_settings import tune_for_tracing
 from fastpop.run.run_state import SAFE_ON_RESUME
@@ -267,8 +267,7 @@ def execute(run, run_dir: Path) -> int:
         )
         if len(final["ranking"]) > 1:
             print(format_ranking(final["ranking"], (run_dir / "members.json")))
-    summary["compiles"] = compile_stats.counts() | {"cache": compile_cache.status()}
-    summary["compiles"]["stored_programs"] = stored_programs.counts()
+    summary["compiles"] = compile_stats.summary()
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     try:
         paths = plot_runs([run_dir])

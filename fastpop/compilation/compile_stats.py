@@ -73,3 +73,11 @@ def counts() -> dict:
             "lower_seconds": round(_totals[LOWER + ":seconds"], 2),
             "names_compiled_more_than_once": dict(list(repeated.items())[:10]),
         }
+
+
+def summary() -> dict:
+    """summary.json's "compiles": `counts()`, the cache this process used and the stored
+    programs it loaded or wrote."""
+    from fastpop.compilation import compile_cache, stored_programs
+
+    return counts() | {"cache": compile_cache.status(), "stored_programs": stored_programs.counts()}
