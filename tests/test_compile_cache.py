@@ -175,3 +175,29 @@ def test_a_distributed_process_other_than_0_writes_what_it_compiled(tmp_path):
     user, _ = run(env | {"JAX_COMPILATION_CACHE_DIR": str(mine)})
     assert user["every_process_writes"] is False
     assert user["cache_writes"] == 0 and not entries(mine)
+
+
+def test_on_a_gpu_process_0_alone_writes_as_jax_does(monkeypatch):
+    """A GPU's cache keys leave the device ids out: process 0's entries serve every process, so
+    the others keep JAX's rule (its own write, which skips them) instead of writing again."""
+    import inspect
+    from types import SimpleNamespace
+
+    from jax._src import distributed
+
+    from fastpop.compilation import every_process_writes
+
+    given = []
+
+    def jax_write(cache_key, compile_time_secs, module_name, backend, executable, host_callbacks):
+        given.append((module_name, backend.platform))
+
+    write = every_process_writes._writing_from_every_process(
+        jax_write, inspect.signature(jax_write)
+    )
+    monkeypatch.setattr(distributed.global_state, "process_id", 1)
+    write("key", 5.0, "jit_update", SimpleNamespace(platform="gpu"), None, ())
+    assert given == [("jit_update", "gpu")]
+    monkeypatch.setattr(distributed.global_state, "process_id", 0)
+    write("key", 5.0, "jit_update", SimpleNamespace(platform="cpu"), None, ())
+    assert given == [("jit_update", "gpu"), ("jit_update", "cpu")]

@@ -8,7 +8,8 @@ CEM-RL run on 2 cores (results/startup/README.md). Where the cache is a local di
 JAX reads and writes under its file lock (a size limit is set: fastpop's own cache always has
 one), every process writes what it compiled; an entry that exists is left as it is (JAX's
 `put` checks under the lock), so the processes of one run never write one file twice. A
-user's cache without a size limit, or on a remote store, keeps JAX's rule.
+user's cache without a size limit, or on a remote store, keeps JAX's rule; so does a GPU,
+whose keys leave the device ids out: process 0's entries serve every process there.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def _writing_from_every_process(original, signature: inspect.Signature):
 
     @functools.wraps(original)
     def cache_write(*args, **kwargs):
-        if distributed.global_state.process_id == 0:
-            return original(*args, **kwargs)
         entry = signature.bind(*args, **kwargs).arguments
+        if distributed.global_state.process_id == 0 or entry["backend"].platform == "gpu":
+            return original(*args, **kwargs)
         if entry.get("host_callbacks"):  # baked into the program: JAX never stores these
             return None
         import jax
