@@ -135,6 +135,18 @@ def test_the_learner_waits_until_every_buffer_holds_a_transition():
     assert learner.can_update()
 
 
+@pytest.mark.parametrize("layout", ["stacked", "listed"])
+def test_whether_the_buffers_are_ready_reads_their_sizes_not_their_rows(layout):
+    """Asked until the warm-up ends: each ask read (and copied) every buffer's rows once, ~0.2 s
+    a time for two members' Pong replays, to stack their sizes."""
+    spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
+    store = ReplayStore(spec, layout, size=3, batch_size=8)
+    sizes = jax.make_jaxpr(store._layout.sizes)(store.buffers)
+    made = [np.prod(v.aval.shape, dtype=int) for e in sizes.eqns for v in e.outvars]
+    assert max(made, default=0) <= 3  # nothing row-sized made (stacked: the sizes as they are)
+    assert np.asarray(store._layout.sizes(store.buffers)).tolist() == [0, 0, 0]
+
+
 def test_run_progress_and_pending_evaluations_round_trip_through_plain_data():
     from fastpop.collect import snapshot
 

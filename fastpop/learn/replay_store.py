@@ -221,7 +221,7 @@ def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
         insert=insert,
         add=add_each,
         first=lambda buffers: buffers[0],
-        sizes=lambda buffers: population.stack(buffers).size,
+        sizes=lambda buffers: jnp.stack([buffer.size for buffer in buffers]),  # not the rows
         copy=copy,
         clear=lambda buffers, members: [
             _emptied(b, bool(cleared)) for b, cleared in zip(buffers, members, strict=True)

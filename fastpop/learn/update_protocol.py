@@ -130,7 +130,8 @@ def executor_training(
     """Independent members under an executor; the strategy decides with `Selection`s.
     `move`: `Training.move` (None: a gather of the whole stacked state)."""
     if executor.name == "sequential":  # stack the policies only, not every member's state
-        policies = lambda states: population.stack([agent.policy_params(s) for s in states])
+        each = lambda states: [agent.policy_params(state) for state in states]
+        policies = jax.jit(lambda states: population.stack(each(states)))  # one program
     else:  # compiled once: the learner publishes after every update (traced, it took 8 ms)
         policies = jax.jit(functools.partial(population.member_policies, agent))
 
