@@ -6,10 +6,10 @@
 - `brax`: seconds to build the brax environment, with brax's own loader (a compiled `jnp.array`
   copy per leaf of the system) and with fastpop's (`brax_envs._make`), compilation cache off
   ("cold") and over a cache the previous run filled ("warm");
-- `learner`: seconds to make td3_cemrl_hopper_cpu's learner (CEM-RL's initial actors and the
-  shared critic), and the programs it compiled or loaded, over one fresh cache: once cold, then
-  warm. The code measured is whatever `fastpop` PYTHONPATH gives, so an older commit unpacked
-  with `git archive` is measured the same way.
+- `learner`: seconds to make a preset's learner (`--preset`, default td3_cemrl_hopper_cpu:
+  CEM-RL's initial actors and the shared critic), and the programs it compiled or loaded, over
+  one fresh cache: once cold, then warm. The code measured is whatever `fastpop` PYTHONPATH
+  gives, so an older commit unpacked with `git archive` is measured the same way.
 
     python results/startup/start_pieces.py --repeats 3
     PYTHONPATH=/tmp/fastpop-before python results/startup/start_pieces.py --pieces learner
@@ -87,7 +87,6 @@ start = time.perf_counter()
 Learner(parts.learner_parts())
 print(compile_stats.counts()["programs"], time.perf_counter() - start)
 """
-CEMRL = CONFIG.parent / "td3_cemrl_hopper_cpu.yaml"
 
 
 def seconds(script: str, args: list[str], env: dict) -> float:
@@ -101,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pieces", nargs="+", default=["trace", "brax"])
+    parser.add_argument("--preset", default="td3_cemrl_hopper_cpu", help="the learner piece's")
     args = parser.parse_args()
     base = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
     base |= {"FASTPOP_COMPILE_CACHE": "0"}
@@ -110,14 +110,14 @@ def main() -> None:
             env = base | {"JAX_COMPILATION_CACHE_DIR": cache}
             for run in ["cold", *["warm"] * args.repeats]:
                 result = subprocess.run(
-                    [sys.executable, "-c", LEARNER, str(CEMRL)],
+                    [sys.executable, "-c", LEARNER, str(CONFIG.parent / f"{args.preset}.yaml")],
                     capture_output=True,
                     text=True,
                     env=env,
                     check=True,
                 )
                 programs, value = result.stdout.split()[-2:]
-                key = f"make td3_cemrl_hopper_cpu's learner, {run} cache ({programs} programs)"
+                key = f"make {args.preset}'s learner, {run} cache ({programs} programs)"
                 rows.setdefault(key, []).append(float(value))
     for _ in range(args.repeats):
         for collector in ("default", "fastpop") if "trace" in args.pieces else ():
