@@ -92,7 +92,9 @@ def _zero_rows(spec: replay.ReplaySpec, lanes: int) -> replay.Rows:
 
 
 def _one_device() -> Placement:
-    return Placement(lambda init: init(), lambda tree: jax.tree.map(jnp.asarray, tree), {})
+    # The buffers made by one program, the rows put as they are (eagerly, each leaf shape's
+    # zeros and each row field's conversion compiled a program of its own).
+    return Placement(lambda init: jax.jit(init)(), jax.device_put, {})
 
 
 def _on_mesh(where: jax.sharding.NamedSharding) -> Placement:
@@ -191,6 +193,7 @@ class MembersStacked:
 def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
     add = functools.partial(replay.add, spec)
     compiled = jax.jit(add, donate_argnums=0)
+    empty_buffer = jax.jit(functools.partial(replay.init, spec))  # one program, every member
     by_member = _by_member(size)
 
     def insert(buffers, rows):
@@ -213,7 +216,7 @@ def _listed(spec: replay.ReplaySpec, size: int) -> Layout:
         return buffers, targets
 
     return Layout(
-        empty=lambda: [replay.init(spec) for _ in range(size)],
+        empty=lambda: [empty_buffer() for _ in range(size)],
         saved=lambda buffers: jax.tree.map(lambda *members: MembersStacked(members), *buffers),
         put=lambda stacked: [
             jax.tree.map(jnp.asarray, population.member(stacked, m)) for m in range(size)

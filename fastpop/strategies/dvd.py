@@ -11,6 +11,7 @@ next lambda, and the diversity of the population is measured for the logs.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -117,9 +118,13 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
     )
 
     def init_states(agent, key, hparams):
-        states = shared_critic.init(agent, key, hparams, np.ones(size, bool))
-        states = states._replace(diversity_weight=jnp.float32(coefficients[0]))
+        # One program, not a slice and a squeeze per critic leaf shape run one by one.
+        states = jax.jit(functools.partial(initial_arrays, agent))(key, hparams)
         return states, bandit_init()
+
+    def initial_arrays(agent, key, hparams):
+        states = shared_critic.init(agent, key, hparams, np.ones(size, bool))
+        return states._replace(diversity_weight=jnp.float32(coefficients[0]))
 
     def make_update(plan):
         return shared_critic.make_update(
