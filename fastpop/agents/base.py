@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
@@ -45,12 +46,15 @@ class Agent(NamedTuple):
 
 
 def hparams_from_values(hparams_type: type, integer_fields: frozenset[str], **values) -> Any:
-    """Build an HParams NamedTuple of scalar arrays (int32 for counts, float32 otherwise)."""
-    return hparams_type(
-        **{
-            name: jnp.asarray(value, jnp.int32 if name in integer_fields else jnp.float32)
-            for name, value in values.items()
-        }
+    """Build an HParams NamedTuple of scalar arrays (int32 for counts, float32 otherwise), made
+    on the host and put on the device at once (converted there, each dtype compiled a program)."""
+    return jax.device_put(
+        hparams_type(
+            **{
+                name: np.asarray(value, np.int32 if name in integer_fields else np.float32)
+                for name, value in values.items()
+            }
+        )
     )
 
 

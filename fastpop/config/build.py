@@ -41,15 +41,16 @@ def build_replay_spec(config: Config, spec: EnvSpec) -> replay.ReplaySpec:
 
 def default_member_hparams(config: Config, agent) -> Any:
     """One member's HParams: the agent's defaults with the config's values (dtypes kept)."""
-    import jax.numpy as jnp
+    import jax
+    import numpy as np
 
     defaults = agent.default_hparams()
     values = {
-        name: jnp.asarray(value, getattr(defaults, name).dtype)
+        name: np.asarray(value, getattr(defaults, name).dtype)
         for name, value in config.hparams.items()
         if value is not None  # null: the agent's environment-dependent default
     }
-    return defaults._replace(**values)
+    return defaults._replace(**jax.device_put(values))
 
 
 def atari_options(config: Config):
