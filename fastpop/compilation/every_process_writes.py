@@ -27,8 +27,11 @@ def install() -> bool:
     import jax
     from jax._src import compiler
 
-    directory = jax.config.jax_compilation_cache_dir
-    locked = jax.config.jax_compilation_cache_max_size != -1  # JAX locks only with a limit
+    try:
+        directory = jax.config.jax_compilation_cache_dir
+        locked = jax.config.jax_compilation_cache_max_size != -1  # JAX locks only with a limit
+    except AttributeError:  # another JAX than expected: its own rule
+        return False
     if not directory or "://" in str(directory) or not locked:
         return False
     original = getattr(compiler, "_cache_write", None)
