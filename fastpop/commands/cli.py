@@ -244,10 +244,9 @@ def run_resume(args: argparse.Namespace) -> int:
 
 def execute(run, run_dir: Path) -> int:
     """Run a prepared `Run`; write its summary and plots; the exit code."""
-    import json
-
     from fastpop.analysis.plot import plot_runs
     from fastpop.collect.workers import WorkerFailed
+    from fastpop.commands import run_directory
     from fastpop.run.loop import StopRequested, TrainError
 
     try:
@@ -267,8 +266,7 @@ def execute(run, run_dir: Path) -> int:
         )
         if len(final["ranking"]) > 1:
             print(format_ranking(final["ranking"], (run_dir / "members.json")))
-    summary["compiles"] = compile_stats.summary()
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    run_directory.write_summary(run_dir, summary)
     try:
         paths = plot_runs([run_dir])
         print("wrote " + ", ".join(str(p) for p in paths))

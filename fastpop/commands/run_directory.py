@@ -4,6 +4,7 @@ run, never the working directory)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ from fastpop.analysis.plot_aggregate import (
     PROFILE_PLOT,
 )
 from fastpop.commands.pbt_replay import COMPARISON_PLOT
+from fastpop.compilation import compile_stats
 from fastpop.config import ConfigError
 from fastpop.run import metrics
 from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE
@@ -52,6 +54,14 @@ RUN_MEANING = (
     f"a fastpop run directory holds {CONFIG_FILE} and {metrics.METRICS_FILE} or "
     f"{CHECKPOINTS_DIR}/, and only files fastpop writes there"
 )
+
+
+def write_summary(directory: Path, summary: dict) -> None:
+    """`directory`/summary.json: `summary` with the programs this process compiled and loaded
+    (a run's, or one process's own in a distributed run)."""
+    summary["compiles"] = compile_stats.summary()
+    text = json.dumps(summary, indent=2, default=float) + "\n"
+    (Path(directory) / SUMMARY_FILE).write_text(text)
 
 
 def foreign_entries(path: Path) -> list[str]:

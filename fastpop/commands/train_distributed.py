@@ -4,7 +4,6 @@ bounded time whatever happens to the others (fastpop.distributed.lockstep)."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -61,7 +60,7 @@ def _execute_in_process(run, execute) -> int:
     if jax.process_index() == 0:
         return execute(run, run.run_dir)
     from fastpop.collect.workers import WorkerFailed
-    from fastpop.compilation import compile_stats
+    from fastpop.commands import run_directory
     from fastpop.run.loop import StopRequested, TrainError
 
     try:
@@ -70,10 +69,7 @@ def _execute_in_process(run, execute) -> int:
         return fail(str(error), code=1)
     except (KeyboardInterrupt, StopRequested) as stop:
         return 143 if isinstance(stop, StopRequested) else 130
-    # Its own summary beside its own files (processes/<index>/): what it compiled and loaded.
-    summary["compiles"] = compile_stats.summary()
-    text = json.dumps(summary, indent=2, default=float) + "\n"
-    (Path(run.run_dir) / "summary.json").write_text(text)
+    run_directory.write_summary(run.run_dir, summary)  # its own, beside its own files
     return {"interrupted": 130, "terminated": 143}.get(summary["stopped_by"], 0)
 
 

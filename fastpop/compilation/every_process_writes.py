@@ -48,6 +48,7 @@ def install() -> bool:
 
 
 def _writing_from_every_process(original, signature: inspect.Signature):
+    import jax
     from jax._src import compilation_cache, distributed
 
     @functools.wraps(original)
@@ -57,8 +58,6 @@ def _writing_from_every_process(original, signature: inspect.Signature):
             return original(*args, **kwargs)
         if entry.get("host_callbacks"):  # baked into the program: JAX never stores these
             return None
-        import jax
-
         if entry["compile_time_secs"] < jax.config.jax_persistent_cache_min_compile_time_secs:
             return None
         try:
