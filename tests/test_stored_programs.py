@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -242,6 +243,34 @@ def test_concurrent_writers_of_one_program_leave_one_whole_file(store):
     traced = traces.count
     stored_programs.stored_jit(traces.step, "same", "step")(*arguments())
     assert traced <= 3 and traces.count == traced  # whoever wrote last, the file loads
+
+
+def test_one_program_called_in_a_thread_while_asked_for_its_shapes_is_traced_once(store):
+    """Device mode calls its lanes' program in a thread while the main thread asks it for its
+    output shapes: one of them exports (traces) it, the other uses that export."""
+    traces = Traces()
+
+    def slow_step(*args):  # long enough to trace that both threads would be at it at once
+        time.sleep(0.3)
+        return traces.step(*args)
+
+    program = stored_programs.stored_jit(slow_step, "one", "step")
+    gate, results = threading.Barrier(2), {}
+    written = stored_programs.counts()["written"]
+
+    def call():
+        gate.wait()
+        results["call"] = program(*arguments())
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    gate.wait()
+    shapes = program.output_shapes(*arguments())
+    thread.join()
+    assert traces.count == 1 and stored_programs.counts()["written"] == written + 1
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), shapes) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), results["call"]
+    )
 
 
 # --- device mode: the fused chunk, the evaluation and the env lanes' reset ---

@@ -165,18 +165,20 @@ class DeviceCollection:
 
     def make_ahead(self, learner_parts: LearnerParts) -> None:
         """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
-        one process): the chunk program traced here from its shapes (a run's longest trace,
-        first: with the interpreter to itself), then compiled in a thread, beside another
-        making the env lanes while the caller makes the learner."""
+        one process): the env lanes made in a thread from the start, so that XLA compiles
+        their reset on the other core while the chunk program is traced here from its shapes
+        (a run's longest trace; the chunk program then compiles with the cores less shared:
+        ~1 s sooner to the first update of a cold brax run, results/startup/README.md), then
+        compiled in a thread while the caller makes the learner."""
         if self._placement is not None or jax.process_count() > 1:
             return
+        self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
         add_rows, state = chunk_program_inputs(learner_parts)
         rollout, identity = self._rollout_chunk, self._identity
         program = fused.compile_fused(self.parts.training, add_rows, rollout, None, identity)
         lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
         lowered = fused.lower_for(program, lanes, state)
         self._fused_ahead = in_background(_compiled, lowered, program)
-        self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
 
     def _chunk_program(self, learner: Learner, state):
         """The program compiled ahead, else (not asked for, or it failed: then it raises here,

@@ -125,6 +125,9 @@ class StoredJit:
         self.donate_argnums = donate_argnums
         self.programs: dict[tuple, object] = {}  # argument signature -> its program
         self.exported: dict[tuple, object] = {}  # -> its jax.export.Exported, or None
+        # Device mode calls the lanes' program in a thread while asking it for its shapes:
+        # one of them exports (traces) it, the other waits for that.
+        self._making = threading.Lock()
 
     def __call__(self, *args):
         leaves, treedef = jax.tree.flatten(args)
@@ -157,8 +160,11 @@ class StoredJit:
     def _program(self, args: tuple, leaves: list, treedef):
         signature = _signature(leaves, treedef)
         if signature not in self.programs:
-            text = f"{_tree_text(treedef)} {[_aval_text(leaf) for leaf in leaves]}"
-            self.programs[signature], self.exported[signature] = self._make(args, text)
+            with self._making:
+                if signature not in self.programs:
+                    text = f"{_tree_text(treedef)} {[_aval_text(leaf) for leaf in leaves]}"
+                    program, self.exported[signature] = self._make(args, text)
+                    self.programs[signature] = program  # last: read without the lock
         return self.programs[signature]
 
     def _make(self, args: tuple, signature: str) -> tuple:

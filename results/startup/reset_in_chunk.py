@@ -1,0 +1,83 @@
+"""What the fresh reset computed at every step of device mode's chunk (`device_rollout.step`)
+costs: XLA's compile (wall and CPU seconds) of a 32-step scan of brax's inverted pendulum
+with random actions, and its env steps per second at 256 lanes, against the same scan with the
+reset replaced by each lane's first state (what brax's AutoResetWrapper does). Each variant in
+a fresh process, the compilation cache off.
+
+    python results/startup/reset_in_chunk.py --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+MEASURE = """
+import resource, sys, time
+import jax
+jax.config.update("jax_enable_compilation_cache", False)
+from fastpop.collect import device_rollout
+from fastpop.envs.device_envs import make_device_env
+
+env = make_device_env("brax/inverted_pendulum", "generalized")
+variant, lanes, length = sys.argv[1], int(sys.argv[2]), 32
+
+
+class FirstStates:  # the env with its reset replaced by each lane's first state
+    def __init__(self, env, first):
+        self.env, self.first = env, first
+
+    def step(self, state, action):
+        return self.env.step(state, action)
+
+    def reset(self, key):
+        return self.first
+
+
+def chunk(lanes_state, key):
+    stepped = env
+    if variant == "first-state":
+        stepped = FirstStates(env, jax.tree.map(lambda x: x[0], lanes_state.env))
+
+    def one(state, step_key):
+        action = jax.random.uniform(step_key, (lanes, 1), minval=-3.0, maxval=3.0)
+        state, row, _ = device_rollout.step(stepped, 1000, state, action)
+        return state, row
+
+    return jax.lax.scan(one, lanes_state, jax.random.split(key, length))
+
+
+state = jax.jit(device_rollout.init, static_argnums=(0, 2))(env, jax.random.key(0), lanes)
+lowered = jax.jit(chunk).lower(state, jax.random.key(1))
+before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+program = lowered.compile()
+wall, after = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+state, _ = jax.block_until_ready(program(state, jax.random.key(2)))
+start = time.perf_counter()
+for index in range(20):
+    state, _ = program(state, jax.random.key(index))
+jax.block_until_ready(state)
+rate = 20 * length * lanes / (time.perf_counter() - start)
+print(f"{wall:.2f} {cpu:.2f} {rate:.0f}")
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--lanes", type=int, default=256)
+    args = parser.parse_args()
+    print("| reset in the chunk | compile wall s | compile CPU s | env steps/s |")
+    print("| --- | --- | --- | --- |")
+    for _ in range(args.repeats):
+        for variant in ("fresh-every-step", "first-state"):
+            command = [sys.executable, "-c", MEASURE, variant, str(args.lanes)]
+            out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+            wall, cpu, rate = out.split()
+            print(f"| {variant} | {wall} | {cpu} | {int(rate):,} |")
+
+
+if __name__ == "__main__":
+    main()
