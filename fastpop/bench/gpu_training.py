@@ -3,7 +3,6 @@ would (its run directory, summary.json and walltime-vs-return plot), and its thr
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -14,6 +13,7 @@ def train_preset(config_path: Path, overrides: list[str], wall_seconds: float, r
     from fastpop import config as config_lib
     from fastpop.analysis.plot import plot_runs
     from fastpop.run.loop import Run
+    from fastpop.run.metrics import write_summary
     from fastpop.run.parts import build_run
     from fastpop.run.resume import is_run_directory
 
@@ -26,7 +26,7 @@ def train_preset(config_path: Path, overrides: list[str], wall_seconds: float, r
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     summary = Run(build_run(config), run_dir).run()
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    write_summary(run_dir, summary)
     record = {
         "config": str(config_path.name),
         "overrides": overrides,

@@ -246,7 +246,7 @@ def execute(run, run_dir: Path) -> int:
     """Run a prepared `Run`; write its summary and plots; the exit code."""
     from fastpop.analysis.plot import plot_runs
     from fastpop.collect.workers import WorkerFailed
-    from fastpop.commands import run_directory
+    from fastpop.run import metrics
     from fastpop.run.loop import StopRequested, TrainError
 
     try:
@@ -256,17 +256,15 @@ def execute(run, run_dir: Path) -> int:
     except (KeyboardInterrupt, StopRequested) as stop:  # during start-up, or stopped at once
         print("stopping: interrupted", file=sys.stderr)
         return 143 if isinstance(stop, StopRequested) else 130
-    from fastpop.run.metrics import read_metrics, summarize
-
-    if (run_dir / "metrics.jsonl").exists() and (rows := read_metrics(run_dir)):
-        summary["final_evaluation"] = final = summarize(rows)
+    if (run_dir / "metrics.jsonl").exists() and (rows := metrics.read_metrics(run_dir)):
+        summary["final_evaluation"] = final = metrics.summarize(rows)
         print(
             f"final evaluation: best member {final['best_member']} return "
             f"{final['best_return']:.1f}, population median {final['median_return']:.1f}"
         )
         if len(final["ranking"]) > 1:
             print(format_ranking(final["ranking"], (run_dir / "members.json")))
-    run_directory.write_summary(run_dir, summary)
+    metrics.write_summary(run_dir, summary)
     try:
         paths = plot_runs([run_dir])
         print("wrote " + ", ".join(str(p) for p in paths))

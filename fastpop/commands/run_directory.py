@@ -4,7 +4,6 @@ run, never the working directory)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -17,14 +16,12 @@ from fastpop.analysis.plot_aggregate import (
     PROFILE_PLOT,
 )
 from fastpop.commands.pbt_replay import COMPARISON_PLOT
-from fastpop.compilation import compile_stats
 from fastpop.config import ConfigError
 from fastpop.run import metrics
 from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE
 from fastpop.run.resume import is_run_directory, lock_run_directory
 from fastpop.run.trackers import HPARAMS_DIR, WANDB_FILE
 
-SUMMARY_FILE = "summary.json"
 TENSORBOARD_PREFIX = "events.out.tfevents."
 # Everything fastpop writes at the top of a run directory (the run, its plots, its trackers).
 RUN_ENTRIES = frozenset(
@@ -36,7 +33,7 @@ RUN_ENTRIES = frozenset(
         metrics.EVENTS_FILE,
         metrics.LINEAGE_FILE,
         metrics.MEMBERS_FILE,
-        SUMMARY_FILE,
+        metrics.SUMMARY_FILE,
         HPARAMS_DIR,
         WANDB_FILE,
         "wandb",  # W&B's own files (offline runs)
@@ -54,14 +51,6 @@ RUN_MEANING = (
     f"a fastpop run directory holds {CONFIG_FILE} and {metrics.METRICS_FILE} or "
     f"{CHECKPOINTS_DIR}/, and only files fastpop writes there"
 )
-
-
-def write_summary(directory: Path, summary: dict) -> None:
-    """`directory`/summary.json: `summary` with the programs this process compiled and loaded
-    (a run's, or one process's own in a distributed run)."""
-    summary["compiles"] = compile_stats.summary()
-    text = json.dumps(summary, indent=2, default=float) + "\n"
-    (Path(directory) / SUMMARY_FILE).write_text(text)
 
 
 def foreign_entries(path: Path) -> list[str]:

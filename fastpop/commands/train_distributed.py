@@ -60,7 +60,7 @@ def _execute_in_process(run, execute) -> int:
     if jax.process_index() == 0:
         return execute(run, run.run_dir)
     from fastpop.collect.workers import WorkerFailed
-    from fastpop.commands import run_directory
+    from fastpop.run import metrics
     from fastpop.run.loop import StopRequested, TrainError
 
     try:
@@ -69,7 +69,7 @@ def _execute_in_process(run, execute) -> int:
         return fail(str(error), code=1)
     except (KeyboardInterrupt, StopRequested) as stop:
         return 143 if isinstance(stop, StopRequested) else 130
-    run_directory.write_summary(run.run_dir, summary)  # its own, beside its own files
+    metrics.write_summary(run.run_dir, summary)  # its own, beside its own files
     return {"interrupted": 130, "terminated": 143}.get(summary["stopped_by"], 0)
 
 

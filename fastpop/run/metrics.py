@@ -5,6 +5,8 @@ A run directory receives
   scalars.jsonl  learner scalars (losses, rates) as {"step": ..., name: value, ...}
   events.jsonl   collector restarts, non-finite members, other notes
   lineage.jsonl  strategy events: who copied whom, when, old -> new hparams, the deciding returns
+  summary.json   written at the end (`write_summary`): what the run did, its time breakdown, the
+                 programs it compiled and loaded
   events.out.tfevents.*  the same evaluation and learner scalars for TensorBoard
 
 Trackers (`Tracker`: TensorBoard's HParams view, Weights & Biases; fastpop.run.trackers) receive the
@@ -26,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from fastpop.compilation import compile_stats
 from fastpop.run.ranking import best_first, is_number, last_and_best, rank_trials
 
 METRICS_FILE = "metrics.jsonl"
@@ -33,6 +36,7 @@ SCALARS_FILE = "scalars.jsonl"
 EVENTS_FILE = "events.jsonl"
 LINEAGE_FILE = "lineage.jsonl"
 MEMBERS_FILE = "members.json"  # the strategy and each member's initial hparams, in member order
+SUMMARY_FILE = "summary.json"
 
 # Fields every evaluation row carries (the writer adds `eval_index`, shared by one round, when
 # absent). wall_time: seconds since run start, compilation and collection included; env_steps:
@@ -41,6 +45,14 @@ ROW_FIELDS = ("wall_time", "env_steps", "member_env_steps", "updates", "member")
 ROW_FIELDS += ("return_mean", "return_std", "episodes", "hparams")
 
 _warned_no_tensorboard = False
+
+
+def write_summary(directory: Path, summary: dict) -> None:
+    """`directory`/summary.json: `summary` with the programs this process compiled and loaded
+    (a run's, or one process's own in a distributed run)."""
+    summary["compiles"] = compile_stats.summary()
+    text = json.dumps(summary, indent=2, default=float) + "\n"
+    (Path(directory) / SUMMARY_FILE).write_text(text)
 
 
 def _plain(value: Any, field: str) -> Any:
