@@ -190,6 +190,9 @@ def test_ctrl_c_on_process_0_stops_every_process_with_a_checkpoint(trained, work
     own = json.loads((trained / "processes" / "1" / "summary.json").read_text())  # process 1's
     assert own["stopped_by"] == "interrupted" and own["compiles"]["programs"] > 0
     assert own["compiles"]["cache"] == f"{DISTRIBUTED_CACHE / 'jax-compile'} (fastpop's)"
+    # It loaded what process 1 of the first run compiled: on a CPU a program's cache key names
+    # its devices, and JAX alone writes process 0's programs only (every_process_writes.py).
+    assert own["compiles"]["from_cache"] > 0, own["compiles"]
     newest = sorted((trained / "checkpoints").iterdir())[-1]  # written at the stop
     assert newest not in steps
     assert json.loads((newest / "manifest" / "metadata").read_text())["topology"]["processes"] == 2
