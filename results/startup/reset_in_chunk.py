@@ -1,10 +1,11 @@
 """What the fresh reset computed at every step of device mode's chunk (`device_rollout.step`)
-costs: XLA's compile (wall and CPU seconds) of a 32-step scan of brax's inverted pendulum
-with random actions, and its env steps per second at 256 lanes, against the same scan with the
-reset replaced by each lane's first state (what brax's AutoResetWrapper does). Each variant in
-a fresh process, the compilation cache off.
+costs: XLA's compile (wall and CPU seconds) of a 32-step scan of a device env (default brax's
+inverted pendulum) with random actions, and its env steps per second at 256 lanes, against the
+same scan with the reset replaced by each lane's first state (what brax's AutoResetWrapper
+does). Each variant in a fresh process, the compilation cache off.
 
     python results/startup/reset_in_chunk.py --repeats 2
+    python results/startup/reset_in_chunk.py --env brax/ant --lanes 64 --repeats 1
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ jax.config.update("jax_enable_compilation_cache", False)
 from fastpop.collect import device_rollout
 from fastpop.envs.device_envs import make_device_env
 
-env = make_device_env("brax/inverted_pendulum", "generalized")
-variant, lanes, length = sys.argv[1], int(sys.argv[2]), 32
+variant, lanes, length, env_id = sys.argv[1], int(sys.argv[2]), 32, sys.argv[3]
+env = make_device_env(env_id, "generalized")
 
 
 class FirstStates:  # the env with its reset replaced by each lane's first state
@@ -41,7 +42,7 @@ def chunk(lanes_state, key):
         stepped = FirstStates(env, jax.tree.map(lambda x: x[0], lanes_state.env))
 
     def one(state, step_key):
-        action = jax.random.uniform(step_key, (lanes, 1), minval=-3.0, maxval=3.0)
+        action = jax.random.uniform(step_key, (lanes, env.spec.action_dim), minval=-1.0, maxval=1.0)
         state, row, _ = device_rollout.step(stepped, 1000, state, action)
         return state, row
 
@@ -68,12 +69,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--lanes", type=int, default=256)
+    parser.add_argument("--env", default="brax/inverted_pendulum")
     args = parser.parse_args()
     print("| reset in the chunk | compile wall s | compile CPU s | env steps/s |")
     print("| --- | --- | --- | --- |")
     for _ in range(args.repeats):
         for variant in ("fresh-every-step", "first-state"):
-            command = [sys.executable, "-c", MEASURE, variant, str(args.lanes)]
+            command = [sys.executable, "-c", MEASURE, variant, str(args.lanes), args.env]
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             wall, cpu, rate = out.split()
             print(f"| {variant} | {wall} | {cpu} | {int(rate):,} |")
