@@ -12,7 +12,6 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 from __future__ import annotations
 
 import errno
-import json
 import math
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from fastpop.collect import snapshot
 from fastpop.collect.workers import WorkerFailed
 from fastpop.run import checkpoint, run_state
 from fastpop.run import progress as progress_lib
-from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, rewind_logs
+from fastpop.run.metrics import MetricsWriter, rewind_logs, write_members
 from fastpop.run.parts import RunParts, RunPieces, local_pieces
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows
@@ -88,12 +87,7 @@ class Run:
             hparams = self.learner.all_member_hparams()
             indices = strategies.member_configurations(config)  # config_index, seed_index
             labels = self.learner.member_labels() or [{}] * len(hparams)
-            members = [
-                {"member": m, **indices[m], **labels[m], "hparams": h}
-                for m, h in enumerate(hparams)
-            ]
-            members_text = json.dumps({"strategy": config.strategy, "members": members}, indent=1)
-            (self.run_dir / MEMBERS_FILE).write_text(members_text + "\n")
+            write_members(self.run_dir, config.strategy, hparams, indices, labels)
         else:  # rows logged after the checkpoint are written again by this run
             rewind_logs(self.run_dir, self.resumed_from["logs"])
             purge_step = self.member_env_steps * config.population.size

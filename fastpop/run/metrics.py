@@ -47,6 +47,19 @@ ROW_FIELDS += ("return_mean", "return_std", "episodes", "hparams")
 _warned_no_tensorboard = False
 
 
+def write_members(
+    run_dir: Path, strategy: str, hparams: list[dict], indices: list[dict], labels: list[dict]
+) -> None:
+    """`run_dir`/members.json: the strategy, and per member (in member order) its indices
+    (config_index, seed_index), its strategy's labels (halving: its trial) and initial hparams."""
+    members = [
+        {"member": member, **indices[member], **labels[member], "hparams": values}
+        for member, values in enumerate(hparams)
+    ]
+    text = json.dumps({"strategy": strategy, "members": members}, indent=1)
+    (Path(run_dir) / MEMBERS_FILE).write_text(text + "\n")
+
+
 def write_summary(directory: Path, summary: dict) -> None:
     """`directory`/summary.json: `summary` with the programs this process compiled and loaded
     (a run's, or one process's own in a distributed run)."""
