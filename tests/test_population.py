@@ -217,7 +217,9 @@ def tuned_vs_sequential():
 
 def test_members_per_chunk_is_measured_once_and_cached(monkeypatch, tmp_path):
     """Past the small-population shortcut the chunk size is measured (timings are not
-    asserted), stored on disk, reused by the next executor, and numbers stay sequential's."""
+    asserted; at the first call, as a benchmark measures it), stored on disk, reused by the
+    next executor, and numbers stay sequential's."""
+    monkeypatch.setattr(chunking, "_measure_later", False)  # (restored after the test)
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
     monkeypatch.setattr(chunking, "CALIBRATION_ROUNDS", 1)
     monkeypatch.setattr(tuning_cache, "_memory", {})
@@ -234,15 +236,16 @@ def test_members_per_chunk_is_measured_once_and_cached(monkeypatch, tmp_path):
 def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
     monkeypatch, tmp_path, in_a_benchmark
 ):
-    """Rounds that disagree (a loaded machine) are measured again by the next run (a new
-    process: the cache read from its file), but only NOISY_MEASUREMENTS times in all: a machine
-    that is never quiet must not pay for the measurement at every run. The run measuring again
-    starts with the earlier choice, so that its first update waits for no measurement, and
-    measures after REMEASURE_AFTER_CALLS update calls; its later calls use the new choice. A
-    benchmark's measures at its first call, so that no timed call includes one."""
-    monkeypatch.setattr(chunking, "_measure_again_later", True)  # (restored after the test)
+    """A run measures after REMEASURE_AFTER_CALLS update calls, starting with the rule of thumb
+    (8 members per chunk on a CPU: all 4 here), so that its first update waits for no
+    measurement; its later calls use the measured choice. Rounds that disagree (a loaded
+    machine) are measured again by the next run (a new process: the cache read from its file),
+    which starts with the earlier choice, but only NOISY_MEASUREMENTS times in all: a machine
+    that is never quiet must not pay for the measurement at every run. A benchmark's measures
+    at its first call, so that no timed call includes one."""
+    monkeypatch.setattr(chunking, "_measure_later", True)  # (restored after the test)
     if in_a_benchmark:
-        chunking.measure_again_at_first_call()
+        chunking.measure_at_first_call()
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
     monkeypatch.setattr(chunking, "CALIBRATION_ROUNDS", 1)
     monkeypatch.setattr(chunking, "REMEASURE_AFTER_CALLS", 2)
@@ -275,8 +278,11 @@ def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
         return measured, used
 
     runs = [one_run() for _ in range(chunking.NOISY_MEASUREMENTS + 2)]
-    second = ([-1], [2] * 4) if in_a_benchmark else ([2], [1, 1, 2, 2])
-    assert runs == [([-1], [1, 1, 1, 1]), second, ([], [2] * 4), ([], [2] * 4)]
+    if in_a_benchmark:
+        first, second = ([-1], [1] * 4), ([-1], [2] * 4)
+    else:
+        first, second = ([2], [4, 4, 1, 1]), ([2], [1, 1, 2, 2])
+    assert runs == [first, second, ([], [2] * 4), ([], [2] * 4)]
     [entry] = json.loads((tmp_path / "tuning.json").read_text()).values()
     assert entry["noisy_measurements"] == chunking.NOISY_MEASUREMENTS
 

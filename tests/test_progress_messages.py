@@ -77,17 +77,22 @@ def test_a_slow_first_update_is_reported_while_it_runs(tmp_path, monkeypatch):
 
 
 def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
-    """Measuring members per chunk (a CPU, a population past one vmap's size), compiling (no
-    program made ahead) or nothing more than the update (compiled during the warm-up)."""
+    """Measuring members per chunk (a CPU, a population past one vmap's size, in a benchmark:
+    a run measures after its first calls), compiling (no program made ahead) or nothing more
+    than the update (compiled during the warm-up)."""
     monkeypatch.setattr(tuning_cache, "_memory", {})
     monkeypatch.setenv("FASTPOP_CACHE_DIR", "")  # this process only: nothing measured before
     monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
     config = config_lib.load_config(TD3_PENDULUM, FAST)
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
+    monkeypatch.setattr(chunking, "_measure_later", False)  # as `fastpop bench` sets it
     learner = build_learner(config)
     assert learner.first_update_phase() == (
         "first population update (measuring members per chunk on this CPU)"
     )
+    monkeypatch.setattr(chunking, "_measure_later", True)  # a run's: its first update waits not
+    learner = build_learner(config)
+    assert learner.first_update_phase() == "first population update (compiling)"
     monkeypatch.setenv(chunking.CHUNK_ENV, "2")
     learner = build_learner(config)
     assert learner.first_update_phase() == "first population update (compiling)"
@@ -95,11 +100,11 @@ def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
     learner._update_ahead.result()
     assert learner.first_update_phase() == "first population update"
     assert learner.update_phase(first=True) == "first population update"
-    # A later update: named only where it measures members per chunk again (chunking.py).
+    # A later update: named only where it measures members per chunk (chunking.py).
     assert learner.update_phase(first=False) == "population update"
     monkeypatch.setattr(learner.training.update, "measures_again", lambda hparams: True)
     assert learner.update_phase(first=False) == (
-        "population update (measuring members per chunk again on this CPU)"
+        "population update (measuring members per chunk on this CPU)"
     )
 
 

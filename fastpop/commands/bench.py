@@ -176,7 +176,7 @@ def add_device_parser(benchmarks) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The `fastpop bench` handler: the exit code of the chosen benchmark."""
-    chunking.measure_again_at_first_call()  # not inside a timed call (fastpop.population)
+    chunking.measure_at_first_call()  # not inside a timed call (fastpop.population)
     handlers = {
         "update": run_update,
         "pipeline": run_pipeline,

@@ -205,12 +205,12 @@ class Learner:
     def update_phase(self, first: bool) -> str:
         """What the progress line calls the next update (`first`: the run's first), which may
         wait for more than the update itself: see `first_update_phase`; a later one, on a CPU,
-        for members per chunk measured again (fastpop.population.chunking)."""
+        for the members per chunk measured (fastpop.population.chunking)."""
         if first:
             return self.first_update_phase()
         measures_again = getattr(self.training.update, "measures_again", None)
         if measures_again is not None and measures_again(self.member_hparams):
-            return "population update (measuring members per chunk again on this CPU)"
+            return "population update (measuring members per chunk on this CPU)"
         return "population update"
 
     def first_update_phase(self) -> str:

@@ -10,12 +10,15 @@ On a CPU the best chunk size depends on the CPU (its caches and cores) and the p
 shapes, so `TunedUpdate` measures it the first time it meets a population size: a few
 interleaved rounds of each candidate on copies of the real states, compared with chunks of one
 member round by round (`pick_chunk`), cached in memory and on disk
-(fastpop.population.tuning_cache). A measurement whose rounds disagree (other load on the machine)
-is measured again by the next run, at most NOISY_MEASUREMENTS times in all: on a machine that is
-never quiet every run would otherwise pay for it again (12-18 s before the first update of
-td3_pbt_halfcheetah_cpu on 2 cores). That run starts with the earlier choice and measures again
-after REMEASURE_AFTER_CALLS update calls, not before its first update: a rerun shows learning as
-soon as a run with a steady measurement does. Where it cannot matter it does not measure: a
+(fastpop.population.tuning_cache). The measurement takes 12-18 s on 2 cores for
+td3_pbt_halfcheetah_cpu, so a run does not make it before its first update: it starts with the
+rule of thumb (`fallback`) and measures after REMEASURE_AFTER_CALLS update calls, and learning
+shows as soon as it would with the measurement made. A measurement whose rounds disagree (other
+load on the machine) is measured again by the next run, at most NOISY_MEASUREMENTS times in
+all: on a machine that is never quiet every run would otherwise pay for it again; that run
+starts with the earlier choice. A benchmark measures at its first call instead
+(`measure_at_first_call`), so that no timed call includes it. Where it cannot matter it
+does not measure: a
 population of one, a population whose whole state fits in a CPU's L2 cache (one vmap), and
 programs with convolutions (one member at a time: vmapped per-member convolution weights become
 grouped convolutions, which XLA:CPU runs at about half the speed of separate ones).
@@ -51,15 +54,15 @@ MEASUREMENT = "members_per_chunk: pick_chunk against chunks of 1, rotating round
 STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
 NOISY_MEASUREMENTS = 2  # measurements under load before the last one is kept for good
 REMEASURE_AFTER_CALLS = 20  # a run measuring again keeps the earlier choice for this many calls
-_measure_again_later = True  # else at the first call, before its update (`fastpop bench`)
+_measure_later = True  # else at the first call, before its update (`fastpop bench`)
 
 
-def measure_again_at_first_call() -> None:
-    """From now on in this process a measurement made under load is made again at the first
-    call, before its update, as the first measurement is: for the benchmarks, whose timed calls
-    must not include one (`fastpop bench` calls this)."""
-    global _measure_again_later
-    _measure_again_later = False
+def measure_at_first_call() -> None:
+    """From now on in this process the members per chunk are measured at the first call, before
+    its update (a first measurement, or one made again after a measurement under load): for the
+    benchmarks, whose timed calls must not include one (`fastpop bench` calls this)."""
+    global _measure_later
+    _measure_later = False
 
 
 def chunk_size(size: int, members_per_chunk: int | None) -> int:
@@ -191,7 +194,8 @@ class Choice(NamedTuple):
     cache_key: str = ""
     summary: str = ""  # what is measured, kept with the measurement
     noisy_measurements: int = 0  # earlier measurements whose rounds disagreed
-    measure_again: bool = False  # `chunk` was measured under load: measured again later
+    measure_again: bool = False  # `chunk` is provisional (the rule of thumb, or measured under
+    # load): measured after REMEASURE_AFTER_CALLS calls
 
 
 class TunedUpdate(ChunkedUpdate):
@@ -220,8 +224,9 @@ class TunedUpdate(ChunkedUpdate):
         return super().__call__(states, replay, hparams, key)
 
     def measures_again(self, hparams) -> bool:
-        """Whether the next call measures the members per chunk again (an earlier measurement
-        under load, used for the run's first REMEASURE_AFTER_CALLS calls)."""
+        """Whether the next call measures the members per chunk: the run's first
+        REMEASURE_AFTER_CALLS calls used a provisional choice (the rule of thumb where nothing
+        was measured on this CPU yet, or an earlier measurement made under load)."""
         size = population_size(hparams)
         known = self.known.get(size)
         due = self.calls.get(size, 0) == REMEASURE_AFTER_CALLS
@@ -270,14 +275,18 @@ class TunedUpdate(ChunkedUpdate):
         cache_key = tuning_cache.key(MEASUREMENT, summary, shapes, f"P={size}")
         cached = tuning_cache.load(cache_key) or {}
         noisy = cached.get("noisy_measurements", 0)
+        later = f"measured at update call {REMEASURE_AFTER_CALLS + 1}"
         if not cached:
-            return Choice(None, "to measure", cache_key, summary)
+            if not _measure_later:
+                return Choice(None, "to measure", cache_key, summary)
+            how = f"not measured yet on this CPU: the rule of thumb until it is, {later}"
+            return Choice(chunk_size(size, self.fallback), how, cache_key, summary, 0, True)
         how = f"measured before ({tuning_cache.path()})"
         if not 0 < noisy < NOISY_MEASUREMENTS:  # steady, or the last one allowed
             return Choice(int(cached["members_per_chunk"]), how)
-        if not _measure_again_later:
+        if not _measure_later:
             return Choice(None, "to measure", cache_key, summary, noisy)
-        how += f" under load; measured again at update call {REMEASURE_AFTER_CALLS + 1}"
+        how += f" under load; {later.replace('measured', 'measured again')}"
         return Choice(int(cached["members_per_chunk"]), how, cache_key, summary, noisy, True)
 
     def _choose(self, size, states, replay, hparams, key) -> tuple[int, str]:
