@@ -357,9 +357,11 @@ def test_the_programs_compiled_ahead_from_shapes_are_those_the_first_call_runs(
     monkeypatch, tmp_path, chunks
 ):
     """`compile_ahead` (the learner's `compile_update_ahead`, during process mode's warm-up)
-    compiles from shapes alone every program the first update runs: each candidate of a chunk
-    size still to be measured, a chosen size, or the whole population. The first call then
-    compiles no update program (it may compile small helpers: key splits, copies)."""
+    compiles from shapes alone every program the first update runs: the rule of thumb's where
+    the chunk size is still to be measured (and, in a thread of their own, every other
+    candidate's, which the measurement after the first calls times), a chosen size, or the
+    whole population. The first call (and the measurement) then compiles no update program (it
+    may compile small helpers: key splits, copies)."""
     monkeypatch.setattr(tuning_cache, "_memory", {})
     monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
@@ -376,8 +378,13 @@ def test_the_programs_compiled_ahead_from_shapes_are_those_the_first_call_runs(
     update = population.make_executor("vectorized", plan).update
     arrays = (states, buffers, hparams, jax.random.key(5))
     update.compile_ahead(*jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), arrays))
+    if chunks == "measured":
+        update.candidates_ahead.result()
     compiled = program_names(compile_stats.BACKEND)
-    update(*arrays)
+    new_states, _ = update(*arrays)
+    if chunks == "measured":  # the measurement after the first calls: its timing rounds only
+        assert update.chosen[4] == 4 and update.known[4].measure_again  # the rule of thumb's
+        update.calibrate(4, new_states, *arrays[1:])
     assert not {"jit(update)", "jit(update_chunk)"} & set(compiled), compiled
     chosen = {"measured": chunking.candidates(4), "set": [2], "whole population": [4]}[chunks]
     assert update.chosen[4] in chosen

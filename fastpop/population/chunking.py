@@ -31,12 +31,14 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpop.compilation.background import in_background
 from fastpop.population import tuning_cache
 from fastpop.types import POP_AXIS
 
@@ -167,9 +169,15 @@ class ChunkedUpdate:
     def compile_ahead(self, states, replay, hparams, key) -> None:
         """The programs of the first call compiled now, from arguments of its shapes (shapes
         or arrays; none is run): the call then finds them compiled."""
+        self.compile_chunks(self.chunks_ahead(states, replay, hparams, key), states, replay,
+                            hparams, key)  # fmt: skip
+
+    def compile_chunks(self, chunks: list[int], states, replay, hparams, key) -> None:
+        """The programs of chunks of each size in `chunks` compiled from `compile_ahead`'s
+        arguments."""
         size = population_size(hparams)
         keys = jax.eval_shape(lambda k: jax.random.split(k, size), key)
-        for chunk in self.chunks_ahead(states, replay, hparams, key):
+        for chunk in chunks:
             if chunk == size:
                 self.whole.lower(states, replay, hparams, key).compile()
                 continue
@@ -214,6 +222,9 @@ class TunedUpdate(ChunkedUpdate):
         self.how: dict[int, str] = {}  # population size -> how the size was chosen
         self.known: dict[int, Choice] = {}  # `_known_choice`'s, once per size (it traces)
         self.calls: dict[int, int] = {}  # population size -> update calls so far
+        # The other candidates' programs, compiled while a provisional choice runs the first
+        # calls (`compile_ahead`): the measurement then times them without compiling them.
+        self.candidates_ahead: Future | None = None
 
     def __call__(self, states, replay, hparams, key):
         size = population_size(hparams)
@@ -250,6 +261,17 @@ class TunedUpdate(ChunkedUpdate):
             return [self.chosen[size]]
         known = self._known_choice(size, states, replay, hparams, key)
         return candidates(size) if known.chunk is None else [known.chunk]
+
+    def compile_ahead(self, states, replay, hparams, key) -> None:
+        """The first call's programs, then, where its choice is provisional, the other
+        candidates' in a thread of their own: the first update does not wait for them."""
+        super().compile_ahead(states, replay, hparams, key)
+        size = population_size(hparams)
+        known = self.known.get(size)
+        if known is not None and known.measure_again:
+            others = [chunk for chunk in candidates(size) if chunk != known.chunk]
+            arguments = (others, states, replay, hparams, key)
+            self.candidates_ahead = in_background(self.compile_chunks, *arguments)
 
     def _known_choice(self, size, states, replay, hparams, key) -> Choice:
         """The chunk size where nothing needs measuring (chunk None: measure), worked out once
@@ -317,6 +339,9 @@ class TunedUpdate(ChunkedUpdate):
         """Seconds per member of each candidate chunk size in each round: the same members (the
         first `largest candidate` of them) updated by each, on copies of the states, the
         candidates taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call."""
+        if self.candidates_ahead is not None:  # their compile, if it failed, is redone below
+            self.candidates_ahead.exception()
+            self.candidates_ahead = None
         sizes = candidates(size)
         members = max(sizes)
         work = copy_tree(states)
