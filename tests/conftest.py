@@ -56,3 +56,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     left = leftovers(session.config.stash[SHM_BEFORE])
     if left:
         pytest.exit(f"the test session left these in /dev/shm: {left}", returncode=1)
+
+
+@pytest.fixture(autouse=True)
+def members_per_chunk_measured_as_a_run_measures(monkeypatch):
+    """Each test starts with a run's members-per-chunk rule (measured after the first update
+    calls): an in-process `fastpop bench` turns on measuring at the first call for the rest of
+    its worker (`chunking.measure_at_first_call`), so a later test's would otherwise depend on
+    the order tests ran in."""
+    from fastpop.population import chunking
+
+    monkeypatch.setattr(chunking, "_measure_later", True)

@@ -243,7 +243,6 @@ def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
     which starts with the earlier choice, but only NOISY_MEASUREMENTS times in all: a machine
     that is never quiet must not pay for the measurement at every run. A benchmark's measures
     at its first call, so that no timed call includes one."""
-    monkeypatch.setattr(chunking, "_measure_later", True)  # (restored after the test)
     if in_a_benchmark:
         chunking.measure_at_first_call()
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
