@@ -17,11 +17,11 @@ shows as soon as it would with the measurement made. A measurement whose rounds 
 load on the machine) is measured again by the next run, at most NOISY_MEASUREMENTS times in
 all: on a machine that is never quiet every run would otherwise pay for it again; that run
 starts with the earlier choice. A benchmark measures at its first call instead
-(`measure_at_first_call`), so that no timed call includes it. Where it cannot matter it
-does not measure: a
-population of one, a population whose whole state fits in a CPU's L2 cache (one vmap), and
-programs with convolutions (one member at a time: vmapped per-member convolution weights become
-grouped convolutions, which XLA:CPU runs at about half the speed of separate ones).
+(`measure_at_first_call`), so that no timed call includes it. Where it cannot matter it does not
+measure: a population of one, a population whose whole state fits in a CPU's L2 cache (one
+vmap), and programs with convolutions (one member at a time: vmapped per-member convolution
+weights become grouped convolutions, which XLA:CPU runs at about half the speed of separate
+ones).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ CALIBRATION_ROUNDS = 3
 MEASUREMENT = "members_per_chunk: pick_chunk against chunks of 1, rotating rounds"
 STEADY_SPREAD = 0.1  # a candidate's time vs chunks of 1 varying more: measured under load
 NOISY_MEASUREMENTS = 2  # measurements under load before the last one is kept for good
-REMEASURE_AFTER_CALLS = 20  # a run measuring again keeps the earlier choice for this many calls
+REMEASURE_AFTER_CALLS = 20  # calls a run makes with a provisional choice before it measures
 _measure_later = True  # else at the first call, before its update (`fastpop bench`)
 
 
@@ -169,8 +169,8 @@ class ChunkedUpdate:
     def compile_ahead(self, states, replay, hparams, key) -> None:
         """The programs of the first call compiled now, from arguments of its shapes (shapes
         or arrays; none is run): the call then finds them compiled."""
-        self.compile_chunks(self.chunks_ahead(states, replay, hparams, key), states, replay,
-                            hparams, key)  # fmt: skip
+        chunks = self.chunks_ahead(states, replay, hparams, key)
+        self.compile_chunks(chunks, states, replay, hparams, key)
 
     def compile_chunks(self, chunks: list[int], states, replay, hparams, key) -> None:
         """The programs of chunks of each size in `chunks` compiled from `compile_ahead`'s
