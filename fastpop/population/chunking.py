@@ -297,18 +297,18 @@ class TunedUpdate(ChunkedUpdate):
         cache_key = tuning_cache.key(MEASUREMENT, summary, shapes, f"P={size}")
         cached = tuning_cache.load(cache_key) or {}
         noisy = cached.get("noisy_measurements", 0)
-        later = f"measured at update call {REMEASURE_AFTER_CALLS + 1}"
+        call = REMEASURE_AFTER_CALLS + 1
         if not cached:
             if not _measure_later:
                 return Choice(None, "to measure", cache_key, summary)
-            how = f"not measured yet on this CPU: the rule of thumb until it is, {later}"
+            how = f"not measured yet on this CPU: the rule of thumb until update call {call}"
             return Choice(chunk_size(size, self.fallback), how, cache_key, summary, 0, True)
         how = f"measured before ({tuning_cache.path()})"
         if not 0 < noisy < NOISY_MEASUREMENTS:  # steady, or the last one allowed
             return Choice(int(cached["members_per_chunk"]), how)
         if not _measure_later:
             return Choice(None, "to measure", cache_key, summary, noisy)
-        how += f" under load; {later.replace('measured', 'measured again')}"
+        how += f" under load; measured again at update call {call}"
         return Choice(int(cached["members_per_chunk"]), how, cache_key, summary, noisy, True)
 
     def _choose(self, size, states, replay, hparams, key) -> tuple[int, str]:
