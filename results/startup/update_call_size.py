@@ -13,15 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from measure import LINE  # the progress line as measure.py (beside this script) reads it
+
 ROOT = Path(__file__).resolve().parents[2]
-UPDATES = re.compile(r"\| ([0-9,]+) updates/member")
 
 
 def train(code: Path, preset: str, size: int, seconds: float, cache: Path, out: Path) -> dict:
@@ -36,8 +36,8 @@ def train(code: Path, preset: str, size: int, seconds: float, cache: Path, out: 
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True) as process:  # fmt: skip
         for line in process.stdout:
-            found = UPDATES.search(line)
-            if first_update is None and found and found.group(1) != "0":
+            found = LINE.search(line)
+            if first_update is None and found and found.group(2) != "0":
                 first_update = time.perf_counter() - start
     summary = json.loads((out / "summary.json").read_text())
     return {
