@@ -9,7 +9,7 @@ import pytest
 
 from fastpop import population
 from fastpop.compilation import compile_stats
-from fastpop.population import UpdatePlan, chunking, executors, tuning_cache
+from fastpop.population import UpdatePlan, chunked, chunking, executors, tuning_cache
 from tests.helpers import (
     leaves_allclose,
     program_names,
@@ -236,13 +236,14 @@ def test_members_per_chunk_is_measured_once_and_cached(monkeypatch, tmp_path):
 def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
     monkeypatch, tmp_path, in_a_benchmark
 ):
-    """A run measures after REMEASURE_AFTER_CALLS update calls, starting with the rule of thumb
-    (8 members per chunk on a CPU: all 4 here), so that its first update waits for no
-    measurement; its later calls use the measured choice. Rounds that disagree (a loaded
-    machine) are measured again by the next run (a new process: the cache read from its file),
-    which starts with the earlier choice, but only NOISY_MEASUREMENTS times in all: a machine
-    that is never quiet must not pay for the measurement at every run. A benchmark's measures
-    at its first call, so that no timed call includes one."""
+    """A run starts with the rule of thumb (8 members per chunk on a CPU: all 4 here), so that
+    its first update waits for no measurement, and after REMEASURE_AFTER_CALLS update calls
+    times its next calls with each candidate in turn (rotating rounds, the first one untimed);
+    its later calls use the measured choice. Rounds that disagree (a loaded machine) are
+    measured again by the next run (a new process: the cache read from its file), which starts
+    with the earlier choice, but only NOISY_MEASUREMENTS times in all: a machine that is never
+    quiet must not pay for the measurement at every run. A benchmark's measures at its first
+    call, on copies of the states, so that no timed call includes one."""
     if in_a_benchmark:
         chunking.measure_at_first_call()
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
@@ -259,29 +260,36 @@ def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
     states = population.init_population(agent, jax.random.key(0), hparams)
     plan = UpdatePlan(agent, sampler(spec, agent.batch_size), 3)
 
+    measuring_calls = len(chunking.rotating_rounds(chunking.candidates(4)))  # 2 rounds of 3
+    calls = chunking.REMEASURE_AFTER_CALLS + measuring_calls + 2
+
     def one_run() -> tuple[list[int], list[int]]:
-        """(the update call each measurement came before: -1 for the first call's choice, the
-        members per chunk of each call), in a new process."""
+        """(the update calls the progress line says measure, -1 for a measurement before the
+        first call on copies of the states; the members per chunk each call ran), in a new
+        process."""
         monkeypatch.setattr(tuning_cache, "_memory", {})
         update = population.make_executor("vectorized", plan).update
         measured, used, calibrate = [], [], update.calibrate
-        update.calibrate = lambda *args: measured.append(len(used)) or calibrate(*args)
+        update.calibrate = lambda *args: measured.append(-1) or calibrate(*args)
         update.chunk_for(states, buffers, hparams, jax.random.key(5))  # the first call's choice
-        measured[:] = [-1 for _ in measured]
+        run = update.run
+        update.run = lambda chunk, *args: used.append(chunk) or run(chunk, *args)
         work = population.copy_tree(states)
-        for _ in range(chunking.REMEASURE_AFTER_CALLS + 2):
-            said = update.measures_again(hparams)
+        for call in range(calls):
+            if update.measures_again(hparams):
+                measured.append(call)
             work, _ = update(work, buffers, hparams, jax.random.key(5))
-            assert said == (len(used) in measured)  # what the progress line names
-            used.append(update.chosen[4])
         return measured, used
 
     runs = [one_run() for _ in range(chunking.NOISY_MEASUREMENTS + 2)]
     if in_a_benchmark:
-        first, second = ([-1], [1] * 4), ([-1], [2] * 4)
+        first, second = ([-1], [1] * calls), ([-1], [2] * calls)
     else:
-        first, second = ([2], [4, 4, 1, 1]), ([2], [1, 1, 2, 2])
-    assert runs == [first, second, ([], [2] * 4), ([], [2] * 4)]
+        measuring = list(range(2, 2 + measuring_calls))
+        rotating = [1, 2, 4, 2, 4, 1]
+        first = (measuring, [4, 4, *rotating, 1, 1])
+        second = (measuring, [1, 1, *rotating, 2, 2])
+    assert runs == [first, second, ([], [2] * calls), ([], [2] * calls)]
     [entry] = json.loads((tmp_path / "tuning.json").read_text()).values()
     assert entry["noisy_measurements"] == chunking.NOISY_MEASUREMENTS
 
@@ -333,11 +341,11 @@ def test_chunk_candidates():
 
 
 def test_chunk_size_divides_the_population():
-    assert chunking.chunk_size(64, 8) == 8
-    assert chunking.chunk_size(12, 8) == 6
-    assert chunking.chunk_size(7, 4) == 1
-    assert chunking.chunk_size(4, None) == 4
-    assert chunking.chunk_size(3, 8) == 3
+    assert chunked.chunk_size(64, 8) == 8
+    assert chunked.chunk_size(12, 8) == 6
+    assert chunked.chunk_size(7, 4) == 1
+    assert chunked.chunk_size(4, None) == 4
+    assert chunked.chunk_size(3, 8) == 3
 
 
 def test_population_of_one_vectorized_equals_sequential():
@@ -358,8 +366,8 @@ def test_the_programs_compiled_ahead_from_shapes_are_those_the_first_call_runs(
     """`compile_ahead` (the learner's `compile_update_ahead`, during process mode's warm-up)
     compiles from shapes alone every program the first update runs: the rule of thumb's where
     the chunk size is still to be measured (and, in a thread of their own, every other
-    candidate's, which the measurement after the first calls times), a chosen size, or the
-    whole population. The first call (and the measurement) then compiles no update program (it
+    candidate's, which the calls after the first ones time), a chosen size, or the whole
+    population. The first call (and the calls that measure) then compile no update program (they
     may compile small helpers: key splits, copies)."""
     monkeypatch.setattr(tuning_cache, "_memory", {})
     monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
@@ -367,6 +375,7 @@ def test_the_programs_compiled_ahead_from_shapes_are_those_the_first_call_runs(
     if chunks == "measured":
         monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
         monkeypatch.setattr(chunking, "CALIBRATION_ROUNDS", 1)
+        monkeypatch.setattr(chunking, "REMEASURE_AFTER_CALLS", 1)
     elif chunks == "set":
         monkeypatch.setenv(chunking.CHUNK_ENV, "2")
     agent = tiny_agent("td3")
@@ -381,9 +390,11 @@ def test_the_programs_compiled_ahead_from_shapes_are_those_the_first_call_runs(
         update.candidates_ahead.result()
     compiled = program_names(compile_stats.BACKEND)
     new_states, _ = update(*arrays)
-    if chunks == "measured":  # the measurement after the first calls: its timing rounds only
+    if chunks == "measured":  # the calls after the first one, timed with each candidate
         assert update.chosen[4] == 4 and update.known[4].measure_again  # the rule of thumb's
-        update.calibrate(4, new_states, *arrays[1:])
+        while update.measures_again(hparams) or update.known[4].measure_again:
+            new_states, _ = update(new_states, *arrays[1:])
+        assert not update.live  # measured
     assert not {"jit(update)", "jit(update_chunk)"} & set(compiled), compiled
     chosen = {"measured": chunking.candidates(4), "set": [2], "whole population": [4]}[chunks]
     assert update.chosen[4] in chosen

@@ -16,7 +16,7 @@ from fastpop import config as config_lib
 from fastpop import population
 from fastpop.agents import make_agent
 from fastpop.bench.portability import NotPortable, lower_for
-from fastpop.population import chunking, replay
+from fastpop.population import chunked, replay
 from fastpop.types import EnvSpec
 
 pytest.importorskip("gymnax")
@@ -45,7 +45,7 @@ def test_each_algorithms_population_update_lowers_for_cuda(algo):
     states = abstract(lambda k: jax.vmap(agent.init)(jax.random.split(k, 3), hparams), key)
     sample = partial(replay.sample, spec, batch_size=agent.batch_size)
     plan = population.UpdatePlan(agent, sample, 2)
-    update = chunking.whole_population(population.member_update_loop(plan), 0)
+    update = chunked.whole_population(population.member_update_loop(plan), 0)
     assert lower_for(update, states, buffers, hparams, key).platforms == ("cuda",)
 
 

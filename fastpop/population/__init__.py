@@ -1,13 +1,14 @@
 """The population axis: stacking members and the vectorized and sequential executors of an
-Agent (`executors.py`), members per compiled chunk (`chunking.py`, measured per machine and
-cached by `tuning_cache.py`), the member axis over several devices (`sharding.py`) and the
+Agent (`executors.py`), the population updated a chunk of members per program (`chunked.py`),
+how many members a chunk holds (`chunking.py`, measured per machine and cached by
+`tuning_cache.py`), the member axis over several devices (`sharding.py`) and the
 device replay buffers the updates sample from (`replay.py`).
 
 Callers import the package (`from fastpop import population`); this face re-exports the
-executors' helpers they use (and chunking's `copy_tree`).
+executors' helpers they use (and chunked's `copy_tree`).
 """
 
-from fastpop.population.chunking import copy_tree
+from fastpop.population.chunked import copy_tree
 from fastpop.population.executors import (
     EXECUTIONS,
     Executor,

@@ -1,46 +1,38 @@
-"""Members per chunk: how the vectorized executor splits a population on a CPU.
+"""Members per chunk: how the vectorized executor splits a population on a CPU (the chunks'
+programs: fastpop.population.chunked).
 
-A chunk of c members is one compiled program, jit(vmap(scan)) over c members, called once per
-chunk on the stacked population, which it updates in place (states donated): no loop around
-the members inside the program (XLA:CPU runs convolutions inside loops very slowly), compile
-time independent of the number of chunks, and a chunk of one member is the member's own
-unbatched program, the sequential executor's.
-
-On a CPU the best chunk size depends on the CPU (its caches and cores) and the program's
-shapes, so `TunedUpdate` measures it the first time it meets a population size: a few
-interleaved rounds of each candidate on copies of the real states, compared with chunks of one
-member round by round (`pick_chunk`), cached in memory and on disk
-(fastpop.population.tuning_cache). The measurement takes 12-18 s on 2 cores for
-td3_pbt_halfcheetah_cpu, so a run does not make it before its first update: it starts with the
-rule of thumb (`fallback`) and measures after REMEASURE_AFTER_CALLS update calls, and learning
-shows as soon as it would with the measurement made. A measurement whose rounds disagree (other
-load on the machine) is measured again by the next run, at most NOISY_MEASUREMENTS times in
-all: on a machine that is never quiet every run would otherwise pay for it again; that run
-starts with the earlier choice. A benchmark measures at its first call instead
-(`measure_at_first_call`), so that no timed call includes it. Where it cannot matter it does not
-measure: a population of one, a population whose whole state fits in a CPU's L2 cache (one
-vmap), and programs with convolutions (one member at a time: vmapped per-member convolution
-weights become grouped convolutions, which XLA:CPU runs at about half the speed of separate
-ones).
+On a CPU the best chunk size depends on the CPU (its caches and cores) and the program's shapes,
+so `TunedUpdate` measures it the first time it meets a population size: interleaved rounds of
+each candidate, compared with chunks of one member round by round (`pick_chunk`), cached in
+memory and on disk (fastpop.population.tuning_cache). A run times its own update calls: it
+starts with the rule of thumb (`fallback`) and, after REMEASURE_AFTER_CALLS calls, makes the
+next ones with each candidate in turn (`LiveMeasurement`), so that no update waits for a
+measurement and no work is thrown away (timing rounds on copies of the states, as a benchmark's,
+would pause td3_pbt_halfcheetah_cpu's learner ~8 s on 2 cores). A measurement whose rounds
+disagree (other load on the machine) is measured again by the next run, at most
+NOISY_MEASUREMENTS times in all: on a machine that is never quiet every run would otherwise pay
+for it again; that run starts with the earlier choice. A benchmark measures at its first call
+instead, on copies of the states (`measure_at_first_call`, `calibrate`), so that no timed call
+includes it. Where it cannot matter it does not measure: a population of one, a population whose
+whole state fits in a CPU's L2 cache (one vmap), and programs with convolutions (one member at a
+time: vmapped per-member convolution weights become grouped convolutions, which XLA:CPU runs at
+about half the speed of separate ones).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from fastpop.compilation.background import in_background
 from fastpop.population import tuning_cache
-from fastpop.types import POP_AXIS
+from fastpop.population.chunked import ChunkedUpdate, chunk_size, copy_tree, population_size
 
 log = logging.getLogger(__name__)
 
@@ -67,20 +59,6 @@ def measure_at_first_call() -> None:
     _measure_later = False
 
 
-def chunk_size(size: int, members_per_chunk: int | None) -> int:
-    """The largest divisor of `size` that is at most `members_per_chunk` (None: all)."""
-    if members_per_chunk is None or members_per_chunk >= size:
-        return size
-    return max(d for d in range(1, members_per_chunk + 1) if size % d == 0)
-
-
-@jax.jit
-def copy_tree(tree):
-    """A copy of every leaf (keeps a tree usable after a donating call consumed the original),
-    as one compiled program per tree rather than one per leaf shape."""
-    return jax.tree.map(jnp.copy, tree)
-
-
 def candidates(size: int) -> list[int]:
     """Chunk sizes worth measuring: powers of two dividing `size` up to LARGEST_CANDIDATE, and
     the whole population when it is no larger."""
@@ -88,110 +66,37 @@ def candidates(size: int) -> list[int]:
     return sorted(set(powers + ([size] if size <= LARGEST_CANDIDATE else [])))
 
 
-def population_size(tree) -> int:
-    return jax.tree.leaves(tree)[0].shape[0]
+def rotating_rounds(sizes: list[int]) -> list[tuple[int, bool]]:
+    """(chunk size, timed) for each call of a measurement: a first round of each candidate,
+    not timed (a program's first run pays for its first allocations, or its compile), then
+    CALIBRATION_ROUNDS timed rounds, each in another order so that drifting load on the machine
+    favours no position."""
+    calls = []
+    for round_index in range(CALIBRATION_ROUNDS + 1):
+        turn = round_index % len(sizes)
+        calls += [(chunk, round_index > 0) for chunk in sizes[turn:] + sizes[:turn]]
+    return calls
 
 
-def whole_population(member_loop, replay_axis):
-    """jit(vmap(scan)) over the whole population (a population of one: the member program)."""
-    batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
+class LiveMeasurement:
+    """A run's own update calls, each with the next chunk size of `rotating_rounds`: the
+    measurement costs no update, only the time the slower candidates take in their turns."""
 
-    def update(states, replay, hparams, key):
-        size = population_size(hparams)
-        keys = jax.random.split(key, size)
-        if size > 1:
-            return batched(states, replay, hparams, keys)
-        one = lambda tree: jax.tree.map(lambda x: x[0], tree)
-        member_replay = replay if replay_axis is None else one(replay)
-        out = member_loop(one(states), member_replay, one(hparams), keys[0])
-        return jax.tree.map(lambda x: x[None], out)
+    def __init__(self, sizes: list[int]):
+        self.calls = rotating_rounds(sizes)
+        self.rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
 
-    return jax.jit(update, donate_argnums=0)
+    def next_chunk(self) -> int:
+        return self.calls[0][0]
 
+    def record(self, seconds_per_member: float) -> None:
+        chunk, timed = self.calls.pop(0)
+        if timed:
+            self.rounds[chunk].append(seconds_per_member)
 
-def chunk_program(member_loop, replay_axis, chunk: int):
-    """jit: members [index * chunk, (index + 1) * chunk) updated in place (states donated)."""
-    batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
-
-    def update_chunk(states, replay, hparams, keys, index):
-        start = index * chunk
-        if chunk == 1:
-            take = lambda tree: jax.tree.map(
-                lambda x: jax.lax.dynamic_index_in_dim(x, start, keepdims=False), tree
-            )
-            put = lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, start, 0)
-            run, out_metrics = member_loop, lambda m: jax.tree.map(lambda x: x[None], m)
-        else:
-            take = lambda tree: jax.tree.map(
-                lambda x: jax.lax.dynamic_slice_in_dim(x, start, chunk), tree
-            )
-            put = lambda x, y: jax.lax.dynamic_update_slice_in_dim(x, y, start, 0)
-            run, out_metrics = batched, lambda m: m
-        member_replay = replay if replay_axis is None else take(replay)
-        new_states, metrics = run(take(states), member_replay, take(hparams), take(keys))
-        return jax.tree.map(put, states, new_states), out_metrics(metrics)
-
-    return jax.jit(update_chunk, donate_argnums=0)
-
-
-class ChunkedUpdate:
-    """update(states, replay, hparams, key) -> (states, metrics (P, K)) in chunks of at most
-    `members_per_chunk` members (None: the whole population in one program)."""
-
-    def __init__(self, member_loop, replay_axis, members_per_chunk: int | None):
-        self.members_per_chunk = members_per_chunk
-        self.whole = whole_population(member_loop, replay_axis)
-        self.make_program = functools.partial(chunk_program, member_loop, replay_axis)
-        self.programs: dict[int, Callable] = {}
-
-    def chunk_for(self, states, replay, hparams, key) -> int:
-        return chunk_size(population_size(hparams), self.members_per_chunk)
-
-    def __call__(self, states, replay, hparams, key):
-        chunk = self.chunk_for(states, replay, hparams, key)
-        return self.run(chunk, states, replay, hparams, key)
-
-    def run(self, chunk, states, replay, hparams, key, members: int | None = None):
-        """Chunks of `chunk` members; with `members`, only the first that many (timing)."""
-        size = population_size(hparams)
-        if chunk == size:
-            return self.whole(states, replay, hparams, key)
-        program, keys, metrics = self._program(chunk), jax.random.split(key, size), []
-        for index in range((members or size) // chunk):
-            states, chunk_metrics = program(states, replay, hparams, keys, index)
-            metrics.append(chunk_metrics)
-        return states, jax.tree.map(lambda *m: jnp.concatenate(m), *metrics)
-
-    def chunks_ahead(self, states, replay, hparams, key) -> list[int]:
-        """The chunk sizes the first call may run (`compile_ahead` compiles them)."""
-        return [self.chunk_for(states, replay, hparams, key)]
-
-    def compile_ahead(self, states, replay, hparams, key) -> None:
-        """The programs of the first call compiled now, from arguments of its shapes (shapes
-        or arrays; none is run): the call then finds them compiled."""
-        chunks = self.chunks_ahead(states, replay, hparams, key)
-        self.compile_chunks(chunks, states, replay, hparams, key)
-
-    def compile_chunks(self, chunks: list[int], states, replay, hparams, key) -> None:
-        """The programs of chunks of each size in `chunks` compiled from `compile_ahead`'s
-        arguments."""
-        size = population_size(hparams)
-        keys = jax.eval_shape(lambda k: jax.random.split(k, size), key)
-        for chunk in chunks:
-            if chunk == size:
-                self.whole.lower(states, replay, hparams, key).compile()
-                continue
-            self._program(chunk).lower(states, replay, hparams, keys, 0).compile()
-
-    def _program(self, chunk: int) -> Callable:
-        """The program of chunks of `chunk` members, made at its first use."""
-        if chunk not in self.programs:
-            self.programs[chunk] = self.make_program(chunk)
-        return self.programs[chunk]
-
-    def _cache_size(self) -> int:
-        """Compiled variants in use, like jax.jit's (tests check that nothing recompiles)."""
-        return sum(program._cache_size() for program in [self.whole, *self.programs.values()])
+    @property
+    def done(self) -> bool:
+        return not self.calls
 
 
 class Choice(NamedTuple):
@@ -222,26 +127,48 @@ class TunedUpdate(ChunkedUpdate):
         self.how: dict[int, str] = {}  # population size -> how the size was chosen
         self.known: dict[int, Choice] = {}  # `_known_choice`'s, once per size (it traces)
         self.calls: dict[int, int] = {}  # population size -> update calls so far
+        self.live: dict[int, LiveMeasurement] = {}  # population size -> its calls measuring
         # The other candidates' programs, compiled while a provisional choice runs the first
         # calls (`compile_ahead`): the measurement then times them without compiling them.
         self.candidates_ahead: Future | None = None
 
     def __call__(self, states, replay, hparams, key):
         size = population_size(hparams)
-        if self.measures_again(hparams):
+        if self._measurement_due(size):
             self.known[size] = self.known[size]._replace(measure_again=False)
-            self._note(size, *self._measure(size, states, replay, hparams, key))
+            self._wait_for_candidates()
+            self.live[size] = LiveMeasurement(candidates(size))
         self.calls[size] = self.calls.get(size, 0) + 1
+        if size in self.live:
+            return self._measured_call(size, states, replay, hparams, key)
         return super().__call__(states, replay, hparams, key)
 
     def measures_again(self, hparams) -> bool:
-        """Whether the next call measures the members per chunk: the run's first
-        REMEASURE_AFTER_CALLS calls used a provisional choice (the rule of thumb where nothing
-        was measured on this CPU yet, or an earlier measurement made under load)."""
+        """Whether the next call is one of those that measure the members per chunk: the run's
+        first REMEASURE_AFTER_CALLS calls used a provisional choice (the rule of thumb where
+        nothing was measured on this CPU yet, or an earlier measurement made under load), and
+        the next `rotating_rounds` calls time each candidate in turn."""
         size = population_size(hparams)
+        return size in self.live or self._measurement_due(size)
+
+    def _measurement_due(self, size: int) -> bool:
         known = self.known.get(size)
         due = self.calls.get(size, 0) == REMEASURE_AFTER_CALLS
         return known is not None and known.measure_again and due
+
+    def _measured_call(self, size, states, replay, hparams, key):
+        """One update call with the measurement's next chunk size, timed alone: what earlier
+        calls and inserts left to compute is waited for first."""
+        live = self.live[size]
+        jax.block_until_ready((states, replay))
+        start = time.perf_counter()
+        states, metrics = self.run(live.next_chunk(), states, replay, hparams, key)
+        jax.block_until_ready(states)
+        live.record((time.perf_counter() - start) / size)
+        if live.done:
+            del self.live[size]
+            self._note(size, *self._keep(size, live.rounds))
+        return states, metrics
 
     def chunk_for(self, states, replay, hparams, key) -> int:
         size = population_size(hparams)
@@ -318,9 +245,13 @@ class TunedUpdate(ChunkedUpdate):
         return self._measure(size, states, replay, hparams, key)
 
     def _measure(self, size, states, replay, hparams, key) -> tuple[int, str]:
-        """Measures the chunk sizes (`calibrate`) and keeps the choice in the tuning cache."""
+        """Measures the chunk sizes on copies of the states (`calibrate`): a benchmark's first
+        call."""
+        return self._keep(size, self.calibrate(size, states, replay, hparams, key))
+
+    def _keep(self, size: int, rounds: dict[int, list[float]]) -> tuple[int, str]:
+        """The chunk size picked from timed rounds, kept in the tuning cache."""
         known = self.known[size]
-        rounds = self.calibrate(size, states, replay, hparams, key)
         chunk, ratios, steady = pick_chunk(rounds)
         # A measurement disturbed by other load is kept with its count: measured again by the
         # next run until NOISY_MEASUREMENTS of them.
@@ -336,25 +267,27 @@ class TunedUpdate(ChunkedUpdate):
         return chunk, f"measured: time per member vs chunks of 1 {{{timings}}}{note}"
 
     def calibrate(self, size, states, replay, hparams, key) -> dict[int, list[float]]:
-        """Seconds per member of each candidate chunk size in each round: the same members (the
-        first `largest candidate` of them) updated by each, on copies of the states, the
-        candidates taking turns in CALIBRATION_ROUNDS rounds after a warm-up (compile) call."""
-        if self.candidates_ahead is not None:  # their compile, if it failed, is redone below
-            self.candidates_ahead.exception()
-            self.candidates_ahead = None
+        """Seconds per member of each candidate chunk size in each timed round of
+        `rotating_rounds`: the same members (the first `largest candidate` of them) updated by
+        each, on copies of the states."""
+        self._wait_for_candidates()
         sizes = candidates(size)
         members = max(sizes)
         work = copy_tree(states)
-        rounds: dict[int, list[float]] = {chunk: [] for chunk in sizes}
-        for round_index in range(CALIBRATION_ROUNDS + 1):
-            turn = round_index % len(sizes)  # each round in another order: drifting load
-            for chunk in sizes[turn:] + sizes[:turn]:  # does not favour one position
-                start = time.perf_counter()
-                work, _ = self.run(chunk, work, replay, hparams, key, members)
-                jax.block_until_ready(work)
-                if round_index > 0:  # round 0 compiles
-                    rounds[chunk].append((time.perf_counter() - start) / members)
-        return rounds
+        measurement = LiveMeasurement(sizes)
+        while not measurement.done:
+            start = time.perf_counter()
+            work, _ = self.run(measurement.next_chunk(), work, replay, hparams, key, members)
+            jax.block_until_ready(work)
+            measurement.record((time.perf_counter() - start) / members)
+        return measurement.rounds
+
+    def _wait_for_candidates(self) -> None:
+        """Until the candidates' programs compiled ahead are (one that failed compiles again
+        at its first run)."""
+        if self.candidates_ahead is not None:
+            self.candidates_ahead.exception()
+            self.candidates_ahead = None
 
 
 def pick_chunk(rounds: dict[int, list[float]]) -> tuple[int, dict[int, float], bool]:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.agents.base import Agent
-from fastpop.population import chunking, replay
+from fastpop.population import chunked, chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
@@ -272,9 +272,9 @@ def vectorized(plan: UpdatePlan, members_per_chunk: int | None = None) -> Execut
     replay_axis = None if plan.shared_replay else 0
     identity = lambda tree: tree
     if members_per_chunk is None:
-        update = chunking.whole_population(member_loop, replay_axis)
+        update = chunked.whole_population(member_loop, replay_axis)
     else:
-        update = chunking.ChunkedUpdate(member_loop, replay_axis, members_per_chunk)
+        update = chunked.ChunkedUpdate(member_loop, replay_axis, members_per_chunk)
     return Executor("vectorized", update, identity, identity)
 
 
