@@ -114,8 +114,8 @@ def measure_process_mode(config: config_lib.Config, rounds: int, seconds: float,
     from fastpop.collect.workers import Workers
 
     learner = build_learner(config)
-    leaves, spec = learner.policy_leaves(), learner.replay_spec
-    with Workers(config, leaves, spec, log=lambda line: None) as workers:
+    policy, spec = learner.host_policy_tree(), learner.replay_spec
+    with Workers(config, policy, spec, log=lambda line: None) as workers:
         passes = RunLoopPasses(learner, workers)
         warm_up = passes.warm_up()
         measured = [passes.round(seconds / rounds) for _ in range(rounds)]

@@ -6,11 +6,13 @@ with the learner for cores more than their own stepping needs. Parameters arrive
 `ParamChannel`, transition chunks leave through the collector's own `ChunkRing`, the stop
 request is a `StopFlag`, and a pipe carries its final stats or its traceback.
 
-Start-up: a collector imports no JAX (nor flax, optax, the agents or the config sections) until
-its warm-up's random steps are done. What it is sent is plain data (`CollectorSpec`, with
-`CollectorEnvs` and a `RowLayout` rather than the config and the replay spec), so its first rows
-wait only for gymnasium and the simulator; the agent, the typed config and the batched policy
-are built at its first step that acts with a policy (tests/test_collector.py).
+Start-up: a collector imports no JAX (nor flax, optax, the agents or the config sections)
+for its warm-up's random steps, and none at all where it acts in numpy (TD3's and SAC's MLP
+actors on vector observations: `collect/numpy_policy.py`). What it is sent is plain data
+(`CollectorSpec`, with `CollectorEnvs`, a `RowLayout` rather than the config and the replay
+spec, and a `NumpyPolicy`), so its first rows wait only for gymnasium and the simulator; any
+other agent, with the typed config and its jitted batched policy, is built at the collector's
+first step that acts with a policy (tests/test_collector.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fastpop.collect import numpy_policy
+from fastpop.collect.numpy_policy import NumpyActing, NumpyPolicy
 from fastpop.collect.rollout import RowLayout, RowStream, lockstep_envs
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
 from fastpop.gc_settings import tune_for_tracing
@@ -70,6 +74,7 @@ class CollectorSpec(NamedTuple):
     stop: str  # the StopFlag's segment
     env_seed: int
     parent_pid: int
+    numpy_policy: NumpyPolicy | None  # None: the agent's jitted `act` (imports JAX)
 
 
 def force_cpu_jax() -> None:
@@ -148,29 +153,31 @@ def whole_chunks(env_steps: int, rows: RowLayout) -> int:
 def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: slice):
     """The batched policy and how to load it from the published leaves (from member
     `own_members.start` on): built at the first step that acts with a policy. The warm-up's
-    random steps run before, without JAX: importing it, tracing and compiling took ~2 s of CPU
-    per collector, 16 of them on 2 cores most of the paper preset's 44 s to its first env step
-    (results/startup/README.md). Built in a thread from half-way through the warm-up instead,
-    it slowed the warm-up more than it saved at its end (stop 36)."""
+    random steps run before, without JAX, and a numpy policy needs none: importing it, tracing
+    and compiling took ~2 s of CPU per collector, 16 of them on 2 cores most of the paper
+    preset's 44 s to its first env step (results/startup/README.md). Built in a thread from
+    half-way through the warm-up instead, it slowed the warm-up more than it saved at its end
+    (stop 36)."""
+    rows = slot_members - own_members.start
+    if (policy := spec.numpy_policy) is not None:
+        normals = numpy_policy.standard_normals(spec.env_seed, (spec.num_slots, policy.action_dim))
+        return NumpyActing(policy, normals), numpy_policy.slots_policy(policy, rows)
     import jax
 
     from fastpop import config as config_lib
-    from fastpop.collect.acting import make_acting
-    from fastpop.config.build import build_agent, build_env_spec
+    from fastpop.collect.acting import JaxActing
+    from fastpop.config.build import build_agent
 
     config = config_lib.config_from_dict(spec.config)
-    env_spec = build_env_spec(config)
-    agent = build_agent(config, env_spec)
+    agent = build_agent(config)
     treedef = jax.tree.structure(policy_template(agent, config.population.size))
     key = jax.random.key(spec.env_seed)
-    envs_per_member = spec.envs.envs_per_member
-    acting = make_acting(config.algo, agent, env_spec, spec.num_slots, envs_per_member, key)
+    acting = JaxActing(agent, spec.num_slots, spec.envs.envs_per_member, key)
 
     def slots_policy(leaves):
         """(policy, hparams) of this collector's slots from its members' leaves
         (`ParamChannel.read_if_newer`'s rows)."""
         policy, hparams, _ = jax.tree.unflatten(treedef, leaves)
-        rows = slot_members - own_members.start
         return jax.tree.map(lambda leaf: leaf[rows], (policy, hparams))
 
     return acting, slots_policy

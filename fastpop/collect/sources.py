@@ -88,8 +88,8 @@ class ProcessCollection:
         their warm-up acts at random; at its end they wait for `running`'s first publish."""
         from fastpop.collect.collector import policy_template
 
-        template = jax.tree.leaves(policy_template(agent, self.config.population.size))
-        zeros = [np.zeros(leaf.shape, leaf.dtype) for leaf in template]
+        template = policy_template(agent, self.config.population.size)
+        zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
         workers = self._workers(zeros, policy_version=None)
         self.workers = workers.__enter__()
         # stopped by `running`, or at exit if the run fails before it starts
@@ -109,17 +109,17 @@ class ProcessCollection:
             finally:
                 self._stop_ahead()
             return
-        leaves, version = learner.policy_leaves(), learner.policy_version
-        with self._workers(leaves, log_event, generation, version) as workers:
+        policy, version = learner.host_policy_tree(), learner.policy_version
+        with self._workers(policy, log_event, generation, version) as workers:
             self.workers = workers
             yield
 
-    def _workers(self, leaves, log_event=None, generation=0, policy_version=0):
+    def _workers(self, policy, log_event=None, generation=0, policy_version=0):
         from fastpop.collect.workers import Workers
 
         early = self.evaluator_with_first_rows
         return Workers(
-            *(self.config, leaves, self.replay_spec, self.log, log_event, generation),
+            *(self.config, policy, self.replay_spec, self.log, log_event, generation),
             policy_version=policy_version,
             evaluator_with_first_rows=early,
         )

@@ -12,10 +12,12 @@ import signal
 import time
 from collections import deque
 
+import jax
 import numpy as np
 
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
+from fastpop.collect.acting import numpy_policy_for
 from fastpop.collect.collector import (
     CollectorEnvs,
     CollectorSpec,
@@ -27,6 +29,7 @@ from fastpop.collect.rollout import RowLayout
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
 from fastpop.collect.spawning import starting_worker
+from fastpop.config.build import build_env_spec
 from fastpop.population import replay
 
 EVAL_SLOTS = 4
@@ -78,7 +81,7 @@ class Workers:
     def __init__(
         self,
         config,
-        initial_leaves,
+        initial_policy,
         replay_spec,
         log=print,
         log_event=None,
@@ -86,10 +89,12 @@ class Workers:
         policy_version: int | None = 0,
         evaluator_with_first_rows: bool = True,
     ):
-        """`replay_spec`: the learner's (`Learner.replay_spec`); collectors build their chunks
+        """`initial_policy`: what the collectors act with first, as host arrays
+        (`Learner.host_policy_tree`: stacked policy params, hparams, env steps per member).
+        `replay_spec`: the learner's (`Learner.replay_spec`); collectors build their chunks
         with it rather than deriving their own. `policy_version`: the learner's
-        `policy_version` when `initial_leaves` were taken (see `publish_if_changed`); None:
-        they are zeros of the policies' layout, not published (collectors started before the
+        `policy_version` when `initial_policy` was taken (see `publish_if_changed`); None:
+        it is zeros of the policies' layout, not published (collectors started before the
         learner exists step their warm-up, then wait for `publish_from`).
         `evaluator_with_first_rows`: start the evaluator once every collector has sent rows (a
         strategy that pauses for its evaluations); False: with the first trained policies, so
@@ -103,7 +108,7 @@ class Workers:
         self.log = log
         self.log_event = log_event or (lambda kind, payload: None)
         self.context = mp.get_context("spawn")
-        self.initial_leaves = initial_leaves
+        self.initial_leaves = jax.tree.leaves(initial_policy)
         self.published_version = policy_version
         self.config_dict = config_lib.config_to_dict(config)
         self.replay_spec = replay_spec
@@ -112,6 +117,12 @@ class Workers:
         self.row_layout = RowLayout.of(replay_spec)
         num_envs = config.population.size * config.collect.envs_per_member
         self.blocks = split_slots(num_envs, config.collect.num_collectors)
+        # How each collector acts once its warm-up ends: in numpy where it can (it then never
+        # imports JAX), else with the agent's jitted `act`.
+        self.numpy_policies = [
+            numpy_policy_for(config.algo, build_env_spec(config), initial_policy, count)
+            for _, count in self.blocks
+        ]
         self.ring_fields = [
             {
                 name: (layout.shape, layout.dtype)
@@ -195,6 +206,7 @@ class Workers:
             self.stop_flag.spec,
             seed,
             mp.current_process().pid,
+            self.numpy_policies[index],
         )
         receive, send = self.context.Pipe(duplex=False)
         process = self.context.Process(

@@ -80,9 +80,9 @@ class HostLearner(Learner):
             return leaf[self.first_member : self.first_member + self.local_size]
         return leaf
 
-    def policy_leaves(self) -> list[np.ndarray]:
+    def host_policy_tree(self) -> tuple:
         """This process's members' policies and hparams (what its collectors act with)."""
-        return [self._local(leaf) for leaf in jax.tree.leaves(self.policy_tree())]
+        return jax.tree.map(self._local, self.policy_tree())
 
     def insert(self, rows) -> None:
         """rows: this process's members' lanes, member-major."""
@@ -146,9 +146,9 @@ class LockstepCollection:
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
-        leaves, version = learner.policy_leaves(), learner.policy_version
+        policy, version = learner.host_policy_tree(), learner.policy_version
         config, spec, log = self.config, self.replay_spec, self.log
-        workers = Workers(config, leaves, spec, log, log_event, generation, version)
+        workers = Workers(config, policy, spec, log, log_event, generation, version)
         with workers:
             self.workers = workers
             self.agree()  # the processes start the loop together, on one clock

@@ -173,9 +173,13 @@ class Learner:
         """`policy_tree`'s shapes and dtypes, allocating nothing (what a snapshot decodes to)."""
         return jax.eval_shape(self.policy_tree)
 
+    def host_policy_tree(self) -> tuple:
+        """`policy_tree` as host arrays (what the workers are started with)."""
+        return jax.tree.map(np.asarray, self.policy_tree())
+
     def policy_leaves(self) -> list[np.ndarray]:
-        """`policy_tree` as host arrays, in leaf order (shared memory, snapshots)."""
-        return [np.asarray(leaf) for leaf in jax.tree.leaves(self.policy_tree())]
+        """`host_policy_tree`'s leaves, in leaf order (shared memory, snapshots)."""
+        return jax.tree.leaves(self.host_policy_tree())
 
     def insert(self, rows) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
