@@ -294,6 +294,24 @@ def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
     assert entry["noisy_measurements"] == chunking.NOISY_MEASUREMENTS
 
 
+def test_an_update_traced_inside_a_program_is_neither_counted_nor_timed(monkeypatch, tmp_path):
+    """Device mode calls the update inside its chunk program (collect/fused.py): a trace is not
+    an update call, and timing one would store nonsense as this CPU's measurement."""
+    monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
+    monkeypatch.setattr(chunking, "REMEASURE_AFTER_CALLS", 1)
+    monkeypatch.setattr(tuning_cache, "_memory", {})
+    monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(chunking.CHUNK_ENV, raising=False)
+    agent = tiny_agent("td3")
+    spec, buffers = random_buffers("td3", 4)
+    hparams = stacked_hparams(agent, 4)
+    states = population.init_population(agent, jax.random.key(0), hparams)
+    update = population.make_executor("vectorized", UpdatePlan(agent, sampler(spec, 8), 1)).update
+    for _ in range(3):
+        jax.eval_shape(update, states, buffers, hparams, jax.random.key(5))
+    assert update.calls == {} and update.live == {} and not (tmp_path / "tuning.json").exists()
+
+
 def test_tuning_cache_keeps_steady_measurements_on_disk(monkeypatch, tmp_path):
     monkeypatch.setattr(tuning_cache, "_memory", {})
     monkeypatch.setenv("FASTPOP_CACHE_DIR", str(tmp_path))

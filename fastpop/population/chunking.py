@@ -133,6 +133,8 @@ class TunedUpdate(ChunkedUpdate):
         self.candidates_ahead: Future | None = None
 
     def __call__(self, states, replay, hparams, key):
+        if isinstance(jax.tree.leaves(hparams)[0], jax.core.Tracer):
+            return super().__call__(states, replay, hparams, key)  # inside a program: untimed
         size = population_size(hparams)
         if self._measurement_due(size):
             self.known[size] = self.known[size]._replace(measure_again=False)
