@@ -120,5 +120,10 @@ def test_other_agents_image_observations_and_large_slot_sets_keep_the_jitted_pol
     images = EnvSpec(obs_shape=(8, 8, 3), action_dim=3)
     template = policy_template(make_agent("td3", SPEC, hidden_sizes=(8,)), 2)
     assert numpy_policy_for("td3", images, template, 2) is None
+    # An actor with a layer NumpyActing does not compute keeps the jitted policy.
+    template = policy_template(make_agent("td3", SPEC, hidden_sizes=(8,)), 2)
+    params = template[0]["params"]
+    normed = {"params": {**params, "MLP_0": {**params["MLP_0"], "LayerNorm_0": {"scale": 0}}}}
+    assert numpy_policy_for("td3", SPEC, (normed, *template[1:]), 2) is None
     with pytest.raises(ValueError, match="no numpy policy for dqn"):
         NumpyActing(plan("td3", SPEC, 2)._replace(algo="dqn"), lambda: None)

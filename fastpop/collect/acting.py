@@ -78,10 +78,21 @@ def numpy_policy_for(algo: str, spec: EnvSpec, published, num_slots: int) -> Num
     cache."""
     if algo not in numpy_policy.ALGORITHMS or len(spec.obs_shape) != 1:
         return None
+    paths = leaf_paths(published)
+    if not all(_dense_layer_leaf(path[1:]) for path in paths if path[0] == 0):
+        return None  # an actor of other layers than NumpyActing computes
     params = jax.tree.leaves(published[0])
     member_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in params) // params[0].shape[0]
     if num_slots * member_bytes > NUMPY_MAX_POLICY_BYTES:
         return None
     bounds = (GaussianActor.log_std_min, GaussianActor.log_std_max)
-    paths = leaf_paths(published)
     return NumpyPolicy(algo, spec.action_dim, spec.action_low, spec.action_high, bounds, paths)
+
+
+def _dense_layer_leaf(path: KeyPath) -> bool:
+    """Whether an actor param's path is a Dense layer's kernel or bias, in the actor or in its
+    MLP: ("params", "MLP_0", "Dense_1", "kernel"), ("params", "Dense_0", "bias")."""
+    *modules, leaf = path
+    if not modules or modules[0] != "params" or leaf not in ("kernel", "bias"):
+        return False
+    return all(m == "MLP_0" or str(m).startswith("Dense_") for m in modules[1:])
