@@ -1,7 +1,7 @@
 """How a collector picks the exploring actions of all its slots, one batched call per env step.
 
 `JaxActing` runs the agent's own `act`, vmapped over slots and jitted: any agent and observation
-type. For MLP actors (TD3, SAC) with vector observations the collector acts in numpy instead,
+type. For MLP policies (TD3, SAC, DQN) on vector observations the collector acts in numpy instead,
 without importing JAX (`collect/numpy_policy.py`); `numpy_policy_for` decides, in the learner's
 process, and describes that policy as plain data.
 """
@@ -71,11 +71,13 @@ def leaf_paths(tree) -> tuple[KeyPath, ...]:
     return tuple(tuple(plain(key) for key in path) for path, _ in with_paths)
 
 
-def numpy_policy_for(algo: str, spec: EnvSpec, published, num_slots: int) -> NumpyPolicy | None:
+def numpy_policy_for(
+    algo: str, spec: EnvSpec, published, num_slots: int, envs_per_member: int
+) -> NumpyPolicy | None:
     """What a collector of `num_slots` slots needs to act in numpy, from the published tree
     (stacked policy params, hparams, env steps: arrays or shapes); None where the jitted `act`
-    serves it: other agents, image observations, or slots whose actor weights outgrow the
-    cache."""
+    serves it: image observations, networks of other layers than Dense (convolutions), or slots
+    whose weights outgrow the cache."""
     if algo not in numpy_policy.ALGORITHMS or len(spec.obs_shape) != 1:
         return None
     paths = leaf_paths(published)
@@ -86,7 +88,8 @@ def numpy_policy_for(algo: str, spec: EnvSpec, published, num_slots: int) -> Num
     if num_slots * member_bytes > NUMPY_MAX_POLICY_BYTES:
         return None
     bounds = (GaussianActor.log_std_min, GaussianActor.log_std_max)
-    return NumpyPolicy(algo, spec.action_dim, spec.action_low, spec.action_high, bounds, paths)
+    low, high = spec.action_low, spec.action_high
+    return NumpyPolicy(algo, envs_per_member, low, high, bounds, paths)
 
 
 def _dense_layer_leaf(path: KeyPath) -> bool:

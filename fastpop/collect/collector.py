@@ -7,8 +7,8 @@ with the learner for cores more than their own stepping needs. Parameters arrive
 request is a `StopFlag`, and a pipe carries its final stats or its traceback.
 
 Start-up: a collector imports no JAX (nor flax, optax, the agents or the config sections)
-for its warm-up's random steps, and none at all where it acts in numpy (TD3's and SAC's MLP
-actors on vector observations: `collect/numpy_policy.py`). What it is sent is plain data
+for its warm-up's random steps, and none at all where it acts in numpy (MLP policies of TD3, SAC
+and DQN on vector observations: `collect/numpy_policy.py`). What it is sent is plain data
 (`CollectorSpec`, with `CollectorEnvs`, a `RowLayout` rather than the config and the replay
 spec, and a `NumpyPolicy`), so its first rows wait only for gymnasium and the simulator; any
 other agent, with the typed config and its jitted batched policy, is built at the collector's
@@ -160,8 +160,8 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: sl
     (stop 36)."""
     rows = slot_members - own_members.start
     if (policy := spec.numpy_policy) is not None:
-        normals = numpy_policy.standard_normals(spec.env_seed, (spec.num_slots, policy.action_dim))
-        return NumpyActing(policy, normals), numpy_policy.slots_policy(policy, rows)
+        rng = numpy_policy.exploration_generator(spec.env_seed)
+        return NumpyActing(policy, rng), numpy_policy.slots_policy(policy, rows)
     import jax
 
     from fastpop import config as config_lib

@@ -1,10 +1,11 @@
-"""TD3's and SAC's exploring actors in numpy, for a collector that never imports JAX.
+"""TD3's, SAC's and DQN's exploring policies in numpy, for a collector that never imports JAX.
 
 A collector's slots act with one batched call per env step. Next to a fast simulator a jitted
-call costs mostly its dispatch, so for MLP actors with vector observations `NumpyActing` does
-the agents' arithmetic (`agents/td3.py`, `agents/sac.py`: `act` with explore=True) in numpy on
-the collector's own thread, and draws its exploration noise from numpy's generator: importing
-JAX and building the agent took ~1.2-1.5 s of CPU and ~220 MiB per collector
+call costs mostly its dispatch, so for MLP networks on vector observations `NumpyActing` does
+the agents' arithmetic (`agents/td3.py`, `agents/sac.py`, `agents/dqn.py`: `act` with
+explore=True) in numpy on the collector's own thread, and draws its exploration's random numbers
+from numpy's generator: importing JAX and building the agent took ~1.2-1.5 s of CPU and ~220
+MiB per collector
 (results/startup/README.md, "Collectors without JAX for good"). What it needs from the learner
 crosses the spawn boundary as plain data (`NumpyPolicy`, made by `collect/acting.py`).
 """
@@ -16,18 +17,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-ALGORITHMS = ("td3", "sac")
+ALGORITHMS = ("td3", "sac", "dqn")
 
 KeyPath = tuple[str | int, ...]
 
 
 class NumpyPolicy(NamedTuple):
-    """How a collector acts without JAX: the algorithm, the actions' size and bounds, SAC's
-    log-std bounds, and the key path of every published leaf (`acting.numpy_policy_for` makes
-    it)."""
+    """How a collector acts without JAX: the algorithm, its envs per member, the action bounds,
+    SAC's log-std bounds, and the key path of every published leaf (`acting.numpy_policy_for`
+    makes it)."""
 
     algo: str
-    action_dim: int
+    envs_per_member: int  # DQN's epsilon: a member's env steps = a slot's x this
     action_low: float
     action_high: float
     log_std_bounds: tuple[float, float]
@@ -79,49 +80,66 @@ def _mlp(layers, x: np.ndarray, activate_final: bool) -> np.ndarray:
     return x
 
 
-def standard_normals(seed: int, shape: tuple[int, ...]) -> Callable[[], np.ndarray]:
-    """Each call: the next step's float32 standard normals of `shape` (slots, action_dim), one
-    stream per seed (a collector's env seed)."""
-    generator = np.random.default_rng([seed, 0xAC7])
-    return lambda: generator.standard_normal(shape, dtype=np.float32)
+def exploration_generator(seed: int) -> np.random.Generator:
+    """The exploration noise's random numbers of a collector: one stream per seed (its env
+    seed), apart from the env's own."""
+    return np.random.default_rng([seed, 0xAC7])
 
 
 class NumpyActing:
-    """TD3's or SAC's exploring action for a collector's slots (each slot: its member's
-    policy), in numpy. `normals`: the next step's standard normals (`standard_normals`)."""
+    """TD3's, SAC's or DQN's exploring action for a collector's slots (each slot: its member's
+    policy), in numpy. `rng`: the exploration's random numbers (`exploration_generator`)."""
 
-    def __init__(self, policy: NumpyPolicy, normals: Callable[[], np.ndarray]):
+    def __init__(self, policy: NumpyPolicy, rng: np.random.Generator):
         if policy.algo not in ALGORITHMS:
             raise ValueError(f"no numpy policy for {policy.algo}: only {', '.join(ALGORITHMS)}")
-        self.algo, self.normals = policy.algo, normals
-        self.low, self.high = policy.action_low, policy.action_high
+        self.policy, self.rng = policy, rng
         self.half_range = (policy.action_high - policy.action_low) / 2.0
         self.center = (policy.action_high + policy.action_low) / 2.0
-        self.log_std_min, self.log_std_max = policy.log_std_bounds
-        self._torso = self._heads = self._noise_scale = None
+        self._torso = self._heads = self._hparams = None
 
     def set_policy(self, params: dict, hparams: dict) -> None:
         """params: the slots' actor params ({"params": {"MLP_0": ...}}, leading axis: slot);
         hparams: their hparams by name."""
         params = params["params"]
         self._torso = _dense_layers(params["MLP_0"])
-        if self.algo == "sac":  # GaussianActor: ReLU torso, then mean and log-std heads
-            self._heads = _dense_layers(params)
-        else:  # DeterministicActor: one MLP, the last layer linear; acting noise per slot
-            scale = np.asarray(hparams["exploration_noise"], np.float32) * self.half_range
-            self._noise_scale = scale[:, None]
+        self._heads = _dense_layers(params)  # SAC's mean and log-std, DQN's action values
+        self._hparams = {name: np.asarray(value) for name, value in hparams.items()}
 
     def __call__(self, obs: np.ndarray, env_steps: int) -> np.ndarray:
-        del env_steps  # neither TD3 nor SAC schedules its exploration
-        normal = self.normals()
-        x = np.asarray(obs, np.float32)[:, None, :]
-        if self.algo == "td3":
-            action = np.tanh(_mlp(self._torso, x, activate_final=False)[:, 0])
-            action = action * self.half_range + self.center
-            return np.clip(action + self._noise_scale * normal, self.low, self.high)
+        """`env_steps`: per env so far (DQN's epsilon decays over its member's env steps)."""
+        x = np.asarray(obs, np.float32).reshape(len(obs), 1, -1)
+        if self.policy.algo == "td3":  # DeterministicActor: one MLP, its last layer linear
+            return self._td3(x)
         x = _mlp(self._torso, x, activate_final=True)
-        (mean_kernel, mean_bias), (log_std_kernel, log_std_bias) = self._heads
-        mean = np.matmul(x, mean_kernel)[:, 0] + mean_bias
-        log_std = np.matmul(x, log_std_kernel)[:, 0] + log_std_bias
-        log_std = np.clip(log_std, self.log_std_min, self.log_std_max)
-        return np.tanh(mean + np.exp(log_std) * normal) * self.half_range + self.center
+        heads = [np.matmul(x, kernel)[:, 0] + bias for kernel, bias in self._heads]
+        if self.policy.algo == "sac":  # GaussianActor: mean and log-std heads
+            return self._sac(*heads)
+        return self._dqn(heads[0], env_steps * self.policy.envs_per_member)
+
+    def _td3(self, x: np.ndarray) -> np.ndarray:
+        action = np.tanh(_mlp(self._torso, x, activate_final=False)[:, 0])
+        action = action * self.half_range + self.center
+        scale = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
+        noise = scale[:, None] * self._normals(action.shape)
+        return np.clip(action + noise, self.policy.action_low, self.policy.action_high)
+
+    def _sac(self, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+        log_std = np.clip(log_std, *self.policy.log_std_bounds)
+        pre_tanh = mean + np.exp(log_std) * self._normals(mean.shape)
+        return np.tanh(pre_tanh) * self.half_range + self.center
+
+    def _dqn(self, values: np.ndarray, member_steps: int) -> np.ndarray:
+        """agents/dqn.py's `act`: a uniform random action with probability epsilon (decaying
+        linearly over the member's env steps), else the greedy one."""
+        h = self._hparams
+        decay = np.maximum(h["epsilon_decay_steps"], 1)
+        fraction = np.clip(member_steps / decay, 0.0, 1.0)
+        epsilon = h["epsilon_start"] + fraction * (h["epsilon_end"] - h["epsilon_start"])
+        slots = len(values)
+        random_action = self.rng.integers(0, values.shape[-1], slots)
+        take_random = self.rng.random(slots, dtype=np.float32) < epsilon
+        return np.where(take_random, random_action, values.argmax(-1)).astype(np.int32)
+
+    def _normals(self, shape: tuple[int, ...]) -> np.ndarray:
+        return self.rng.standard_normal(shape, dtype=np.float32)

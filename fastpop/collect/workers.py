@@ -119,8 +119,9 @@ class Workers:
         self.blocks = split_slots(num_envs, config.collect.num_collectors)
         # How each collector acts once its warm-up ends: in numpy where it can (it then never
         # imports JAX), else with the agent's jitted `act`.
+        env_spec, envs_per_member = build_env_spec(config), config.collect.envs_per_member
         self.numpy_policies = [
-            numpy_policy_for(config.algo, build_env_spec(config), initial_policy, count)
+            numpy_policy_for(config.algo, env_spec, initial_policy, count, envs_per_member)
             for _, count in self.blocks
         ]
         self.ring_fields = [

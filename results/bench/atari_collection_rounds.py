@@ -71,7 +71,10 @@ def collect(env_id, pop, seconds, vector, warmup):
         "eval": {"interval": 10_000_000}, "log": {"tensorboard": False},
     })
     learner = build_learner(config)
-    with Workers(config, learner.host_policy_tree(), learner.replay_spec) as workers:
+    # Workers take the published tree since stop 41, its leaves before.
+    new = hasattr(learner, "host_policy_tree")
+    policy = learner.host_policy_tree() if new else learner.policy_leaves()
+    with Workers(config, policy, learner.replay_spec) as workers:
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
             workers.check()

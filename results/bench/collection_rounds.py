@@ -56,7 +56,7 @@ def collect(env_id, pop, seconds):
     spec, agent = prepare(config)
     learner = Learner(config, spec, agent)
     new = "replay_spec" in inspect.signature(Workers).parameters  # before: the env spec
-    with Workers(config, learner.host_policy_tree(), learner.replay_spec if new else spec) as workers:
+    with Workers(config, learner.policy_leaves(), learner.replay_spec if new else spec) as workers:
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
             workers.check()
