@@ -138,7 +138,8 @@ def test_image_observations_convolutions_and_large_slot_sets_keep_the_jitted_pol
 
 
 def test_dqn_acts_greedily_as_the_jitted_agent_and_explores_at_its_epsilon():
-    """Greedy actions equal the jitted agent's (epsilon 0); with epsilon decaying from 1 to 0
+    """Greedy actions equal the jitted agent's (epsilon 0; float and uint8 observations, which
+    the network scales to [0, 1]); with epsilon decaying from 1 to 0
     over 100 env steps per member, a slot 25 steps in (50 of its member's: 2 envs per member)
     acts at random half the time, a uniform action: 3 in 8 actions differ from the greedy."""
     greedy = {"epsilon_start": [0.0] * MEMBERS, "epsilon_end": [0.0] * MEMBERS}
@@ -148,6 +149,20 @@ def test_dqn_acts_greedily_as_the_jitted_agent_and_explores_at_its_epsilon():
     assert numpy.dtype == np.int32
     jitted = _jax_actions(agent, published, observations, jax.random.key(0))
     np.testing.assert_array_equal(numpy, jitted)
+    # Biases away from their zero init: the scaling then changes which action is greedy.
+    rng = np.random.default_rng(2)
+    biased = jax.tree_util.tree_map_with_path(
+        lambda path, leaf: (
+            leaf + rng.normal(size=leaf.shape).astype(leaf.dtype)
+            if path[-1].key == "bias"
+            else leaf
+        ),
+        published[0],
+    )
+    published = (biased, *published[1:])
+    ram = [np.random.default_rng(step).integers(0, 256, (4, 5), np.uint8) for step in range(8)]
+    numpy_ram = _actions(_numpy_acting("dqn", published, np.random.default_rng(0)), ram)
+    np.testing.assert_array_equal(numpy_ram, _jax_actions(agent, published, ram, jax.random.key(0)))
     decaying = {"epsilon_start": [1.0] * MEMBERS, "epsilon_end": [0.0] * MEMBERS}
     _, published = _published("dqn", **decaying, epsilon_decay_steps=[100] * MEMBERS)
     acting = _numpy_acting("dqn", published, np.random.default_rng(1))

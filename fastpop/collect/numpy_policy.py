@@ -61,6 +61,13 @@ def slots_policy(policy: NumpyPolicy, rows: np.ndarray) -> Callable[[Sequence[An
     return from_leaves
 
 
+def _float_observation(obs: np.ndarray) -> np.ndarray:
+    """`networks.as_float_observation`: uint8 observations (Atari RAM) scaled to [0, 1]."""
+    if obs.dtype == np.uint8:
+        return obs.astype(np.float32) / np.float32(255.0)
+    return obs.astype(np.float32)
+
+
 def _dense_layers(module: dict) -> list[tuple[np.ndarray, np.ndarray]]:
     """(kernel (slots, in, out), bias (slots, 1, out)) of a flax module's `Dense_<i>` layers."""
     names = sorted((n for n in module if n.startswith("Dense_")), key=lambda n: int(n[6:]))
@@ -108,7 +115,7 @@ class NumpyActing:
 
     def __call__(self, obs: np.ndarray, env_steps: int) -> np.ndarray:
         """`env_steps`: per env so far (DQN's epsilon decays over its member's env steps)."""
-        x = np.asarray(obs, np.float32).reshape(len(obs), 1, -1)
+        x = _float_observation(np.asarray(obs)).reshape(len(obs), 1, -1)
         if self.policy.algo == "td3":  # DeterministicActor: one MLP, its last layer linear
             return self._td3(x)
         x = _mlp(self._torso, x, activate_final=True)
