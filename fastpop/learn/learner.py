@@ -2,11 +2,11 @@
 bookkeeping around it (rate limiter, update counter, the strategy's state).
 
 `Run` (fastpop.run.loop) drives it: `insert` collected rows, `update` when `can_update`,
-`policy_leaves` for the workers, `strategy_step` after each evaluation round; device mode's
-collection runs one program per chunk over its `device_state` (`plan_chunk`, `adopt_chunk`).
-How members are trained and changed between rounds is the strategy's `Training`
-(fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the learner itself does
-not depend on either's kind. Its parts are built once, by fastpop.run.parts.
+`host_policy_tree` / `policy_leaves` for the workers, `strategy_step` after each evaluation
+round; device mode's collection runs one program per chunk over its `device_state`
+(`plan_chunk`, `adopt_chunk`). How members are trained and changed between rounds is the
+strategy's `Training` (fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the
+learner itself does not depend on either's kind. Its parts are built once, by fastpop.run.parts.
 """
 
 from __future__ import annotations
