@@ -103,7 +103,7 @@ class NumpyActing:
         self.policy, self.rng = policy, rng
         self.half_range = (policy.action_high - policy.action_low) / 2.0
         self.center = (policy.action_high + policy.action_low) / 2.0
-        self._torso = self._heads = self._hparams = None
+        self._torso = self._heads = self._hparams = self._noise_scale = None
 
     def set_policy(self, params: dict, hparams: dict) -> None:
         """params: the slots' actor params ({"params": {"MLP_0": ...}}, leading axis: slot);
@@ -112,6 +112,9 @@ class NumpyActing:
         self._torso = _dense_layers(params["MLP_0"])
         self._heads = _dense_layers(params)  # SAC's mean and log-std, DQN's action values
         self._hparams = {name: np.asarray(value) for name, value in hparams.items()}
+        if self.policy.algo == "td3":  # its acting noise per slot, fixed until the next policy
+            noise = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
+            self._noise_scale = noise[:, None]
 
     def __call__(self, obs: np.ndarray, env_steps: int) -> np.ndarray:
         """`env_steps`: per env so far (DQN's epsilon decays over its member's env steps)."""
@@ -127,8 +130,7 @@ class NumpyActing:
     def _td3(self, x: np.ndarray) -> np.ndarray:
         action = np.tanh(_mlp(self._torso, x, activate_final=False)[:, 0])
         action = action * self.half_range + self.center
-        scale = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
-        noise = scale[:, None] * self._normals(action.shape)
+        noise = self._noise_scale * self._normals(action.shape)
         return np.clip(action + noise, self.policy.action_low, self.policy.action_high)
 
     def _sac(self, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:

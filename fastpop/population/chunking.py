@@ -6,7 +6,7 @@ so `TunedUpdate` measures it the first time it meets a population size: interlea
 each candidate, compared with chunks of one member round by round (`pick_chunk`), cached in
 memory and on disk (fastpop.population.tuning_cache). A run times its own update calls: it
 starts with the rule of thumb (`fallback`) and, after REMEASURE_AFTER_CALLS calls, makes the
-next ones with each candidate in turn (`LiveMeasurement`), so that no update waits for a
+next ones with each candidate in turn (`Measurement`), so that no update waits for a
 measurement and no work is thrown away (timing rounds on copies of the states, as a benchmark's,
 would pause td3_pbt_halfcheetah_cpu's learner ~8 s on 2 cores). A measurement whose rounds
 disagree (other load on the machine) is measured again by the next run, at most
@@ -78,9 +78,10 @@ def rotating_rounds(sizes: list[int]) -> list[tuple[int, bool]]:
     return calls
 
 
-class LiveMeasurement:
-    """A run's own update calls, each with the next chunk size of `rotating_rounds`: the
-    measurement costs no update, only the time the slower candidates take in their turns."""
+class Measurement:
+    """The calls of one measurement, each with the next chunk size of `rotating_rounds`, and
+    their timings: a run's own update calls (the measurement then costs no update, only the
+    time the slower candidates take in their turns), or `calibrate`'s on copies."""
 
     def __init__(self, sizes: list[int]):
         self.calls = rotating_rounds(sizes)
@@ -127,7 +128,7 @@ class TunedUpdate(ChunkedUpdate):
         self.how: dict[int, str] = {}  # population size -> how the size was chosen
         self.known: dict[int, Choice] = {}  # `_known_choice`'s, once per size (it traces)
         self.calls: dict[int, int] = {}  # population size -> update calls so far
-        self.live: dict[int, LiveMeasurement] = {}  # population size -> its calls measuring
+        self.live: dict[int, Measurement] = {}  # population size -> its calls measuring
         # The other candidates' programs, compiled while a provisional choice runs the first
         # calls (`compile_ahead`): the measurement then times them without compiling them.
         self.candidates_ahead: Future | None = None
@@ -139,7 +140,7 @@ class TunedUpdate(ChunkedUpdate):
         if self._measurement_due(size):
             self.known[size] = self.known[size]._replace(measure_again=False)
             self._wait_for_candidates()
-            self.live[size] = LiveMeasurement(candidates(size))
+            self.live[size] = Measurement(candidates(size))
         self.calls[size] = self.calls.get(size, 0) + 1
         if size in self.live:
             return self._measured_call(size, states, replay, hparams, key)
@@ -159,18 +160,25 @@ class TunedUpdate(ChunkedUpdate):
         return known is not None and known.measure_again and due
 
     def _measured_call(self, size, states, replay, hparams, key):
-        """One update call with the measurement's next chunk size, timed alone: what earlier
-        calls and inserts left to compute is waited for first."""
+        """One update call with the measurement's next chunk size; the last one keeps the
+        choice."""
         live = self.live[size]
-        jax.block_until_ready((states, replay))
-        start = time.perf_counter()
-        states, metrics = self.run(live.next_chunk(), states, replay, hparams, key)
-        jax.block_until_ready(states)
-        live.record((time.perf_counter() - start) / size)
+        states, metrics = self._timed_call(live, states, replay, hparams, key, size)
         if live.done:
             del self.live[size]
             self._note(size, *self._keep(size, live.rounds))
         return states, metrics
+
+    def _timed_call(self, measurement: Measurement, states, replay, hparams, key, members: int):
+        """`run` with the measurement's next chunk size on the first `members` members, timed
+        alone (what earlier calls and inserts left to compute is waited for first) and recorded
+        per member."""
+        jax.block_until_ready((states, replay))
+        start = time.perf_counter()
+        out = self.run(measurement.next_chunk(), states, replay, hparams, key, members)
+        jax.block_until_ready(out[0])
+        measurement.record((time.perf_counter() - start) / members)
+        return out
 
     def chunk_for(self, states, replay, hparams, key) -> int:
         size = population_size(hparams)
@@ -276,12 +284,9 @@ class TunedUpdate(ChunkedUpdate):
         sizes = candidates(size)
         members = max(sizes)
         work = copy_tree(states)
-        measurement = LiveMeasurement(sizes)
+        measurement = Measurement(sizes)
         while not measurement.done:
-            start = time.perf_counter()
-            work, _ = self.run(measurement.next_chunk(), work, replay, hparams, key, members)
-            jax.block_until_ready(work)
-            measurement.record((time.perf_counter() - start) / members)
+            work, _ = self._timed_call(measurement, work, replay, hparams, key, members)
         return measurement.rounds
 
     def _wait_for_candidates(self) -> None:
