@@ -79,7 +79,8 @@ def test_next_observations_are_real_next_states_and_resets_start_rows(cartpole, 
     np.testing.assert_array_equal(rows.episode_start[1:], rows.autoreset[:-1])
     assert not (rows.reward[rows.autoreset]).any()
     assert not (rows.terminated | rows.truncated)[rows.autoreset].any()
-    assert rows.episode_start[0].all()
+    # Lanes start as if an episode had just ended: their first step is a reset step.
+    assert rows.autoreset[0].all() and rows.episode_start[1].all()
     # Time limits truncate after exactly TIME_LIMIT steps of one episode.
     length = np.zeros(LANES, int)
     for t in range(STEPS):

@@ -101,17 +101,18 @@ def test_the_program_runs_every_call_the_rows_allow_and_no_more():
 
 
 def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
-    """running() compiles the evaluation program in a thread once the first chunk's program
-    has compiled, while the loop trains; evaluating a snapshot with it gives the jitted call's
+    """running() compiles the evaluation program in a thread once the first update calls
+    have run, while the loop trains; evaluating a snapshot with it gives the jitted call's
     returns, bit for bit."""
     config = config_lib.load_config(PRESET, [*SMALL, "eval.episodes=2"])
     learner, collection = learner_and_collection(config)
     running = collection.running(learner, log_event=None, generation=0)
     running.__enter__()
-    assert collection._evaluate_program is None  # not beside the chunk program's compile
-    for _ in range(3):
+    while not learner.updates:  # not beside the chunk program's compile or the warm-up
+        assert collection._evaluate_program is None
         collection.feed(learner)
-        assert collection._evaluate_program is not None
+    assert collection._evaluate_program is not None
+    collection.feed(learner)
     meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
     arrays = snapshot.encode(learner.policy_leaves(), meta)
     collection.evaluate(arrays)
@@ -127,14 +128,14 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
 
 def test_the_chunk_program_and_lanes_made_beside_the_learner_equal_those_made_after_it():
     """A run (run/parts.local_pieces) traces device mode's chunk program from the learner's
-    shapes before making it, then compiles it and makes the env lanes in threads while the
-    learner initialises: the first chunk compiles nothing more, and every chunk gives the
-    numbers of a collection that made both after the learner, bit for bit."""
+    shapes while the learner is made in a thread, then compiles it and makes the env lanes in
+    threads: the first chunk compiles nothing more, and every chunk gives the numbers of a
+    collection that made both after a learner made first, bit for bit."""
     parts = build_run(config_lib.load_config(PRESET, SMALL))
     ahead = DeviceCollection(parts.device_parts())  # no policy template yet
-    ahead.make_ahead(parts.learner_parts())
+    learner_ahead = ahead.make_ahead(parts.learner_parts())
     assert ahead._lanes_ahead is not None and ahead._fused_ahead is not None
-    learner = Learner(parts.learner_parts())
+    learner = learner_ahead.result()
     assert make_collection(parts, learner, device=ahead) is ahead
     ahead._fused_ahead.result()
     compiled = program_names(compile_stats.BACKEND)

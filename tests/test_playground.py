@@ -78,7 +78,8 @@ def test_a_short_td3_run_on_cartpole_balance_makes_rows_returns_and_autoresets(t
     """No DM Control task learns within test time on a CPU (the preset's CartpoleBalance: 700-990
     of 1,000 after 60k steps, results/playground_cpu): a short run of it, with 100-step episodes,
     evaluates every member twice, learns from the rows in between, and stores exactly one
-    truncation every 100 steps per lane, each followed by its autoreset row."""
+    truncation every 100 steps per lane, each followed by its autoreset row (and the lane's
+    first row, a reset step: fastpop.collect.device_rollout.init)."""
     preset = PRESET.with_name("td3_playground_cartpole_balance_cpu.yaml")
     short = ["train.total_env_steps=512", "eval.interval=256", "eval.episodes=1"]
     short += ["env.episode_length=100", "agent.hidden_sizes=[16,16]", "agent.batch_size=32"]
@@ -91,8 +92,8 @@ def test_a_short_td3_run_on_cartpole_balance_makes_rows_returns_and_autoresets(t
     buffers = trained.learner.replay.buffers
     rows = jax.tree.map(lambda x: np.asarray(x)[:, 0, :512], buffers.rows)  # (member, t) of lane 0
     assert (np.asarray(buffers.size) == 512).all() and not rows.terminated.any()
-    ends = list(range(99, 511, 101))  # 100 steps, then the row the env resets on
+    ends = list(range(100, 511, 101))  # 100 steps, then the row the env resets on
     for member in range(2):
         assert np.flatnonzero(rows.truncated[member]).tolist() == ends
-        assert np.flatnonzero(rows.autoreset[member]).tolist() == [t + 1 for t in ends]
+        assert np.flatnonzero(rows.autoreset[member]).tolist() == [0] + [t + 1 for t in ends]
     assert not rows.reward[rows.autoreset].any()

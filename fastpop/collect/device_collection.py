@@ -127,11 +127,12 @@ class DeviceCollection:
 
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
-        """The evaluation program compiles in a thread once the first chunk's program has: the
-        first evaluation would otherwise stop the loop for as long (~5 s for the inverted
+        """The evaluation program compiles in a thread once the first update calls have run:
+        the first evaluation would otherwise stop the loop for as long (~5 s for the inverted
         pendulum on the CPU). Not sooner: compiled beside the chunk program, the two shared
         the GIL while tracing and the cores while compiling, and the first chunk came ~3 s
-        later (the brax preset on 2 cores, results/startup/README.md)."""
+        later; traced beside the warm-up's chunks, it held the loop's thread back and the
+        first update came ~1 s later (the brax preset on 2 cores, results/startup/README.md)."""
         self._evaluation_wanted = True
         yield
 
@@ -159,26 +160,29 @@ class DeviceCollection:
             args = stored_programs.committed(args)
         self.lanes, state, metrics = self._fused(*args)
         learner.adopt_chunk(state, plan, metrics)
-        if self._evaluation_wanted and self._evaluate_program is None:
+        if self._evaluation_wanted and self._evaluate_program is None and learner.updates:
             self._compile_evaluation_ahead()
         return []
 
-    def make_ahead(self, learner_parts: LearnerParts) -> None:
+    def make_ahead(self, learner_parts: LearnerParts) -> Future | None:
         """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
-        one process): the env lanes made in a thread from the start, so that XLA compiles
-        their reset on the other core while the chunk program is traced here from its shapes
-        (a run's longest trace; the chunk program then compiles with the cores less shared:
-        ~1 s sooner to the first update of a cold brax run, results/startup/README.md), then
-        compiled in a thread while the caller makes the learner."""
+        one process): the chunk program traced here from shapes, a run's longest trace, while
+        the learner is made in a thread (XLA compiles its members' init on the other core),
+        then compiled in a thread. Returns the learner's future (None where nothing is made
+        ahead: the caller makes it). The cores then compile the chunk program nearly alone: a
+        cold brax start ~1-2 s sooner than with the learner made after the trace,
+        results/startup/README.md."""
         if self._placement is not None or jax.process_count() > 1:
-            return
+            return None
         self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
         add_rows, state = chunk_program_inputs(learner_parts)
+        learner = in_background(Learner, learner_parts)
         rollout, identity = self._rollout_chunk, self._identity
         program = fused.compile_fused(self.parts.training, add_rows, rollout, None, identity)
         lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
         lowered = fused.lower_for(program, lanes, state)
         self._fused_ahead = in_background(_compiled, lowered, program)
+        return learner
 
     def _chunk_program(self, learner: Learner, state):
         """The program compiled ahead, else (not asked for, or it failed: then it raises here,
@@ -240,8 +244,12 @@ class DeviceCollection:
         return self._evaluate.lower(policy, hparams, key).compile()
 
     def _evaluation_program(self):
-        """The program compiled in the background, or, where that failed (or it was not
+        """The program compiled in the background (started now by an evaluation that comes
+        before the first update: compiled from shapes either way, so that the program stored on
+        disk is the same whichever came first), or, where that failed (or it was not
         `running`), the jitted call, which raises the same error here in the loop."""
+        if self._evaluation_wanted and self._evaluate_program is None:
+            self._compile_evaluation_ahead()
         if self._evaluate_program is not None:
             try:
                 return self._evaluate_program.result()

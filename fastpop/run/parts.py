@@ -182,18 +182,19 @@ def local_pieces(
     once, checkpoints in `checkpoint_dir` (<run>/checkpoints). `collectors_ahead`: a fresh run
     (never one to restore) whose collector processes start now, before the learner is made,
     unless they outnumber the cores."""
-    # Device mode: the chunk program traced, then compiled, and the env lanes made, in threads
-    # while the learner initialises. Process mode, fresh: the collectors step their warm-up.
-    device, ahead, learner_parts = None, None, parts.learner_parts()
+    # Device mode: the learner made in a thread while the chunk program is traced, then
+    # compiled in one. Process mode, fresh: the collectors step their warm-up.
+    device, ahead, learner_ahead = None, None, None
+    learner_parts = parts.learner_parts()
     if parts.collection_mode == "device":
         device = DeviceCollection(parts.device_parts())
-        device.make_ahead(learner_parts)
+        learner_ahead = device.make_ahead(learner_parts)
     elif collectors_ahead and parts.config.collect.num_collectors <= usable_cores():
         # (more collectors than cores made the learner late: 16 on 2 cores put the paper
         # preset's first env step at 10-15 s against 8.5-9.3)
         ahead = process_collection(parts, log)
         ahead.start_ahead(parts.agent)
-    learner = Learner(learner_parts)
+    learner = Learner(learner_parts) if learner_ahead is None else learner_ahead.result()
     collection = ahead or make_collection(parts, learner, log, device)  # processes or device
     checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
     return RunPieces(learner, collection, StopSignals(), checkpoints)
