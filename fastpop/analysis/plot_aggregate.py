@@ -13,14 +13,16 @@ A curve spans the time where every member of its group has an evaluation (its sh
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from fastpop.analysis import aggregate
 from fastpop.analysis.plot import default_minutes, default_out_dir
 from fastpop.analysis.sweep import Group, load_groups
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 AGGREGATE_WALLTIME_PLOT = "aggregate_walltime_vs_return.png"
 AGGREGATE_STEPS_PLOT = "aggregate_steps_vs_return.png"
@@ -49,6 +51,10 @@ def estimate(
 
 
 def _new_figure(columns: int) -> tuple[Figure, list]:
+    # Imported here, as in fastpop.analysis.plot: `fastpop train` imports this module.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     figure = Figure(figsize=(6 * columns, 4.5), dpi=120)
     FigureCanvasAgg(figure)
     return figure, [figure.add_subplot(1, columns, c + 1) for c in range(columns)]
