@@ -40,14 +40,17 @@ def fused_iteration(
     buffers, states, key, hparams, member_hparams = learner
     lanes, rows = rollout(lanes, collect_key, states, hparams, plan.env_steps)
     buffers = add_rows(buffers, rows, plan.joins)
+    # Jitted so that the metrics' shapes and the loop share one trace of the update (~0.7 s
+    # of a cold brax start's tracing each).
+    update = jax.jit(training.update)
 
     def one_call(_, carry):
         states, key, _ = carry
         key, update_key = jax.random.split(key)
-        states, metrics = training.update(states, buffers, member_hparams, update_key)
+        states, metrics = update(states, buffers, member_hparams, update_key)
         return states, key, metrics
 
-    shapes = jax.eval_shape(training.update, states, buffers, member_hparams, key)[1]
+    shapes = jax.eval_shape(update, states, buffers, member_hparams, key)[1]
     metrics = jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shapes)
     states, key, metrics = jax.lax.fori_loop(0, plan.calls, one_call, (states, key, metrics))
     return lanes, DeviceState(buffers, states, key, hparams, member_hparams), metrics

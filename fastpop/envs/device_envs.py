@@ -18,6 +18,8 @@ gymnasium id or None`; nothing outside the adapters branches on the family.
 
 from __future__ import annotations
 
+import functools
+
 from fastpop.envs import brax_envs, gymnax_envs, playground_envs
 from fastpop.types import DeviceEnv, EnvSpec
 
@@ -40,10 +42,17 @@ def check_device_id(env_id: str) -> str:
     return family(env_id).check_id(env_id)
 
 
+@functools.cache
 def make_device_env(env_id: str, backend: str | None = None) -> DeviceEnv:
-    """The device env of `env_id`, built once per process (`backend`: brax ids only)."""
+    """The device env of `env_id`, built once per process (`backend`: brax ids only). Its
+    `reset` and `step` are jitted here, once: the programs that step it (the lanes' shapes for
+    the memory check, the chunk, the evaluation) then share one trace of each instead of
+    tracing the env's Python again (brax's pendulum reset: ~0.5 s each time)."""
+    import jax
+
     adapter = family(env_id)
-    return adapter.make(adapter.check_id(env_id), backend)
+    env = adapter.make(adapter.check_id(env_id), backend)
+    return env._replace(reset=jax.jit(env.reset), step=jax.jit(env.step))
 
 
 def device_env_spec(env_id: str, backend: str | None = None) -> EnvSpec:
