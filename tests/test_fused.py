@@ -159,6 +159,42 @@ def test_the_chunk_program_and_lanes_made_beside_the_learner_equal_those_made_af
             np.testing.assert_array_equal(host(x), host(y), err_msg=name)
 
 
+def test_the_chunk_program_traces_the_envs_reset_and_step_and_the_update_once(monkeypatch):
+    """Before the first chunk a run traces its env's reset for the memory check's lanes shapes
+    and again inside the chunk program, and the chunk program took its metrics' shapes from
+    the update before its loop traced it: each is traced once (envs/device_envs jits the env,
+    collect/fused jits the update), not once per use (~1 s of a cold brax start's tracing)."""
+    from fastpop.envs import device_envs, gymnax_envs
+
+    traced = {"reset": 0, "step": 0, "update": 0}
+
+    def counted(name, function):
+        def counting(*args):
+            traced[name] += 1
+            return function(*args)
+
+        return counting
+
+    make = gymnax_envs.make
+
+    def counting_env(env_id, backend=None):
+        env = make(env_id, backend)
+        return env._replace(reset=counted("reset", env.reset), step=counted("step", env.step))
+
+    monkeypatch.setattr(gymnax_envs, "make", counting_env)
+    device_envs.make_device_env.cache_clear()  # built anew with the counting env, and after
+    try:
+        parts = build_run(config_lib.load_config(PRESET, SMALL))
+        training = parts.training._replace(update=counted("update", parts.training.update))
+        parts = parts._replace(training=training)
+        ahead = DeviceCollection(parts.device_parts())
+        ahead.make_ahead(parts.learner_parts()).result()
+        ahead._fused_ahead.result()
+    finally:
+        device_envs.make_device_env.cache_clear()
+    assert traced == {"reset": 1, "step": 1, "update": 1}
+
+
 def host(leaf) -> np.ndarray:
     is_key = jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
     return np.asarray(jax.random.key_data(leaf) if is_key else leaf)
