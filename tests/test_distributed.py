@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from fastpop.distributed.flags import free_port
 from tests.runs import FAST, REPO, TD3_PENDULUM, read_jsonl, segments, with_this_checkout
 
 pytestmark = pytest.mark.xdist_group("distributed")
@@ -43,12 +43,6 @@ OVERRIDES = [
 
 
 DISTRIBUTED_CACHE = Path(tempfile.gettempdir()) / f"fastpop-test-distributed-cache-{os.getuid()}"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Processes:

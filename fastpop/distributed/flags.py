@@ -6,6 +6,7 @@ refused (ConfigError, exit 2) before any process starts."""
 from __future__ import annotations
 
 import os
+import socket
 
 from fastpop.schema import ConfigError
 
@@ -17,6 +18,14 @@ DETECTION_HELP = (
     "coordinator is process 0's host and a free port), or start the processes with srun (Slurm) "
     "or mpirun (Open MPI), whose environment jax.distributed reads"
 )
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a coordinator on one machine (several local
+    processes: the tests, `results/scaling/local_processes.py`)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def add_arguments(parser) -> None:

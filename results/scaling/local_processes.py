@@ -17,19 +17,14 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from fastpop.distributed.flags import free_port
+
 SIGNALS = {"kill": signal.SIGKILL, "int": signal.SIGINT}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start(args: argparse.Namespace, logs: list[Path]) -> list[subprocess.Popen]:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from fastpop.distributed.flags import free_port
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "td3_gymnax_pendulum_cpu.yaml"
 OVERRIDES = (
@@ -35,12 +36,6 @@ OVERRIDES = (
 )  # fmt: skip
 PROCESSES = 3
 COMPILE = re.compile(r"\[compile +[\d.]+s\] .*: ([\d.]+)s$")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def train(workdir: Path, cache: Path) -> tuple[float, list[tuple[int, float]]]:
