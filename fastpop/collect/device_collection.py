@@ -86,7 +86,7 @@ class DeviceCollection:
             self._evaluate_members, self._identity, "evaluate"
         )
         self._evaluate_program: Future | None = None
-        self._evaluation_wanted = False  # compiled ahead once `running` (after 1 chunk)
+        self._evaluation_wanted = False  # compiled ahead once `running` (after the first update)
         self._results: list[dict] = []
         if policy_template is not None:
             self.set_policy_template(policy_template)
@@ -137,7 +137,9 @@ class DeviceCollection:
         yield
 
     def _compile_evaluation_ahead(self) -> None:
-        self._evaluate_program = in_background(self._compile_evaluation)
+        """The evaluation's compile started in a thread, once, if the loop is `running`."""
+        if self._evaluation_wanted and self._evaluate_program is None:
+            self._evaluate_program = in_background(self._compile_evaluation)
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
@@ -160,18 +162,18 @@ class DeviceCollection:
             args = stored_programs.committed(args)
         self.lanes, state, metrics = self._fused(*args)
         learner.adopt_chunk(state, plan, metrics)
-        if self._evaluation_wanted and self._evaluate_program is None and learner.updates:
+        if learner.updates:
             self._compile_evaluation_ahead()
         return []
 
     def make_ahead(self, learner_parts: LearnerParts) -> Future | None:
         """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
-        one process): the chunk program traced here from shapes, a run's longest trace, while
-        the learner is made in a thread (XLA compiles its members' init on the other core),
-        then compiled in a thread. Returns the learner's future (None where nothing is made
-        ahead: the caller makes it). The cores then compile the chunk program nearly alone: a
-        cold brax start ~1-2 s sooner than with the learner made after the trace,
-        results/startup/README.md."""
+        one process): the env lanes made in a thread, and the chunk program traced here from
+        shapes, a run's longest trace, while the learner is made in a thread (XLA compiles its
+        members' init on the other core), then compiled in a thread. Returns the learner's
+        future (None where nothing is made ahead: the caller makes it). The cores then compile
+        the chunk program nearly alone: a cold brax start ~1-2 s sooner than with the learner
+        made after the trace, results/startup/README.md."""
         if self._placement is not None or jax.process_count() > 1:
             return None
         self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
@@ -248,8 +250,7 @@ class DeviceCollection:
         before the first update: compiled from shapes either way, so that the program stored on
         disk is the same whichever came first), or, where that failed (or it was not
         `running`), the jitted call, which raises the same error here in the loop."""
-        if self._evaluation_wanted and self._evaluate_program is None:
-            self._compile_evaluation_ahead()
+        self._compile_evaluation_ahead()
         if self._evaluate_program is not None:
             try:
                 return self._evaluate_program.result()
