@@ -108,6 +108,13 @@ def pbt_strategy(size=4, **kwargs):
     return pbt.make_pbt(size, priors, seed=0, settings=settings)
 
 
+@pytest.mark.parametrize("name", ["pbt", "pb2"])
+def test_pbt_wait_makes_the_learner_pause_for_each_evaluation(name):
+    assert not strategies.make_strategy(load(f"strategy={name}", TD3_PRIORS)).waits_for_evaluation
+    waiting = strategies.make_strategy(load(f"strategy={name}", TD3_PRIORS, "pbt.wait=true"))
+    assert waiting.waits_for_evaluation
+
+
 def member_hparams(size=4):
     return [
         {"actor_lr": 1e-3 * (m + 1), "discount": 0.95, "policy_delay": m + 1, "tau": 0.005}

@@ -69,6 +69,7 @@ def make_strategy(config):
             pbt.resample_probability,
             pbt.fitness_window,
             copy_replay=pbt.replay == "copy",
+            wait=pbt.wait,
         )
         if config.strategy == "pb2":
             from fastpop.strategies.pb2 import make_pb2

@@ -36,6 +36,11 @@ class PBTConfig:
     after its last NaN return: a member reset after a NaN is judged on what it did since)."""
     replay: str = field("keep", choices=("keep", "copy"))
     """keep: a copying member keeps its own buffer; copy: it takes the source's buffer too."""
+    wait: bool = False
+    """The learner makes no update while an evaluation is pending, so a round acts on the
+    policies it ranked, not on ones trained further meanwhile (Ray Tune's synchronous PBT);
+    false: updates go on while the evaluator works and a round lands when its result arrives
+    (asynchronous: no waiting, but the last rounds of a short run may come after training ends)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,6 +144,7 @@ class PBTSettings(NamedTuple):
     resample_probability: float = 0.25  # an hparam is drawn from its prior, not perturbed
     fitness_window: int = 1  # latest returns averaged into a member's fitness
     copy_replay: bool = False  # a replaced member's replay becomes a copy of its source's
+    wait: bool = False  # the learner pauses until each evaluation's results are in
 
 
 def perturbing(priors: dict[str, Prior], settings: PBTSettings) -> Explorer:
@@ -219,4 +220,4 @@ def make_pbt(
         new_state = PBTState(next_round, state.rounds + 1, tuple(history), observed)
         return new_state, Selection(sources, new_hparams, events, settings.copy_replay)
 
-    return Strategy(explorer.name, settings.evaluation_interval, False, init, step)
+    return Strategy(explorer.name, settings.evaluation_interval, settings.wait, init, step)
