@@ -196,9 +196,15 @@ def test_tensorboard_event_file(tmp_path):
     assert event_files and event_files[0].stat().st_size > 0
 
 
-def test_missing_tensorboardx_warns_once(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # makes the import fail
-    monkeypatch.setattr(metrics, "_warned_no_tensorboard", False)
+@pytest.fixture
+def tensorboardx_missing(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # makes it unimportable
+    metrics._tensorboard_installed.cache_clear()
+    yield
+    metrics._tensorboard_installed.cache_clear()
+
+
+def test_missing_tensorboardx_warns_once(tmp_path, tensorboardx_missing):
     with pytest.warns(UserWarning, match="tensorboardX"):
         MetricsWriter(tmp_path / "a").close()
     with warnings.catch_warnings():
@@ -206,6 +212,17 @@ def test_missing_tensorboardx_warns_once(tmp_path, monkeypatch):
         with MetricsWriter(tmp_path / "b") as writer:
             writer.log_evaluation(round_rows(0))
     assert not list((tmp_path / "b").glob("events.out.tfevents.*"))
+
+
+def test_the_tensorboard_writer_is_opened_by_the_first_write(tmp_path):
+    pytest.importorskip("tensorboardX")
+    with MetricsWriter(tmp_path / "quiet"):
+        pass
+    assert not list((tmp_path / "quiet").glob("events.out.tfevents.*"))
+    with MetricsWriter(tmp_path / "written") as writer:
+        assert not list((tmp_path / "written").glob("events.out.tfevents.*"))
+        writer.log_scalars(1, {"learner/critic_loss": 0.5})
+        assert list((tmp_path / "written").glob("events.out.tfevents.*"))
 
 
 def test_plot_two_runs(tmp_path):

@@ -19,6 +19,8 @@ as null and read back as NaN (an infinite return is not a result anyone needs to
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import json
 import math
 import os
@@ -43,8 +45,6 @@ SUMMARY_FILE = "summary.json"
 # over the whole population; member_env_steps, updates: this member's; hparams: name -> value.
 ROW_FIELDS = ("wall_time", "env_steps", "member_env_steps", "updates", "member")
 ROW_FIELDS += ("return_mean", "return_std", "episodes", "hparams")
-
-_warned_no_tensorboard = False
 
 
 def write_members(
@@ -119,20 +119,18 @@ def rewind_logs(run_dir: Path, lengths: dict[str, int]) -> dict[str, int]:
     return cut
 
 
-def _open_tensorboard(run_dir: Path, purge_step: int | None = None):
-    global _warned_no_tensorboard
-    try:
-        from tensorboardX import SummaryWriter
-    except ImportError:
-        if not _warned_no_tensorboard:
-            _warned_no_tensorboard = True
-            warnings.warn(
-                "tensorboardX is not installed: writing metrics.jsonl only "
-                "(pip install tensorboardX for TensorBoard event files)",
-                stacklevel=3,
-            )
-        return None
-    return SummaryWriter(logdir=str(run_dir), purge_step=purge_step)
+@functools.cache
+def _tensorboard_installed() -> bool:
+    """Whether tensorboardX can be imported, found without importing it (~0.1 s of a start);
+    warns once when it cannot."""
+    if importlib.util.find_spec("tensorboardX") is not None:
+        return True
+    warnings.warn(
+        "tensorboardX is not installed: writing metrics.jsonl only "
+        "(pip install tensorboardX for TensorBoard event files)",
+        stacklevel=3,
+    )
+    return False
 
 
 class Tracker(Protocol):
@@ -172,8 +170,9 @@ class MetricsWriter:
         self._files = [p.open("a", encoding="utf-8") for p in paths]
         self._metrics, self._scalars, self._events, self._lineage = self._files
         # purge_step: TensorBoard hides what an earlier writer logged from this step on (a
-        # resume repeats those steps).
-        self._tensorboard = _open_tensorboard(self.run_dir, purge_step) if tensorboard else None
+        # resume repeats those steps). The writer is opened by the first write (`_board`).
+        self._board_wanted = tensorboard and _tensorboard_installed()
+        self._purge_step, self._tensorboard = purge_step, None
         self._trackers = list(trackers)
 
     def __enter__(self) -> MetricsWriter:
@@ -181,6 +180,14 @@ class MetricsWriter:
 
     def __exit__(self, exc_type, *exc_info) -> None:
         self.close(failed=exc_type is not None)
+
+    def _board(self):
+        """The TensorBoard writer (None without one), opened by the first write."""
+        if self._tensorboard is None and self._board_wanted:
+            from tensorboardX import SummaryWriter
+
+            self._tensorboard = SummaryWriter(logdir=str(self.run_dir), purge_step=self._purge_step)
+        return self._tensorboard
 
     def _track(self, method: str, *args) -> None:
         """`method(*args)` on every tracker; a failing one is dropped (the files stay whole)."""
@@ -224,20 +231,20 @@ class MetricsWriter:
         rows = [{"eval_index": self.next_eval_index, **row} for row in rows]
         self._append(self._metrics, rows)
         self.next_eval_index = 1 + max(int(row["eval_index"]) for row in rows)
-        if self._tensorboard is not None:
+        if (board := self._board()) is not None:
             step, scalars = evaluation_scalars(rows)
             for tag, value in scalars.items():
-                self._tensorboard.add_scalar(tag, value, step)
-            self._tensorboard.flush()
+                board.add_scalar(tag, value, step)
+            board.flush()
         self._track("log_evaluation", _plain(rows, "rows"))
 
     def log_scalars(self, step: int, values: dict[str, float]) -> None:
         """Learner scalars (`learner/critic_loss`, ...) to scalars.jsonl and TensorBoard."""
         self._append(self._scalars, [{"step": int(step), **values}])
-        if self._tensorboard is not None:
+        if (board := self._board()) is not None:
             for name, value in values.items():
                 if is_number(value):
-                    self._tensorboard.add_scalar(name, float(value), int(step))
+                    board.add_scalar(name, float(value), int(step))
         self._track("log_scalars", int(step), _plain(values, "scalars"))
 
     scalars = log_scalars
@@ -254,12 +261,12 @@ class MetricsWriter:
         if not events:
             return
         self._append(self._lineage, events)
-        if self._tensorboard is not None:
+        if (board := self._board()) is not None:
             for event in events:
                 step, scalars = lineage_scalars(event)
                 for tag, value in scalars.items():
-                    self._tensorboard.add_scalar(tag, value, step)
-            self._tensorboard.flush()
+                    board.add_scalar(tag, value, step)
+            board.flush()
         self._track("log_lineage", _plain(events, "lineage"))
 
     def close(self, failed: bool = False) -> None:
@@ -271,6 +278,7 @@ class MetricsWriter:
             # that already failed (a full disk), and that error has been raised once already.
             with contextlib.suppress(OSError):
                 file.close()
+        self._board_wanted = False  # nothing opens a writer after the close
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
