@@ -140,6 +140,22 @@ def test_the_gp_fits_a_smooth_function_and_pending_points_shrink_only_the_varian
     assert after[1][0] < 0.5 * before[1][0]
 
 
+def test_the_fit_and_its_extension_by_pending_points_equal_a_direct_factorization():
+    rng = np.random.default_rng(1)
+    x, t, y = rng.uniform(size=(30, 3)), np.repeat(np.arange(3.0), 10), rng.normal(size=30)
+    model = gp.fit(x, t, y)
+    settings = (model.length_scale, model.epsilon)
+    covariance = gp.kernel(x, t, x, t, *settings) + model.noise * np.eye(30)
+    np.testing.assert_allclose(model.cholesky @ model.cholesky.T, covariance, atol=1e-12)
+    np.testing.assert_allclose(covariance @ model.alpha, (y - y.mean()) / y.std(), atol=1e-9)
+    pending, now = rng.uniform(size=(5, 3)), np.full(5, 3.0)
+    extended = gp.with_pending(model, pending, now)
+    all_x, all_t = np.concatenate([x, pending]), np.concatenate([t, now])
+    covariance = gp.kernel(all_x, all_t, all_x, all_t, *settings) + model.noise * np.eye(35)
+    np.testing.assert_allclose(extended.cholesky, np.linalg.cholesky(covariance), atol=1e-10)
+    np.testing.assert_allclose(extended.cholesky @ extended.cholesky.T, covariance, atol=1e-12)
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [

@@ -16,6 +16,7 @@ import itertools
 from typing import NamedTuple
 
 import numpy as np
+import scipy.linalg
 
 LENGTH_SCALES = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 EPSILONS = (0.0, 0.01, 0.05, 0.1, 0.2, 0.4)
@@ -42,36 +43,61 @@ def kernel(
     length_scale: float,
     epsilon: float,
 ) -> np.ndarray:
-    squared = np.sum((x[:, None, :] - x2[None, :, :]) ** 2, axis=-1)
-    decay = (1.0 - epsilon) ** (np.abs(t[:, None] - t2[None, :]) / 2.0)
-    return np.exp(-squared / (2.0 * length_scale**2)) * decay
+    return _se(_squared_distances(x, x2), length_scale) * _decay(_time_gaps(t, t2), epsilon)
 
 
-def _factor(x, t, standardized, length_scale, epsilon, noise):
-    """(cholesky, alpha, log marginal likelihood) of one setting of the kernel."""
-    covariance = kernel(x, t, x, t, length_scale, epsilon) + noise * np.eye(len(x))
-    cholesky = np.linalg.cholesky(covariance)
-    alpha = np.linalg.solve(cholesky.T, np.linalg.solve(cholesky, standardized))
+def _squared_distances(x: np.ndarray, x2: np.ndarray) -> np.ndarray:
+    """Summed one dimension at a time: no (n, m, d) temporary."""
+    squared = np.zeros((len(x), len(x2)))
+    for dim in range(x.shape[1]):
+        squared += (x[:, dim, None] - x2[None, :, dim]) ** 2
+    return squared
+
+
+def _time_gaps(t: np.ndarray, t2: np.ndarray) -> np.ndarray:
+    return np.abs(t[:, None] - t2[None, :])
+
+
+def _se(squared: np.ndarray, length_scale: float) -> np.ndarray:
+    return np.exp(-squared / (2.0 * length_scale**2))
+
+
+def _decay(gaps: np.ndarray, epsilon: float) -> np.ndarray:
+    return (1.0 - epsilon) ** (gaps / 2.0)
+
+
+def _factor(covariance: np.ndarray, standardized: np.ndarray):
+    """(cholesky, alpha, log marginal likelihood) of one covariance (kernel + noise)."""
+    cholesky = scipy.linalg.cholesky(covariance, lower=True, check_finite=False)
+    alpha = scipy.linalg.cho_solve((cholesky, True), standardized, check_finite=False)
     log_likelihood = (
         -0.5 * standardized @ alpha
         - np.sum(np.log(np.diag(cholesky)))
-        - 0.5 * len(x) * np.log(2 * np.pi)
+        - 0.5 * len(covariance) * np.log(2 * np.pi)
     )
     return cholesky, alpha, log_likelihood
 
 
 def fit(x: np.ndarray, t: np.ndarray, y: np.ndarray) -> Fit:
-    """The grid setting of highest marginal likelihood for (x, t) -> y; needs >= 1 point."""
+    """The grid setting of highest marginal likelihood for (x, t) -> y; needs >= 1 point.
+    Distances, time gaps and each length scale's and epsilon's factor are computed once: the
+    grid's 108 settings then cost a product and a Cholesky factorization each."""
     x, t, y = np.asarray(x, np.float64), np.asarray(t, np.float64), np.asarray(y, np.float64)
     y_mean, y_std = float(y.mean()), float(y.std())
     y_std = y_std if y_std > 1e-12 else 1.0
     standardized = (y - y_mean) / y_std
+    squared, gaps, diagonal = _squared_distances(x, x), _time_gaps(t, t), np.diag_indices(len(x))
+    decays = {epsilon: _decay(gaps, epsilon) for epsilon in EPSILONS}
     best = None
-    for length_scale, epsilon, noise in itertools.product(LENGTH_SCALES, EPSILONS, NOISES):
-        cholesky, alpha, log_likelihood = _factor(x, t, standardized, length_scale, epsilon, noise)
-        if best is None or log_likelihood > best[0]:
-            best = (log_likelihood, Fit(x, t, y_mean, y_std, length_scale, epsilon, noise,
-                                        cholesky, alpha))  # fmt: skip
+    for length_scale in LENGTH_SCALES:
+        se = _se(squared, length_scale)
+        for epsilon, noise in itertools.product(EPSILONS, NOISES):
+            covariance = se * decays[epsilon]
+            covariance[diagonal] += noise
+            cholesky, alpha, log_likelihood = _factor(covariance, standardized)
+            if best is None or log_likelihood > best[0]:
+                best = (log_likelihood, Fit(x, t, y_mean, y_std, length_scale, epsilon, noise,
+                                            cholesky, alpha))  # fmt: skip
     return best[1]
 
 
@@ -79,20 +105,27 @@ def with_pending(model: Fit, x: np.ndarray, t: np.ndarray) -> Fit:
     """The fit with points that will be observed but are not yet (members already running a
     configuration, configurations chosen earlier in the same round), each at its predicted mean:
     the mean is unchanged, the variance there shrinks (GP-BUCB, Desautels et al., 2014), so
-    later choices of a round spread out instead of all landing on one point."""
+    later choices of a round spread out instead of all landing on one point. The fit's Cholesky
+    factor is extended by the new points' block, not factorized again."""
     if len(x) == 0:
         return model
+    x, t = np.asarray(x, np.float64), np.asarray(t, np.float64)
     predicted, _ = predict(model, x, t)
-    all_x, all_t = np.concatenate([model.x, x]), np.concatenate([model.t, t])
+    cross = kernel(model.x, model.t, x, t, model.length_scale, model.epsilon)  # (n, p)
+    below = scipy.linalg.solve_triangular(model.cholesky, cross, lower=True, check_finite=False)
+    own = kernel(x, t, x, t, model.length_scale, model.epsilon) + model.noise * np.eye(len(x))
+    corner = scipy.linalg.cholesky(own - below.T @ below, lower=True, check_finite=False)
+    n, p = len(model.x), len(x)
+    cholesky = np.zeros((n + p, n + p))
+    cholesky[:n, :n], cholesky[n:, :n], cholesky[n:, n:] = model.cholesky, below.T, corner
     standardized = np.concatenate(
         [
             model.cholesky @ (model.cholesky.T @ model.alpha),
             (predicted - model.y_mean) / model.y_std,
         ]
     )
-    cholesky, alpha, _ = _factor(
-        all_x, all_t, standardized, model.length_scale, model.epsilon, model.noise
-    )
+    alpha = scipy.linalg.cho_solve((cholesky, True), standardized, check_finite=False)
+    all_x, all_t = np.concatenate([model.x, x]), np.concatenate([model.t, t])
     return model._replace(x=all_x, t=all_t, cholesky=cholesky, alpha=alpha)
 
 
@@ -101,6 +134,6 @@ def predict(model: Fit, x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.nd
     cross = kernel(np.asarray(x, np.float64), np.asarray(t, np.float64), model.x, model.t,
                    model.length_scale, model.epsilon)  # fmt: skip
     mean = cross @ model.alpha
-    solved = np.linalg.solve(model.cholesky, cross.T)
+    solved = scipy.linalg.solve_triangular(model.cholesky, cross.T, lower=True, check_finite=False)
     variance = np.maximum(1.0 - np.sum(solved**2, axis=0), 1e-12)
     return mean * model.y_std + model.y_mean, np.sqrt(variance) * model.y_std

@@ -64,16 +64,18 @@ def ucb_kappa(observations: int) -> float:
 
 def choose_configurations(model: gp.Fit, now: int, pending: np.ndarray, count: int, rng):
     """`count` points of the unit box, one after another, each the best UCB among random
-    candidates with the pending points and the earlier choices counted as observed."""
+    candidates with the pending points and the earlier choices counted as observed (each
+    choice extends the fit by one point: pending points leave the mean as it was)."""
     dims, kappa = pending.shape[1], ucb_kappa(len(model.x))
+    known = gp.with_pending(model, pending, np.full(len(pending), float(now)))
     chosen = []
-    for _ in range(count):
-        known = gp.with_pending(model, pending, np.full(len(pending), float(now)))
+    for index in range(count):
         candidates = rng.uniform(size=(CANDIDATES, dims))
         mean, std = gp.predict(known, candidates, np.full(CANDIDATES, float(now)))
         best = int(np.argmax(mean + kappa * std))
         chosen.append((candidates[best], mean[best] + kappa * std[best], mean[best], std[best]))
-        pending = np.concatenate([pending, candidates[best][None]])
+        if index + 1 < count:
+            known = gp.with_pending(known, candidates[best][None], np.full(1, float(now)))
     return chosen
 
 
