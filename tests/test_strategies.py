@@ -9,7 +9,7 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop import population, strategies
-from fastpop.analysis.lineage import Segment, ancestry
+from fastpop.analysis.lineage import Jump, Segment, ancestry, copy_jumps
 from fastpop.learn.learner import Learner
 from fastpop.population import replay
 from fastpop.run.parts import build_learner
@@ -303,3 +303,17 @@ def test_ancestry_follows_copies_back_in_time():
         Segment(3, 300, 400),
     ]
     assert ancestry([], 2, 50) == [Segment(2, 0, 50)]
+
+
+def test_copy_jumps_read_both_members_returns_at_the_deciding_evaluation():
+    rows = [
+        {"eval_index": i, "member": m, "return_mean": 10.0 * i + m, "env_steps": 100 * (i + 1)}
+        for i in range(2)
+        for m in range(3)
+    ]
+    events = [
+        {"eval_index": 1, "env_steps": 250, "target": 0, "source": 2},  # a PBT exploit
+        {"eval_index": 1, "env_steps": 250, "target": 1, "source": 1},  # a halving trial
+        {"eval_index": 5, "env_steps": 900, "target": 2, "source": 0},  # rows not written
+    ]
+    assert copy_jumps(rows, events) == [Jump(0, 250, 10.0, 12.0)]

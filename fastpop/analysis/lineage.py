@@ -2,8 +2,9 @@
 
 `lineage.jsonl` (written by the trainer through `MetricsWriter.log_lineage`) holds one event per
 strategy decision about a member: `target` continued from `source`'s state at `env_steps` with
-`new_hparams`. `fastpop plot --hparams RUN` draws each member's hyperparameter trajectory (from
-the evaluation rows of metrics.jsonl) and the family tree of the best member.
+`new_hparams`. `fastpop plot --hparams RUN` draws each member's evaluation returns with its copies
+marked, its hyperparameter trajectory (from the evaluation rows of metrics.jsonl) and the family
+tree of the best member.
 """
 
 from __future__ import annotations
@@ -42,6 +43,32 @@ def ancestry(events: list[dict], member: int, end: int) -> list[Segment]:
     return segments[::-1]
 
 
+class Jump(NamedTuple):
+    """A copy as a member's return curve shows it: at `env_steps` (whole population) the
+    `target` member, which returned `target_return` at the evaluation that decided the copy,
+    continues from a member that returned `source_return` there."""
+
+    target: int
+    env_steps: int
+    target_return: float
+    source_return: float
+
+
+def copy_jumps(rows: list[dict], events: list[dict]) -> list[Jump]:
+    """The jumps of the events that moved a member onto another's state (not a halving trial's
+    fresh start, its own slot), read from the deciding evaluation's rows; events whose rows
+    are missing are left out."""
+    returns = {(r.get("eval_index"), int(r["member"])): r["return_mean"] for r in rows}
+    jumps = []
+    for event in events:
+        target, source = event["target"], event.get("source", event["target"])
+        key = event.get("eval_index")
+        if target != source and (key, target) in returns and (key, source) in returns:
+            jumps.append(Jump(target, int(event["env_steps"]), float(returns[key, target]),
+                              float(returns[key, source])))  # fmt: skip
+    return jumps
+
+
 def hparam_trajectories(rows: list[dict]) -> dict[str, dict[int, tuple[list, list]]]:
     """hparam -> member -> (env steps, values) from the evaluation rows, for the hparams that
     differ between members or change over time."""
@@ -60,8 +87,9 @@ def hparam_trajectories(rows: list[dict]) -> dict[str, dict[int, tuple[list, lis
 
 
 def plot_hparams(run_dir: Path, out_dir: Path | None = None) -> Path:
-    """hparams.png: one panel per varying hyperparameter (a line per member, exploit events
-    marked) and the family tree of the best member at the last evaluation."""
+    """hparams.png: the members' evaluation returns (copies marked), one panel per varying
+    hyperparameter (a line per member, exploit events marked) and the family tree of the best
+    member at the last evaluation."""
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
     if not rows:
@@ -74,10 +102,11 @@ def plot_hparams(run_dir: Path, out_dir: Path | None = None) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(9, 2.6 * (len(trajectories) + 1)), dpi=110)
+    figure = Figure(figsize=(9, 2.6 * (len(trajectories) + 2)), dpi=110)
     FigureCanvasAgg(figure)
-    panels = figure.subplots(len(trajectories) + 1, 1, sharex=True, squeeze=False)[:, 0]
-    for axes, (name, members) in zip(panels, trajectories.items(), strict=False):
+    panels = figure.subplots(len(trajectories) + 2, 1, sharex=True, squeeze=False)[:, 0]
+    _plot_returns(panels[0], rows, copy_jumps(rows, events))
+    for axes, (name, members) in zip(panels[1:], trajectories.items(), strict=False):
         for member, (steps, values) in sorted(members.items()):
             # Rows hold the hparams in force up to their evaluation: each value is drawn over
             # the interval ending at its row, so a change shows where the round decided it.
@@ -91,9 +120,9 @@ def plot_hparams(run_dir: Path, out_dir: Path | None = None) -> Path:
             axes.set_yscale("log")
         axes.set_ylabel(name)
         axes.grid(True, alpha=0.3)
+    panels[0].legend(title="member", fontsize="x-small", ncol=min(size, 8), loc="best")
     if trajectories:
-        panels[0].legend(title="member", fontsize="x-small", ncol=min(size, 8), loc="best")
-        panels[0].set_title("hyperparameters per member (dots: set by a strategy event)")
+        panels[1].set_title("hyperparameters per member (dots: set by a strategy event)")
     _plot_family_tree(panels[-1], rows, events, size)
     panels[-1].set_xlabel("environment steps (whole population)")
     figure.tight_layout()
@@ -102,6 +131,20 @@ def plot_hparams(run_dir: Path, out_dir: Path | None = None) -> Path:
     path = out_dir / HPARAMS_PLOT
     figure.savefig(path)
     return path
+
+
+def _plot_returns(axes, rows: list[dict], jumps: list[Jump]) -> None:
+    for member in sorted({int(r["member"]) for r in rows}):
+        own = sorted((r["env_steps"], r["return_mean"]) for r in rows if r["member"] == member)
+        steps, returns = zip(*own, strict=True)
+        axes.plot(steps, returns, "-", color=f"C{member % 10}", lw=1, label=f"{member}")
+    for jump in jumps:
+        color = f"C{jump.target % 10}"
+        axes.plot([jump.env_steps] * 2, [jump.target_return, jump.source_return], ":", color=color)
+        axes.plot(jump.env_steps, jump.source_return, "^", color=color, markersize=4)
+    axes.set_ylabel("evaluation return")
+    axes.set_title("return per member (dotted, triangle: a copy of another member's state)")
+    axes.grid(True, alpha=0.3)
 
 
 def _spread(members: dict[int, tuple[list, list]]) -> float:
