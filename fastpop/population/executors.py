@@ -21,6 +21,7 @@ import numpy as np
 from fastpop.agents.base import Agent
 from fastpop.population import chunked, chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
+from fastpop.xla_defaults import RARELY_RUN
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
 SampleFn = Callable[[PyTree, PRNGKey], Transition]
@@ -139,11 +140,15 @@ def member_policies(agent: Agent, states: PyTree) -> PyTree:
 
 def initializer(agent: Agent) -> Callable[[PRNGKey, PyTree], PyTree]:
     """`init_population` of `agent` compiled once, for callers that initialise members again
-    (halving's fresh trials)."""
-    init_members = jax.jit(jax.vmap(agent.init))
+    (halving's fresh trials), for a short compile: it runs once or rarely. (Traced inside
+    another program, it is part of that one, whose options JAX keeps to itself.)"""
+    init_members = jax.jit(jax.vmap(agent.init), compiler_options=RARELY_RUN)
+    traced_init = jax.jit(jax.vmap(agent.init))
 
     def initialize(key: PRNGKey, hparams: PyTree) -> PyTree:
-        return init_members(jax.random.split(key, population_size(hparams)), hparams)
+        keys = jax.random.split(key, population_size(hparams))
+        init = traced_init if isinstance(keys, jax.core.Tracer) else init_members
+        return init(keys, hparams)
 
     return initialize
 
