@@ -68,6 +68,21 @@ def test_vectorized_equals_sequential(name):
     assert not leaves_allclose(vec_states, states)
 
 
+@pytest.mark.parametrize("name", ["td3", "sac", "dqn", "dqn_atari"])
+def test_the_init_compiled_for_a_short_compile_makes_the_members_of_a_default_compile(name):
+    agent = tiny_agent(name)
+    hparams = stacked_hparams(agent, 3, **PER_MEMBER[name])
+    key = jax.random.key(7)
+    members = population.init_population(agent, key, hparams)  # LLVM's O1 (RARELY_RUN)
+    default = jax.jit(jax.vmap(agent.init), compiler_options={"xla_backend_optimization_level": 2})
+    expected = default(jax.random.split(key, 3), hparams)
+    for made, wanted in zip(jax.tree.leaves(members), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(made), np.asarray(wanted))  # bit for bit
+    # Inside another program it is traced as part of that one (no options of its own).
+    shapes = jax.eval_shape(lambda k: population.init_population(agent, k, hparams), key)
+    assert jax.tree.structure(shapes) == jax.tree.structure(members)
+
+
 @pytest.mark.parametrize(
     "name,zero_rates",
     [

@@ -142,13 +142,14 @@ def initializer(agent: Agent) -> Callable[[PRNGKey, PyTree], PyTree]:
     """`init_population` of `agent` compiled once, for callers that initialise members again
     (halving's fresh trials), for a short compile: it runs once or rarely. (Traced inside
     another program, it is part of that one, whose options JAX keeps to itself.)"""
-    init_members = jax.jit(jax.vmap(agent.init), compiler_options=RARELY_RUN)
-    traced_init = jax.jit(jax.vmap(agent.init))
+
+    def init_members(key: PRNGKey, hparams: PyTree) -> PyTree:
+        return jax.vmap(agent.init)(jax.random.split(key, population_size(hparams)), hparams)
+
+    compiled, traced = jax.jit(init_members, compiler_options=RARELY_RUN), jax.jit(init_members)
 
     def initialize(key: PRNGKey, hparams: PyTree) -> PyTree:
-        keys = jax.random.split(key, population_size(hparams))
-        init = traced_init if isinstance(keys, jax.core.Tracer) else init_members
-        return init(keys, hparams)
+        return (traced if isinstance(key, jax.core.Tracer) else compiled)(key, hparams)
 
     return initialize
 
