@@ -10,7 +10,7 @@ import pytest
 
 from fastpop.strategies import gp
 from fastpop.strategies.base import Evaluation
-from fastpop.strategies.pb2 import from_unit, make_pb2, to_unit
+from fastpop.strategies.pb2 import from_unit, make_pb2, newest_within, to_unit
 from fastpop.strategies.pbt import PBTSettings, make_pbt
 from fastpop.strategies.priors import Prior
 from tests.helpers import refused_train
@@ -138,6 +138,14 @@ def test_the_gp_fits_a_smooth_function_and_pending_points_shrink_only_the_varian
     after = gp.predict(gp.with_pending(model, far, np.zeros(1)), far, np.zeros(1))
     assert after[0] == pytest.approx(before[0], abs=1e-6)
     assert after[1][0] < 0.5 * before[1][0]
+
+
+def test_the_gp_takes_the_newest_whole_evaluations_within_its_limit():
+    observations = np.array([[t, 0.1 * m, 0.5] for t in (3.0, 4.0, 5.0) for m in range(4)])
+    assert newest_within(observations, 100).tolist() == observations.tolist()
+    assert newest_within(observations, 11).tolist() == observations[4:].tolist()
+    assert newest_within(observations, 8).tolist() == observations[4:].tolist()
+    assert newest_within(observations, 3).tolist() == observations[8:].tolist()  # one at least
 
 
 def test_the_fit_and_its_extension_by_pending_points_equal_a_direct_factorization():

@@ -47,7 +47,8 @@ class PBTConfig:
 class PB2Config:
     window: int = field(10, min=1)
     """Latest evaluations whose observations (hparams, change of return) the GP is fitted to;
-    its time-varying kernel weighs older ones less still."""
+    its time-varying kernel weighs older ones less still. At most the newest 1,000 observations
+    (whole evaluations) are used: a round's time grows with their cube."""
 
 
 @dataclasses.dataclass(frozen=True)
