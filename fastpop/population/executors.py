@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.agents.base import Agent
+from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.population import chunked, chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
-from fastpop.xla_defaults import RARELY_RUN
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
 SampleFn = Callable[[PyTree, PRNGKey], Transition]
@@ -140,18 +140,12 @@ def member_policies(agent: Agent, states: PyTree) -> PyTree:
 
 def initializer(agent: Agent) -> Callable[[PRNGKey, PyTree], PyTree]:
     """`init_population` of `agent` compiled once, for callers that initialise members again
-    (halving's fresh trials), for a short compile: it runs once or rarely. (Traced inside
-    another program, it is part of that one, whose options JAX keeps to itself.)"""
+    (halving's fresh trials), for a short compile: it runs once or rarely."""
 
     def init_members(key: PRNGKey, hparams: PyTree) -> PyTree:
         return jax.vmap(agent.init)(jax.random.split(key, population_size(hparams)), hparams)
 
-    compiled, traced = jax.jit(init_members, compiler_options=RARELY_RUN), jax.jit(init_members)
-
-    def initialize(key: PRNGKey, hparams: PyTree) -> PyTree:
-        return (traced if isinstance(key, jax.core.Tracer) else compiled)(key, hparams)
-
-    return initialize
+    return rarely_run_jit(init_members)
 
 
 def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:

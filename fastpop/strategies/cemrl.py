@@ -27,6 +27,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from fastpop import population
+from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.strategies import cem, shared_critic
 from fastpop.strategies.base import Evaluation
 
@@ -79,7 +80,8 @@ def make_cemrl(size: int, config, evaluation_interval: int):
     def init_states(agent, key, hparams):
         # One program, not the ~50 small ones its operations made run one by one (~0.4 s of
         # a warm CPU start); its targets are separate buffers (copy_tree) as before.
-        states, distribution = jax.jit(functools.partial(initial_arrays, agent))(key, hparams)
+        initial = rarely_run_jit(functools.partial(initial_arrays, agent))
+        states, distribution = initial(key, hparams)
         return states, CEMRLState(distribution, 0)
 
     def initial_arrays(agent, key, hparams):

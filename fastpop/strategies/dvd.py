@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
+from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.strategies import diversity, shared_critic
 from fastpop.strategies.base import (
     DVD_STREAM,
@@ -119,7 +120,7 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
 
     def init_states(agent, key, hparams):
         # One program, not a slice and a squeeze per critic leaf shape run one by one.
-        states = jax.jit(functools.partial(initial_arrays, agent))(key, hparams)
+        states = rarely_run_jit(functools.partial(initial_arrays, agent))(key, hparams)
         return states, bandit_init()
 
     def initial_arrays(agent, key, hparams):
