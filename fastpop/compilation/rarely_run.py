@@ -11,14 +11,17 @@ import jax
 from fastpop.xla_defaults import RARELY_RUN
 
 
-def rarely_run_jit(fun: Callable) -> Callable:
-    """`jax.jit(fun)` with `RARELY_RUN`'s compiler options when called at top level; called
-    inside another program's trace (an `eval_shape`, a jitted caller: some argument is a
-    tracer), a plain jit, traced as part of that program (JAX refuses options on a nested jit)."""
-    compiled, traced = jax.jit(fun, compiler_options=RARELY_RUN), jax.jit(fun)
+def rarely_run_jit(fun: Callable, **jit_options) -> Callable:
+    """`jax.jit(fun, **jit_options)` with `RARELY_RUN`'s compiler options when called at top
+    level; called inside another program's trace (an `eval_shape`, a jitted caller), a plain
+    jit, traced as part of that program (JAX refuses options on a nested jit)."""
+    compiled = jax.jit(fun, compiler_options=RARELY_RUN, **jit_options)
+    traced = jax.jit(fun, **jit_options)
 
     def call(*args):
-        inside = any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(args))
+        # Inside a trace an operation's result is a tracer (JAX stages all of them), whatever
+        # the arguments; outside, this one returns a Python scalar: no program, no dispatch.
+        inside = isinstance(jax.lax.stop_gradient(0.0), jax.core.Tracer)
         return (traced if inside else compiled)(*args)
 
     return call
