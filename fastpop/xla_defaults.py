@@ -4,6 +4,9 @@ Importing `fastpop` appends these to XLA_FLAGS unless the flag is already there,
 setting always wins; FASTPOP_XLA_DEFAULTS=0 turns the defaults off. They only touch the CPU
 backend. They must be in the environment before JAX initialises its backend: import fastpop
 before running any JAX computation. Measurements: results/bench/README.md.
+
+`RARELY_RUN` is not a flag but per-program compiler options, for any backend
+(fastpop.compilation.rarely_run).
 """
 
 from __future__ import annotations
