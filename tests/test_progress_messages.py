@@ -13,7 +13,7 @@ from fastpop.population import chunking, tuning_cache
 from fastpop.run import loop
 from fastpop.run.parts import build_learner, build_run
 from fastpop.run.phases import PhaseWatch
-from fastpop.run.progress import format_breakdown
+from fastpop.run.progress import format_breakdown, late_evaluations_line
 from tests.runs import FAST, TD3_PENDULUM
 
 
@@ -210,3 +210,30 @@ def test_a_run_that_ends_before_learning_starts_says_no_update_ran(tmp_path):
     breakdown = lines[-1].splitlines()
     assert breakdown[-1].startswith("  samples per insert: no update ran"), breakdown
     assert "nan" not in lines[-1]
+
+
+def test_a_run_says_how_many_evaluations_came_back_after_training_ended(tmp_path, monkeypatch):
+    """An evaluator slower than the whole run (every result held back until training ends):
+    the asynchronous PBT run makes no round, and says so, naming pbt.wait."""
+    overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128", "strategy=pbt"]
+    overrides += ["pbt.interval=128", "population.priors={actor_lr: {uniform: [1.0e-4, 1.0e-3]}}"]
+    config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
+    receive = loop.Run._receive_evaluations
+    held = lambda self, timeout=0.0: receive(self, timeout) if self.training_done else None
+    monkeypatch.setattr(loop.Run, "_receive_evaluations", held)
+    lines: list[str] = []
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    loop.Run(build_run(config), run_dir, log=lines.append).run()
+    # Snapshots at 128 and 256 env steps per member, then the final one at 384.
+    assert (
+        "2 evaluation(s) taken during training came back after it ended: the pbt strategy made "
+        "no step on them (pbt.wait: true makes the learner wait for each)"
+    ) in lines
+    assert not (run_dir / "lineage.jsonl").read_text()
+    assert late_evaluations_line(0, "pbt") is None
+    assert late_evaluations_line(3, "independent") is None  # no step to make
+    assert late_evaluations_line(1, "halving") == (
+        "1 evaluation(s) taken during training came back after it ended: the halving strategy "
+        "made no step on them"
+    )

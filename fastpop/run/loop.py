@@ -349,11 +349,15 @@ class Run:
         self.training_done = True
         if self.progress.snapshot_env_steps < self.member_env_steps:
             self._snapshot_for_evaluation()
+        final = self.progress.eval_index - 1  # the last snapshot: of the final policies
+        late = sum(index != final for index in self.pending.snapshots)
         deadline = time.monotonic() + 600
         with self.watch.phase("waiting for the final evaluation"):
             while self.pending and time.monotonic() < deadline:
                 self.signals.check()
                 self._receive_evaluations(timeout=0.1)
+        if (line := progress_lib.late_evaluations_line(late, self.strategy.name)) is not None:
+            self.log(line)
 
     def _progress(self) -> None:
         now = time.monotonic()

@@ -224,3 +224,15 @@ def samples_per_insert_line(summary: dict) -> str:
         "samples per insert: none measured (nothing inserted since learning started), "
         f"{target:.1f} target"
     )
+
+
+def late_evaluations_line(late: int, strategy: str) -> str | None:
+    """What a run says when `late` evaluations taken during training came back after it ended:
+    its strategy made no step on them (independent members have none to make)."""
+    if not late or strategy == "independent":
+        return None
+    hint = " (pbt.wait: true makes the learner wait for each)" if strategy in ("pbt", "pb2") else ""
+    return (
+        f"{late} evaluation(s) taken during training came back after it ended: the {strategy} "
+        f"strategy made no step on them{hint}"
+    )
