@@ -110,7 +110,6 @@ def with_pending(model: Fit, x: np.ndarray, t: np.ndarray) -> Fit:
     if len(x) == 0:
         return model
     x, t = np.asarray(x, np.float64), np.asarray(t, np.float64)
-    predicted, _ = predict(model, x, t)
     cross = kernel(model.x, model.t, x, t, model.length_scale, model.epsilon)  # (n, p)
     below = scipy.linalg.solve_triangular(model.cholesky, cross, lower=True, check_finite=False)
     own = kernel(x, t, x, t, model.length_scale, model.epsilon) + model.noise * np.eye(len(x))
@@ -121,7 +120,7 @@ def with_pending(model: Fit, x: np.ndarray, t: np.ndarray) -> Fit:
     standardized = np.concatenate(
         [
             model.cholesky @ (model.cholesky.T @ model.alpha),
-            (predicted - model.y_mean) / model.y_std,
+            cross.T @ model.alpha,  # the predicted means, standardized (`predict`'s)
         ]
     )
     alpha = scipy.linalg.cho_solve((cholesky, True), standardized, check_finite=False)
