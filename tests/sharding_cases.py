@@ -150,15 +150,15 @@ DEVICE_MODE = [  # TD3 on gymnax's Pendulum (quick to compile), stepped on the d
     "replay.min_size=16",
     "replay.samples_per_insert=4",
     "population.size=4",
-    "replay.shared=true",  # stays on every device through the fused calls (check_placement)
+    "replay.shared=true",  # stays on every device through the chunk calls (check_placement)
     PRIOR,  # members differ (PBT's moves between devices: td3-pbt-replay-copy)
 ]
 
 
 def check_device_mode() -> None:
     """Device mode over 2 devices: each device steps its own members' env lanes; the states,
-    buffers and env lanes equal one device's after the same chunks (each made, inserted and
-    learned from in one call, its program compiled once)."""
+    buffers and env lanes equal one device's after the same chunks (each made and inserted in
+    one call, learned from in a second, each program compiled once)."""
     sharded = learner_for(*DEVICE_MODE, "population.devices=2")
     reference = learner_for(*DEVICE_MODE)
     collections = [
@@ -169,9 +169,9 @@ def check_device_mode() -> None:
         for learner, collection in zip((sharded, reference), collections, strict=True):
             collection.feed(learner)
     assert sharded.updates == reference.updates > 0
-    # One program per chunk each, traced once: no argument is placed otherwise at the first call
-    # than the program returns it (the learner's key was, and compiled it twice).
-    assert TRACED.count("program") == 2, TRACED
+    # Each chunk program traced once per learner: no argument is placed otherwise at the first
+    # call than the program returns it (the learner's key was, and compiled it twice).
+    assert TRACED.count("collect_chunk") == TRACED.count("chunk_updates") == 2, TRACED
     check_placement(sharded, 2)
     lanes = jax.tree.leaves(collections[0].lanes)
     assert all(split_over(leaf, 2) for leaf in lanes if leaf.ndim), "env lanes not split"

@@ -46,7 +46,7 @@ def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):
     assert row["compile_seconds"]["warm_up"] > 0
     assert row["ratios"]["updates_per_env_step"] == pytest.approx(1.0)  # samples_per_insert
     assert all(value > 0 for value in row["ratios"].values())
-    assert row["programs_compiled"] == {"fused": 1, "rollout": 1}  # no recompiles
+    assert row["programs_compiled"] == {"collect": 1, "update": 1, "rollout": 1}  # no recompiles
     # beside it, process mode on gymnasium's Pendulum-v1 at the same P, E and ratio
     assert result["process_env"] == "Pendulum-v1"
     process = row["process_mode"]

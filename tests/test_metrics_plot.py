@@ -187,6 +187,22 @@ def test_events_and_scalars_files(tmp_path):
     assert scalars == [{"step": 10, "learner/critic_loss": 0.25}]
 
 
+def test_learner_metrics_are_averaged_on_the_host_leaving_out_nan():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from fastpop.learn.learner import averaged_metrics
+
+    metrics = {"critic_loss": jnp.array([1.0, jnp.nan, 2.0]), "actor_loss": jnp.full(2, jnp.nan)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        averaged = averaged_metrics(metrics)
+    assert averaged["learner/critic_loss"] == 1.5
+    assert math.isnan(averaged["learner/actor_loss"])
+    first_member = lambda leaf: np.asarray(leaf)[:1]
+    assert averaged_metrics(metrics, first_member)["learner/critic_loss"] == 1.0
+
+
 def test_tensorboard_event_file(tmp_path):
     pytest.importorskip("tensorboardX")
     with MetricsWriter(tmp_path, tensorboard=True) as writer:

@@ -310,8 +310,9 @@ def test_a_measurement_under_load_is_made_again_a_bounded_number_of_times(
 
 
 def test_an_update_traced_inside_a_program_is_neither_counted_nor_timed(monkeypatch, tmp_path):
-    """Device mode calls the update inside its chunk program (collect/fused.py): a trace is not
-    an update call, and timing one would store nonsense as this CPU's measurement."""
+    """Device mode calls the update inside its chunk's update program
+    (collect/chunk_programs.py): a trace is not an update call, and timing one would store
+    nonsense as this CPU's measurement."""
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
     monkeypatch.setattr(chunking, "REMEASURE_AFTER_CALLS", 1)
     monkeypatch.setattr(tuning_cache, "_memory", {})

@@ -1,5 +1,5 @@
 """Every program fastpop compiles lowers for CUDA, checked on a CPU (`jax.export`'s platform
-lowering): each algorithm's population update, device mode's fused call, its rollout and its
+lowering): each algorithm's population update, device mode's chunk programs, its rollout and its
 evaluation, DvD's log-det (alone and inside DvD's update), CEM's refit, and the exported policy.
 The check itself fails on a host callback and on a CPU-only custom call."""
 
@@ -76,16 +76,19 @@ def device_learner(algo: str, env_id: str, strategy: str = "independent", size: 
     ],
 )
 def test_device_modes_programs_lower_for_cuda(algo, env_id, strategy):
-    """The fused call (rollout, insert, updates), the rollout alone and the evaluation, as the
-    collection compiles them."""
-    from fastpop.collect import fused
+    """The chunk's two programs (rollout and insert; updates), the rollout alone and the
+    evaluation, as the collection compiles them."""
+    from fastpop.collect import chunk_programs
 
     learner, collection = device_learner(algo, env_id, strategy, size=3)
     key = jax.random.key(0)
-    state = learner.device_state()
-    program = fused.compile_fused(learner.training, learner.add_rows, collection._rollout_chunk)
+    buffers, states, learner_key, hparams, member_hparams = learner.device_state()
+    programs = chunk_programs.chunk_programs(
+        learner.training, learner.add_rows, collection._rollout_chunk
+    )
     plan = learner.plan_chunk(1)
-    lower_for(program, collection.lanes, *state[:3], key, *state[3:], plan)
+    lower_for(programs.collect, collection.lanes, buffers, states, key, hparams, plan)
+    lower_for(programs.update, buffers, states, learner_key, member_hparams, plan)
     lanes, states, hparams = collection.lanes, learner.states, learner.hparams
     lower_for(collection._chunk, lanes, key, states, hparams, jnp.int32(0))
     policy, hparams, _ = collection._snapshot

@@ -177,8 +177,8 @@ def test_the_time_breakdown_names_device_mode_phases_by_what_they_time():
     device = format_breakdown(summary | {"collect_mode": "device"}).splitlines()
     assert re.fullmatch(r"  learner transport +6\.0s +60\.0%", process[1]), process
     assert "asynchronously" in device[1]
-    assert re.fullmatch(r"  learner fused calls +6\.0s +60\.0%", device[2]), device
-    assert re.fullmatch(r"  learner update \(in fused calls\) +0\.0s +0\.0%", device[3]), device
+    assert re.fullmatch(r"  learner chunk calls +6\.0s +60\.0%", device[2]), device
+    assert re.fullmatch(r"  learner update \(in chunk calls\) +0\.0s +0\.0%", device[3]), device
     assert re.fullmatch(r"  learner evaluations +3\.0s +30\.0%", device[4]), device
     assert not any("publish" in line for line in device)  # nothing to publish in device mode
 

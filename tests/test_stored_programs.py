@@ -273,10 +273,11 @@ def test_one_program_called_in_a_thread_while_asked_for_its_shapes_is_traced_onc
     )
 
 
-# --- device mode: the fused chunk, the evaluation and the env lanes' reset ---
+# --- device mode: the chunk's programs, the evaluation and the env lanes' reset ---
 
 TRACED = program_names(compile_stats.TRACE)
-DEVICE_PROGRAMS = {"program", "_evaluate_members"}  # the fused chunk's and evaluation's names
+# the chunk's programs' and the evaluation's names
+DEVICE_PROGRAMS = {"collect_chunk", "chunk_updates", "_evaluate_members"}
 
 
 def rows(run) -> list[dict]:
@@ -296,21 +297,22 @@ def test_a_device_mode_rerun_loads_its_programs_and_writes_the_same_rows(store, 
         plain = train_here(plain_dir, GYMNAX, *settings)
     written = stored_programs.counts()["written"]
     first = train_here(first_dir, GYMNAX, *settings)
-    assert stored_programs.counts()["written"] == written + 3
+    assert stored_programs.counts()["written"] == written + 4
     assert {path.name.split("-")[0] for path in store.glob("*.program")} == {
-        "fused",
+        "collect",
+        "update",
         "evaluate",
         "lanes",
     }
     TRACED.clear()
     loaded = stored_programs.counts()["loaded"]
     second = train_here(second_dir, GYMNAX, *settings, "seed=0", "log.progress_interval_seconds=5")
-    # fused, evaluate, and lanes twice: its shapes for the memory check, then the lanes
-    assert stored_programs.counts()["loaded"] == loaded + 4
+    # collect, update, evaluate, and lanes twice: its shapes for the memory check, then the lanes
+    assert stored_programs.counts()["loaded"] == loaded + 5
     assert not DEVICE_PROGRAMS & set(TRACED), TRACED
     assert rows(plain) == rows(first) == rows(second) and len(rows(plain)) == 2  # 2 members
     for run in (first, second):  # the arrays each chunk feeds back make no second variant
-        assert run.collection._fused._cache_size() == 1
+        assert run.collection._programs._cache_size() == 2
 
 
 def test_a_reruns_env_state_bytes_come_from_the_stored_lanes_program_untraced(store):
@@ -356,4 +358,4 @@ def test_fields_left_out_of_the_identity_change_no_program(tmp_path, monkeypatch
         train_here(tmp_path / f"run{index}", GYMNAX, *overrides)
         programs = sorted((tmp_path / str(index) / "programs").glob("*.program"))
         blobs.append({path.name: path.read_bytes() for path in programs})
-    assert len(blobs[0]) == 3 and blobs[0] == blobs[1]
+    assert len(blobs[0]) == 4 and blobs[0] == blobs[1]  # collect, update, evaluate, lanes

@@ -8,7 +8,7 @@ Per population size P and envs per member E, four measurements on JAX's default 
 in alternating rounds (a burst of load on a shared machine hits all four alike):
 
   fused    device-mode training as the run loop drives it: a Learner and a DeviceCollection,
-           one compiled call per chunk (rows, insert, the update calls they allow),
+           two compiled calls per chunk (rows and insert; the update calls they allow),
            samples_per_insert = batch size (one update per env step and member). A round stops
            the clock once every result is ready. No evaluations.
   collect  DeviceCollection.next_chunk alone: env step, autoreset, policy, rows; no learner.
@@ -140,8 +140,12 @@ class Fused:
 
     def programs_compiled(self) -> dict:
         """Compiled variants of the per-chunk programs (1 each: no recompiles)."""
-        fused = self.collection._fused
-        return {"fused": fused._cache_size(), "rollout": self.collection._chunk._cache_size()}
+        programs = self.collection._programs
+        return {
+            "collect": programs.collect._cache_size(),
+            "update": programs.update._cache_size(),
+            "rollout": self.collection._chunk._cache_size(),
+        }
 
 
 class EnvAlone:

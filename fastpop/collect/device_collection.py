@@ -1,7 +1,7 @@
 """Device mode's collection: P members x E device envs (brax, gymnax, Playground) stepped on
-the device by the policy the learner trains, one compiled call per chunk (fastpop.collect.fused);
-rows never leave the device and no worker process is started. A `Collection`
-(fastpop.collect.sources)."""
+the device by the policy the learner trains, two compiled calls per chunk
+(fastpop.collect.chunk_programs); rows never leave the device and no worker process is started.
+A `Collection` (fastpop.collect.sources)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
-from fastpop.collect import device_rollout, fused, snapshot
+from fastpop.collect import chunk_programs, device_rollout, snapshot
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
@@ -45,7 +45,7 @@ class DeviceParts(NamedTuple):
 
 
 class DeviceCollection:
-    """P members x E device envs stepped on the device, one jitted call per chunk of rows (env
+    """P members x E device envs stepped on the device, two jitted calls per chunk of rows (env
     states donated), acting with each member's current exploration; evaluation on a separate
     batch of envs with the snapshot's policy held constant. With population.devices > 1 each
     device steps the envs of its own members. The learner's state it acts with comes in as
@@ -80,8 +80,8 @@ class DeviceCollection:
         elif policy_template is not None or jax.process_count() > 1:
             self.lanes = self._lanes_program(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
-        self._fused = None  # the program per chunk, made at the first `feed`
-        self._fused_ahead: Future | None = None  # or by `make_ahead`
+        self._programs = None  # the chunk's programs, made at the first `feed`
+        self._programs_ahead: tuple | None = None  # or by `make_ahead`: (programs, compiles)
         self._evaluate = stored_programs.stored_jit(
             self._evaluate_members, self._identity, "evaluate"
         )
@@ -148,19 +148,19 @@ class DeviceCollection:
         pass  # the chunk's program acts with the learner's own states
 
     def feed(self, learner: Learner) -> list:
-        """One chunk of every lane, inserted, and the updates it allows, as one compiled call
-        (fastpop.collect.fused) over the learner's state; env lanes, buffers and member states
-        are donated. No episodes are reported: their returns would have to cross to the host
-        every chunk."""
+        """One chunk of every lane, inserted, and the updates it allows, as two compiled calls
+        (fastpop.collect.chunk_programs) over the learner's state; env lanes, buffers and member
+        states are donated. No episodes are reported: their returns would have to cross to the
+        host every chunk."""
         state = learner.device_state()
-        if self._fused is None:
-            self._fused = self._chunk_program(learner, state)
+        if self._programs is None:
+            self._programs = self._chunk_programs(learner)
         self.key, key = jax.random.split(self.key)
         plan = learner.plan_chunk(self.parts.collect.envs_per_member)
-        args = (self.lanes, *state[:3], key, *state[3:], plan)
+        args = (self.lanes, state, key, plan)
         if self._placement is None:  # one device: committed to it, as `make_ahead` compiles
             args = stored_programs.committed(args)
-        self.lanes, state, metrics = self._fused(*args)
+        self.lanes, state, metrics = self._programs(*args)
         learner.adopt_chunk(state, plan, metrics)
         if learner.updates:
             self._compile_evaluation_ahead()
@@ -168,37 +168,44 @@ class DeviceCollection:
 
     def make_ahead(self, learner_parts: LearnerParts) -> Future | None:
         """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
-        one process): the env lanes made in a thread, and the chunk program traced here from
+        one process): the env lanes made in a thread, and the chunk's programs traced here from
         shapes, a run's longest trace, while the learner is made in a thread (XLA compiles its
-        members' init on the other core), then compiled in a thread. Returns the learner's
-        future (None where nothing is made ahead: the caller makes it). The cores then compile
-        the chunk program nearly alone: a cold brax start ~1-2 s sooner than with the learner
-        made after the trace, results/startup/README.md."""
+        members' init on the other core), each compiled in a thread of its own as soon as it
+        is traced. Returns the learner's future (None where nothing is made ahead: the caller
+        makes it). A cold brax start ~1-2 s sooner than with the learner made after the trace,
+        and ~1.5 s sooner again with the two programs compiled at once,
+        results/startup/README.md."""
         if self._placement is not None or jax.process_count() > 1:
             return None
         self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
         add_rows, state = chunk_program_inputs(learner_parts)
         learner = in_background(Learner, learner_parts)
         rollout, identity = self._rollout_chunk, self._identity
-        program = fused.compile_fused(self.parts.training, add_rows, rollout, None, identity)
+        programs = chunk_programs.chunk_programs(
+            self.parts.training, add_rows, rollout, None, identity
+        )
         lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
-        lowered = fused.lower_for(program, lanes, state)
-        self._fused_ahead = in_background(_compiled, lowered, program)
+        compiles = [
+            in_background(lowered.compile)
+            for lowered in chunk_programs.lowerings(programs, lanes, state)
+        ]
+        self._programs_ahead = (programs, compiles)
         return learner
 
-    def _chunk_program(self, learner: Learner, state):
-        """The program compiled ahead, else (not asked for, or it failed: then it raises here,
-        where the loop reports errors) made now, placed over the mesh as the learner is."""
-        if self._fused_ahead is not None:
-            with contextlib.suppress(Exception):
-                return self._fused_ahead.result()
+    def _chunk_programs(self, learner: Learner) -> chunk_programs.ChunkPrograms:
+        """The programs compiled ahead, else (not asked for, or one failed: then it raises
+        here, where the loop reports errors) made now, placed over the mesh as the learner
+        is."""
+        if self._programs_ahead is not None:
+            programs, compiles = self._programs_ahead
+            if all(compiled.exception() is None for compiled in compiles):
+                return programs
         placement = None
         if self.parts.mesh is not None:  # as the learner and `init` placed them
-            arrays = (self.lanes, state.buffers, state.states)
+            arrays = (self.lanes, learner.replay.buffers, learner.states)
             placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
-        rollout = self._rollout_chunk
-        return fused.compile_fused(
-            learner.training, learner.add_rows, rollout, placement, self._identity
+        return chunk_programs.chunk_programs(
+            learner.training, learner.add_rows, self._rollout_chunk, placement, self._identity
         )
 
     def next_chunk(self, states, hparams, member_steps: int):
@@ -288,9 +295,3 @@ class DeviceCollection:
         return device_rollout.evaluate_members(
             self.env, self.episode_length, agent, policy, hparams, key, episodes
         )
-
-
-def _compiled(lowered: jax.stages.Lowered, program):
-    """`program`, once `lowered` (its lowering for the arguments it will get) is compiled."""
-    lowered.compile()
-    return program

@@ -2,7 +2,7 @@
 
 JAX's persistent compilation cache (compile_cache.py) spares a rerun XLA's work, but JAX finds
 an entry by hashing the lowered module: every program is still traced and lowered first. For
-device mode's large programs (the fused chunk, the evaluation, the env lanes' reset) that is
+device mode's large programs (the chunk's two, the evaluation, the env lanes' reset) that is
 most of a warm start: ~6 of brax's 10 s on a 2-core CPU. `stored_jit(fn, identity, name)`
 exports the program once (`jax.export`: the traced and lowered StableHLO) into
 $FASTPOP_CACHE_DIR/programs; a later process with the same key loads it and calls it, tracing
@@ -224,7 +224,7 @@ def _leaf_signature(leaf):
 def committed(args: tuple) -> tuple:
     """`args` with every uncommitted array committed to its device, no copy: what a stored
     program is called with, and what a program compiled ahead for committed shapes expects
-    (fastpop.collect.fused.lower_for)."""
+    (fastpop.collect.chunk_programs.lowerings)."""
     leaves, treedef = jax.tree.flatten(args)
     return _committed(args, leaves, treedef)
 

@@ -46,7 +46,7 @@ def _is_key(leaf) -> bool:
 
 
 def _is_split(leaf) -> bool:
-    """Split over processes. A replicated array (a key the fused program returns) is not: it is
+    """Split over processes. A replicated array (a key the update program returns) is not: it is
     saved as numpy, as its template may be before that program first ran."""
     return (
         isinstance(leaf, jax.Array)

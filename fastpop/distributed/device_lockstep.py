@@ -2,7 +2,7 @@
 
 Every process runs the same `DeviceCollection` over the global mesh: the env lanes are split over
 every process's devices like the members they serve, so each process steps its own members' envs
-on its own devices inside the one fused program per chunk (rollout, replay add, updates), which
+on its own devices inside the chunk's two programs (rollout and replay add; updates), which
 every process calls at the same pass of the loop. Nothing crosses between processes for a chunk.
 
 An evaluation is the same global program as on one process (same keys, so the same returns):

@@ -27,7 +27,6 @@ writes only its own events under <run>/processes/<i>/. Checkpoints are written b
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from fastpop import config as config_lib
 from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.distributed.checkpoint_sharded import ShardedCheckpoints
 from fastpop.distributed.lockstep import WATCHDOG, AgreedSignals, Lockstep, ProcessLost, lost_from
-from fastpop.learn.learner import Learner, LearnerParts
+from fastpop.learn.learner import Learner, LearnerParts, averaged_metrics
 from fastpop.population import replay, sharding
 from fastpop.run.loop import CHECKPOINTS_DIR, Run
 from fastpop.run.metrics import MetricsWriter
@@ -91,12 +90,7 @@ class HostLearner(Learner):
     @property
     def last_metrics(self) -> dict[str, float]:
         """Averaged over this process's members (no communication: logged at any time)."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all NaN: no update yet
-            return {
-                f"learner/{k}": float(np.nanmean(self._local(v)))
-                for k, v in (self._metrics or {}).items()
-            }
+        return averaged_metrics(self._metrics or {}, self._local)
 
 
 class HostEvents(MetricsWriter):

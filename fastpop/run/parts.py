@@ -277,7 +277,7 @@ def run_execution(config: config_lib.Config, spec, mesh=None) -> str:
 
 
 def make_limiter(config: config_lib.Config, agent, mode: str) -> RateLimiter:
-    """Device mode keeps samples_per_insert exactly inside its one program per chunk; process
+    """Device mode keeps samples_per_insert exactly inside its programs per chunk; process
     mode lets collection and learning drift apart by the tolerance."""
     kind = InProgramLimiter if mode == "device" else RateLimiter
     return kind(

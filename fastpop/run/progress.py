@@ -161,12 +161,12 @@ def evaluation_rows(
     ]
 
 
-# Device mode's fused call (rows, insert and updates) is timed where process mode times the
+# Device mode's chunk calls (rows and insert; updates) are timed where process mode times the
 # transport of rows, and its evaluations run in the loop; calls are dispatched asynchronously,
 # so device time lands wherever the host next waits for a result.
 DEVICE_TIMER_LABELS = {
-    "transport": "fused calls",
-    "update": "update (in fused calls)",
+    "transport": "chunk calls",
+    "update": "update (in chunk calls)",
     "evaluation_snapshots": "evaluations",
 }
 

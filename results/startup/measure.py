@@ -68,9 +68,11 @@ def entry_command(entry: str) -> list[str]:
     return [sys.executable, script]
 
 
-def measure_once(code: Path, preset: str, env: dict, out: Path, entry: str = "module") -> dict:
+def measure_once(
+    code: Path, preset: str, env: dict, out: Path, entry: str = "module", extra: tuple = ()
+) -> dict:
     config, overrides, until = PRESETS[preset]
-    sets = [arg for value in [*QUICK, *overrides] for arg in ("--set", value)]
+    sets = [arg for value in [*QUICK, *overrides, *extra] for arg in ("--set", value)]
     command = [*entry_command(entry), "train", str(ROOT / config), "--out", str(out)]
     start = time.monotonic()
     process = subprocess.Popen(
@@ -109,22 +111,29 @@ def measure_once(code: Path, preset: str, env: dict, out: Path, entry: str = "mo
 
 
 def measure(
-    code: Path, preset: str, cache: str, label: str, entry: str, warm_runs: int = 1
+    code: Path,
+    preset: str,
+    cache: str,
+    label: str,
+    entry: str,
+    warm_runs: int = 1,
+    extra: tuple = (),
 ) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="fastpop-startup-") as scratch:
         scratch = Path(scratch)
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
         env["FASTPOP_CACHE_DIR"] = str(scratch / "fastpop-cache")
-        warm = ["warm"] + [f"warm{index}" for index in range(2, warm_runs + 1)]
+        warm = ["warm", *(f"warm{index}" for index in range(2, warm_runs + 1))][:warm_runs]
         runs = ["cold"] if cache == "none" else ["cold", *warm]
         if cache == "none":
             env["FASTPOP_COMPILE_CACHE"] = "0"
         if cache == "manual-cold-warm":
             env["JAX_COMPILATION_CACHE_DIR"] = str(scratch / "jax-cache")
         for index, run in enumerate(runs):
-            result = measure_once(code, preset, env, scratch / f"run{index}", entry)
+            result = measure_once(code, preset, env, scratch / f"run{index}", entry, extra)
             row = {"preset": preset, "label": label, "cache": cache, "run": run, **result}
+            row = row | ({"set": list(extra)} if extra else {})
             row = row | ({"entry": entry} if entry != "module" else {})
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -140,6 +149,13 @@ def main() -> None:
     parser.add_argument("--entry", choices=("module", "console-script"), default="module")
     parser.add_argument("--output", type=Path, help="append the rows (JSON lines) to this file")
     parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config overrides for every preset measured, after the preset's own",
+    )
+    parser.add_argument(
         "--warm-runs",
         type=int,
         default=1,
@@ -149,7 +165,9 @@ def main() -> None:
     args = parser.parse_args()
     for preset in args.presets:
         code = args.code.resolve()
-        rows = measure(code, preset, args.cache, args.label, args.entry, args.warm_runs)
+        rows = measure(
+            code, preset, args.cache, args.label, args.entry, args.warm_runs, tuple(args.set)
+        )
         if args.output is not None:
             with args.output.open("a") as handle:
                 handle.writelines(json.dumps(row) + "\n" for row in rows)

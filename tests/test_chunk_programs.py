@@ -1,5 +1,5 @@
-"""Device mode's one compiled call per chunk (rows, insert, updates): the same numbers as the
-same steps made one call at a time, and exactly the update calls samples_per_insert allows."""
+"""Device mode's two compiled calls per chunk (rows and insert; updates): the same numbers as
+the same steps made one call at a time, and exactly the update calls samples_per_insert allows."""
 
 from __future__ import annotations
 
@@ -57,26 +57,27 @@ def one_call_at_a_time(learner: Learner, collection: DeviceCollection) -> int:
     return calls
 
 
-def test_one_program_per_chunk_equals_the_calls_made_one_at_a_time():
+def test_the_chunk_programs_equal_the_calls_made_one_at_a_time():
     config = config_lib.load_config(PRESET, SMALL)
-    fused, fused_collection = learner_and_collection(config)
+    chunked, chunked_collection = learner_and_collection(config)
     stepped, stepped_collection = learner_and_collection(config)
     calls_made = []
     for _ in range(CHUNKS):
-        fused_collection.feed(fused)
+        chunked_collection.feed(chunked)
         calls_made.append(one_call_at_a_time(stepped, stepped_collection))
-        assert fused.updates == stepped.updates and fused.limiter.sampled == stepped.limiter.sampled
+        assert chunked.updates == stepped.updates
+        assert chunked.limiter.sampled == stepped.limiter.sampled
 
     # Learning starts after 24 rows per member (chunk 2 of 16 rows); then 12 samples per row
     # in calls of 2 x 16 samples: 16 rows -> 192 samples -> 6 calls per chunk, exactly.
     assert calls_made == [0, 0, 6, 6, 6, 6, 6, 6]
-    limiter = fused.limiter
+    limiter = chunked.limiter
     target = limiter.samples_per_insert * (limiter.inserted - limiter.inserted_at_start)
-    assert limiter.sampled == target and fused.updates == sum(calls_made) * 2
+    assert limiter.sampled == target and chunked.updates == sum(calls_made) * 2
     for name, a, b in (
-        ("states", fused.states, stepped.states),
-        ("replay", fused.replay.buffers, stepped.replay.buffers),
-        ("env lanes", fused_collection.lanes, stepped_collection.lanes),
+        ("states", chunked.states, stepped.states),
+        ("replay", chunked.replay.buffers, stepped.replay.buffers),
+        ("env lanes", chunked_collection.lanes, stepped_collection.lanes),
     ):
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
             if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
@@ -126,18 +127,20 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     assert result["return_std"] == returns.std(axis=1).tolist()
 
 
-def test_the_chunk_program_and_lanes_made_beside_the_learner_equal_those_made_after_it():
-    """A run (run/parts.local_pieces) traces device mode's chunk program from the learner's
-    shapes while the learner is made in a thread, then compiles it and makes the env lanes in
-    threads: the first chunk compiles nothing more, and every chunk gives the numbers of a
-    collection that made both after a learner made first, bit for bit."""
+def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_after_it():
+    """A run (run/parts.local_pieces) traces device mode's chunk programs from the learner's
+    shapes while the learner is made in a thread, compiles each in a thread as soon as it is
+    traced and makes the env lanes in a thread: the first chunk compiles nothing more, and every
+    chunk gives the numbers of a collection that made them after a learner made first, bit for
+    bit."""
     parts = build_run(config_lib.load_config(PRESET, SMALL))
     ahead = DeviceCollection(parts.device_parts())  # no policy template yet
     learner_ahead = ahead.make_ahead(parts.learner_parts())
-    assert ahead._lanes_ahead is not None and ahead._fused_ahead is not None
+    assert ahead._lanes_ahead is not None and ahead._programs_ahead is not None
     learner = learner_ahead.result()
     assert make_collection(parts, learner, device=ahead) is ahead
-    ahead._fused_ahead.result()
+    for compiling in ahead._programs_ahead[1]:
+        compiling.result()
     compiled = program_names(compile_stats.BACKEND)
     ahead.feed(learner)
     assert compiled == []  # compiled for the very arguments the first chunk passes
@@ -149,7 +152,7 @@ def test_the_chunk_program_and_lanes_made_beside_the_learner_equal_those_made_af
     for _ in range(CHUNKS - 1):
         ahead.feed(learner)
         after.feed(after_learner)
-    assert ahead._fused._cache_size() == 1 and ahead._treedef == after._treedef
+    assert ahead._programs._cache_size() == 2 and ahead._treedef == after._treedef
     for name, a, b in (
         ("states", learner.states, after_learner.states),
         ("replay", learner.replay.buffers, after_learner.replay.buffers),
@@ -159,11 +162,12 @@ def test_the_chunk_program_and_lanes_made_beside_the_learner_equal_those_made_af
             np.testing.assert_array_equal(host(x), host(y), err_msg=name)
 
 
-def test_the_chunk_program_traces_the_envs_reset_and_step_and_the_update_once(monkeypatch):
+def test_the_chunk_programs_trace_the_envs_reset_and_step_and_the_update_once(monkeypatch):
     """Before the first chunk a run traces its env's reset for the memory check's lanes shapes
-    and again inside the chunk program, and the chunk program took its metrics' shapes from
+    and again inside the collect program, and the update program took its metrics' shapes from
     the update before its loop traced it: each is traced once (envs/device_envs jits the env,
-    collect/fused jits the update), not once per use (~1 s of a cold brax start's tracing)."""
+    collect/chunk_programs jits the update), not once per use (~1 s of a cold brax start's
+    tracing)."""
     from fastpop.envs import device_envs, gymnax_envs
 
     traced = {"reset": 0, "step": 0, "update": 0}
@@ -189,7 +193,8 @@ def test_the_chunk_program_traces_the_envs_reset_and_step_and_the_update_once(mo
         parts = parts._replace(training=training)
         ahead = DeviceCollection(parts.device_parts())
         ahead.make_ahead(parts.learner_parts()).result()
-        ahead._fused_ahead.result()
+        for compiling in ahead._programs_ahead[1]:
+            compiling.result()
     finally:
         device_envs.make_device_env.cache_clear()
     assert traced == {"reset": 1, "step": 1, "update": 1}
