@@ -139,7 +139,7 @@ def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_a
     assert ahead._lanes_ahead is not None and ahead._programs_ahead is not None
     learner = learner_ahead.result()
     assert make_collection(parts, learner, device=ahead) is ahead
-    for compiling in ahead._programs_ahead[1]:
+    for compiling in ahead._programs_ahead[1:]:
         compiling.result()
     compiled = program_names(compile_stats.BACKEND)
     ahead.feed(learner)
@@ -193,7 +193,7 @@ def test_the_chunk_programs_trace_the_envs_reset_and_step_and_the_update_once(mo
         parts = parts._replace(training=training)
         ahead = DeviceCollection(parts.device_parts())
         ahead.make_ahead(parts.learner_parts()).result()
-        for compiling in ahead._programs_ahead[1]:
+        for compiling in ahead._programs_ahead[1:]:
             compiling.result()
     finally:
         device_envs.make_device_env.cache_clear()

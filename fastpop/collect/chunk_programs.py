@@ -4,9 +4,9 @@ with no host work between (JAX queues the second behind the first), every array 
 the device.
 
 Two programs, not one: XLA compiles them at once in two threads, and the second is traced while
-the first compiles. A cold brax pendulum start compiled the one program of both in 7.9-8.1 s
-after 1.9-2.0 s of tracing, the two in 6.1-6.7 s after the same (results/startup/README.md,
-"Two programs per chunk").
+the first compiles; a chunk without update calls (the warm-up's) does not call the second. The
+brax pendulum preset's chunk was compiled 9.5-12.0 s after its trace began as one program,
+7.7-8.5 s as two (results/startup/README.md, "Two programs per chunk").
 
 Built here, above the learner, from the functions the learner exposes (its `Training`'s update,
 its replay's `add_rows`) and the device collection's rollout; the learner's arrays go in and come
@@ -41,11 +41,14 @@ class ChunkPrograms(NamedTuple):
     def __call__(self, lanes, learner: DeviceState, collect_key, plan: ChunkPlan):
         """One chunk: its rows made with the states as they are before its updates (what
         process mode's collectors do with the last published params) and inserted, then
-        `plan.calls` update calls. Returns (lanes, learner state, metrics: the last call's,
-        NaN when there was none)."""
+        `plan.calls` update calls. Returns (lanes, learner state, metrics: the last call's;
+        None where the plan has no call: the update program is not called then, so a run's
+        warm-up does not wait for its compile)."""
         buffers, states, key, hparams, member_hparams = learner
         lanes, buffers = self.collect(lanes, buffers, states, collect_key, hparams, plan)
-        states, key, metrics = self.update(buffers, states, key, member_hparams, plan)
+        metrics = None
+        if plan.calls:  # a host number: no wait for the device
+            states, key, metrics = self.update(buffers, states, key, member_hparams, plan)
         return lanes, DeviceState(buffers, states, key, hparams, member_hparams), metrics
 
     def _cache_size(self) -> int:

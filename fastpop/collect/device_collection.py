@@ -81,7 +81,9 @@ class DeviceCollection:
             self.lanes = self._lanes_program(lanes_key)
         self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
         self._programs = None  # the chunk's programs, made at the first `feed`
-        self._programs_ahead: tuple | None = None  # or by `make_ahead`: (programs, compiles)
+        # or by `make_ahead`: (programs, their collect's compile, their update's compile)
+        self._programs_ahead: tuple | None = None
+        self._update_compile: Future | None = None  # waited for by the first update call
         self._evaluate = stored_programs.stored_jit(
             self._evaluate_members, self._identity, "evaluate"
         )
@@ -157,6 +159,10 @@ class DeviceCollection:
             self._programs = self._chunk_programs(learner)
         self.key, key = jax.random.split(self.key)
         plan = learner.plan_chunk(self.parts.collect.envs_per_member)
+        if plan.calls and self._update_compile is not None:
+            # Compiled ahead (where that failed, the call compiles it again and raises here).
+            self._update_compile.exception()
+            self._update_compile = None
         args = (self.lanes, state, key, plan)
         if self._placement is None:  # one device: committed to it, as `make_ahead` compiles
             args = stored_programs.committed(args)
@@ -189,16 +195,18 @@ class DeviceCollection:
             in_background(lowered.compile)
             for lowered in chunk_programs.lowerings(programs, lanes, state)
         ]
-        self._programs_ahead = (programs, compiles)
+        self._programs_ahead = (programs, *compiles)
         return learner
 
     def _chunk_programs(self, learner: Learner) -> chunk_programs.ChunkPrograms:
-        """The programs compiled ahead, else (not asked for, or one failed: then it raises
-        here, where the loop reports errors) made now, placed over the mesh as the learner
-        is."""
+        """The programs compiled ahead once their collect program is (the warm-up's chunks
+        call no update: `feed` waits for its compile at the first update call), else (not
+        asked for, or it failed: then it raises here, where the loop reports errors) made now,
+        placed over the mesh as the learner is."""
         if self._programs_ahead is not None:
-            programs, compiles = self._programs_ahead
-            if all(compiled.exception() is None for compiled in compiles):
+            programs, collect_compile, update_compile = self._programs_ahead
+            if collect_compile.exception() is None:
+                self._update_compile = update_compile
                 return programs
         placement = None
         if self.parts.mesh is not None:  # as the learner and `init` placed them

@@ -1,0 +1,83 @@
+"""Seconds to trace and compile device mode's chunk as one program (the collect program and the
+update program called inside one jit, as fastpop compiled a chunk until stop 44) or as the two
+programs a run compiles now, each in a thread of its own as soon as it is traced. Nothing is
+cached or stored; run each way in fresh processes, alternating:
+
+    for way in one two one two; do
+        FASTPOP_COMPILE_CACHE=0 FASTPOP_CACHE_DIR=$(mktemp -d) \\
+            python results/startup/chunk_compile.py td3_brax_inverted_pendulum_cpu $way
+    done
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import jax
+
+import fastpop
+from fastpop import config as config_lib
+from fastpop.collect import chunk_programs
+from fastpop.collect.device_collection import DeviceCollection
+from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
+from fastpop.compilation import stored_programs
+from fastpop.compilation.background import in_background
+from fastpop.learn.learner import ChunkPlan, DeviceState, chunk_program_inputs
+from fastpop.run.parts import build_run
+
+
+def lower_as_one(programs: chunk_programs.ChunkPrograms, lanes, learner: DeviceState, size: int):
+    """Both programs called inside one jit (env lanes, buffers and states donated, as the one
+    program was), lowered for shapes placed on the default device as `lowerings` places them."""
+
+    def chunk(lanes, buffers, states, collect_key, plan, rest):
+        learner = DeviceState(buffers, states, *rest)
+        return programs(lanes, learner, collect_key, plan)
+
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    lanes, learner = jax.tree.map(placed, (lanes, learner))
+    collect_key = placed(jax.eval_shape(lambda: jax.random.key(0)))
+    buffers, states, *rest = learner
+    plan = ChunkPlan.template(size)
+    jitted = jax.jit(chunk, donate_argnums=(0, 1, 2))
+    return jitted.lower(lanes, buffers, states, collect_key, plan, tuple(rest))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("preset", help="a device-mode preset's name in configs/")
+    parser.add_argument("way", choices=("one", "two"))
+    args = parser.parse_args()
+    tree = Path(fastpop.__file__).resolve().parents[1]
+    config = config_lib.load_config(tree / "configs" / f"{args.preset}.yaml", [])
+    parts = build_run(config)
+    collection = DeviceCollection(parts.device_parts())
+    add_rows, state = chunk_program_inputs(parts.learner_parts())
+    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection._rollout_chunk)
+    lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    if args.way == "one":
+        lowered = lower_as_one(programs, lanes, state, config.population.size)
+        traced = time.perf_counter() - started
+        lowered.compile()
+    else:
+        compiles = []
+        for lowered in chunk_programs.lowerings(programs, lanes, state):
+            compiles.append(in_background(lowered.compile))
+        traced = time.perf_counter() - started
+        for compiling in compiles:
+            compiling.result()
+    total = time.perf_counter() - started
+    print(
+        f"{args.preset} {args.way}: traced and lowered by {traced:.2f} s, compiled by "
+        f"{total:.2f} s ({total - traced:.2f} s after the last trace), "
+        f"{time.process_time() - cpu_started:.1f} CPU-s"
+    )
+
+
+if __name__ == "__main__":
+    main()
