@@ -3,6 +3,7 @@ the same steps made one call at a time, and exactly the update calls samples_per
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import jax
@@ -17,6 +18,7 @@ from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import compile_stats
 from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_run, make_collection
+from fastpop.strategies.base import Evaluation
 from tests.helpers import program_names
 
 # gymnax's Pendulum compiles in a second (brax's envs in tens): the numbers compared, not
@@ -117,7 +119,7 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
     arrays = snapshot.encode(learner.policy_leaves(), meta)
     collection.evaluate(arrays)
-    [result] = collection.evaluations()
+    [result] = collection.evaluations(timeout=120)  # independent members: maybe compiling still
     assert isinstance(collection._evaluation_program(), jax.stages.Compiled)
     policy, hparams, _ = jax.tree.unflatten(collection._treedef, snapshot.decode(arrays)[0])
     jitted = collection._evaluate(policy, hparams, collection._evaluation_key(meta))
@@ -125,6 +127,58 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     assert returns.shape == (2, 2) and result["eval_index"] == 1
     assert result["return_mean"] == returns.mean(axis=1).tolist()
     assert result["return_std"] == returns.std(axis=1).tolist()
+
+
+@pytest.mark.parametrize("acts_on_evaluations", [False, True], ids=["independent", "acting"])
+def test_a_snapshot_handed_in_while_the_evaluation_compiles(monkeypatch, acts_on_evaluations):
+    """Independent members: a snapshot handed in before the evaluation program has compiled
+    waits for it while the chunks go on. A strategy that acts on evaluations (PBT) waits for
+    the program at the snapshot instead, so that its rounds come at the same chunk in every
+    run. Either way the returns are the jitted call's."""
+    config = config_lib.load_config(PRESET, [*SMALL, "eval.episodes=2"])
+    learner, collection = learner_and_collection(config)
+    assert learner.strategy.acts_on_evaluations is False  # the preset's independent members
+    learner.strategy = learner.strategy._replace(acts_on_evaluations=acts_on_evaluations)
+    release, compile_evaluation = threading.Event(), collection._compile_evaluation
+
+    def held_back():
+        release.wait(120)
+        return compile_evaluation()
+
+    monkeypatch.setattr(collection, "_compile_evaluation", held_back)
+    meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
+    with collection.running(learner, log_event=None, generation=0):
+        while not learner.updates:
+            collection.feed(learner)
+        arrays = snapshot.encode(learner.policy_leaves(), meta)
+        if acts_on_evaluations:
+            threading.Timer(0.5, release.set).start()
+            collection.evaluate(arrays)  # returns once the program has compiled and run
+            [result] = collection.evaluations()
+        else:
+            collection.evaluate(arrays)  # returns at once
+            updates = learner.updates
+            for _ in range(2):
+                collection.feed(learner)
+            assert learner.updates > updates and collection.evaluations() == []
+            release.set()
+            [result] = collection.evaluations(timeout=120)
+    policy, hparams, _ = jax.tree.unflatten(collection._treedef, snapshot.decode(arrays)[0])
+    jitted = collection._evaluate(policy, hparams, collection._evaluation_key(meta))
+    assert result["return_mean"] == np.asarray(jitted, np.float64).mean(axis=1).tolist()
+
+
+@pytest.mark.parametrize("acts_on_evaluations", [False, True], ids=["independent", "acting"])
+def test_a_round_of_independent_members_draws_no_key(acts_on_evaluations):
+    """Independent members' rounds change no state, so they leave the learner's key as it is:
+    the update keys, and so a device-mode run's numbers, do not depend on which chunk an
+    evaluation deferred past its program's compile comes back after. Strategies that act on
+    evaluations draw their round's key from it."""
+    learner, _ = learner_and_collection(config_lib.load_config(PRESET, SMALL))
+    learner.strategy = learner.strategy._replace(acts_on_evaluations=acts_on_evaluations)
+    key = host(learner.key)
+    learner.strategy_step(Evaluation(0, 16, np.array([-900.0, -800.0])))
+    assert np.array_equal(host(learner.key), key) is not acts_on_evaluations
 
 
 def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_after_it():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
+from concurrent import futures
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
@@ -89,6 +90,8 @@ class DeviceCollection:
         )
         self._evaluate_program: Future | None = None
         self._evaluation_wanted = False  # compiled ahead once `running` (after the first update)
+        self._evaluations_wait = True  # `running` tells: each snapshot evaluated when handed in
+        self._snapshots: list[dict] = []  # handed in, evaluated once the program is compiled
         self._results: list[dict] = []
         if policy_template is not None:
             self.set_policy_template(policy_template)
@@ -136,6 +139,7 @@ class DeviceCollection:
         later; traced beside the warm-up's chunks, it held the loop's thread back and the
         first update came ~1 s later (the brax preset on 2 cores, results/startup/README.md)."""
         self._evaluation_wanted = True
+        self._evaluations_wait = learner.strategy.acts_on_evaluations
         yield
 
     def _compile_evaluation_ahead(self) -> None:
@@ -226,6 +230,31 @@ class DeviceCollection:
         return rows, []
 
     def evaluate(self, arrays: dict) -> None:
+        """Evaluates the snapshot now, or, where the strategy does not act on evaluations and
+        the evaluation program is still compiling, once `evaluations` finds it compiled: the
+        loop trains meanwhile (a cold brax pendulum run's first evaluation held training ~4 s
+        for that compile). Where the strategy acts on them, waiting keeps a run's rounds, and
+        so its numbers, the same from run to run."""
+        self._snapshots.append(arrays)
+        self._evaluate_handed_in(None if self._evaluations_wait else 0.0)
+
+    def evaluations(self, timeout: float = 0.0) -> list[dict]:
+        self._evaluate_handed_in(timeout)
+        results, self._results = self._results, []
+        return results
+
+    def _evaluate_handed_in(self, timeout: float | None) -> None:
+        """Evaluates the snapshots handed in, in order, once the evaluation program is compiled
+        (waiting for it at most `timeout` seconds; None: as long as it takes)."""
+        self._compile_evaluation_ahead()
+        if self._evaluate_program is not None:
+            futures.wait([self._evaluate_program], timeout)
+            if not self._evaluate_program.done():
+                return
+        while self._snapshots:
+            self._evaluate_now(self._snapshots.pop(0))
+
+    def _evaluate_now(self, arrays: dict) -> None:
         leaves, meta = snapshot.decode(arrays)
         policy, hparams, _ = jax.tree.unflatten(self._treedef, leaves)
         start = time.perf_counter()
@@ -241,10 +270,6 @@ class DeviceCollection:
                 "seconds": time.perf_counter() - start,
             }
         )
-
-    def evaluations(self, timeout: float = 0.0) -> list[dict]:
-        results, self._results = self._results, []
-        return results
 
     def _member_returns(self, policy, hparams, key) -> np.ndarray:
         """(P, episodes) returns of a decoded snapshot's members."""

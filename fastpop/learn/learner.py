@@ -332,7 +332,9 @@ class Learner:
             finite = self.finite_members()
         returns = np.where(finite, evaluation.returns, np.nan)  # ranks last; PBT replaces it
         evaluation = evaluation._replace(returns=returns, finite=finite)
-        self.key, key = jax.random.split(self.key)
+        key = None  # independent members' rounds draw nothing: when their results come back
+        if self.strategy.acts_on_evaluations:  # then changes no update's key
+            self.key, key = jax.random.split(self.key)
         result = self.training.between_rounds(
             update_protocol.Round(
                 evaluation, self.strategy_state, self.states, self.hparams, self.replay, key

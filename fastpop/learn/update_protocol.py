@@ -50,7 +50,7 @@ class Round(NamedTuple):
     states: Any  # the training's layout
     hparams: PyTree  # stacked
     replay: ReplayStore
-    key: PRNGKey
+    key: PRNGKey | None  # None for a strategy that does not act on evaluations
 
 
 class RoundResult(NamedTuple):

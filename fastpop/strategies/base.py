@@ -113,6 +113,9 @@ class Strategy(NamedTuple):
     learning: Learning | None = None  # shared-parameter strategies (cemrl, dvd)
     member_labels: Callable[[Any], list[dict]] | None = None  # per member, fields its
     # metrics rows and members.json carry (halving: {"trial": id}); None: none
+    # False: its steps change nothing (independent members), so an evaluation may come back
+    # whenever it is ready without changing what the run trains
+    acts_on_evaluations: bool = True
 
 
 def no_selection(state, evaluation: Evaluation, hparams: list[dict]):
