@@ -183,8 +183,8 @@ class DeviceCollection:
         members' init on the other core), each compiled in a thread of its own as soon as it
         is traced. Returns the learner's future (None where nothing is made ahead: the caller
         makes it). A cold brax start ~1-2 s sooner than with the learner made after the trace,
-        and ~1.5 s sooner again with the two programs compiled at once,
-        results/startup/README.md."""
+        and 1-3 s sooner again with the two programs compiled at once (alternating pairs,
+        results/startup/README.md)."""
         if self._placement is not None or jax.process_count() > 1:
             return None
         self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
