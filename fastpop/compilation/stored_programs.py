@@ -182,7 +182,19 @@ class StoredJit:
             if exported is None:
                 _count("not_stored")
                 return self.jitted, None
-        return jax.jit(exported.call, donate_argnums=self.donate_argnums), exported
+        call = _named(exported.call, f"stored_{self.name}")
+        return jax.jit(call, donate_argnums=self.donate_argnums), exported
+
+
+def _named(function, name: str):
+    """`function` under `name`, which `--verbose` and summary.json's `compiles` then show
+    (every stored program would be `jit(call)`, `Exported.call`'s name)."""
+
+    def program(*args):
+        return function(*args)
+
+    program.__name__ = program.__qualname__ = name
+    return program
 
 
 def output_shapes(program, *args):
