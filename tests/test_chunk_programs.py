@@ -112,6 +112,7 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     running = collection.running(learner, log_event=None, generation=0)
     running.__enter__()
     while not learner.updates:  # not beside the chunk program's compile or the warm-up
+        assert collection.evaluations() == []  # the loop asks every pass
         assert collection._evaluate_program is None
         collection.feed(learner)
     assert collection._evaluate_program is not None

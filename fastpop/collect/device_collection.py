@@ -245,7 +245,10 @@ class DeviceCollection:
 
     def _evaluate_handed_in(self, timeout: float | None) -> None:
         """Evaluates the snapshots handed in, in order, once the evaluation program is compiled
-        (waiting for it at most `timeout` seconds; None: as long as it takes)."""
+        (waiting for it at most `timeout` seconds; None: as long as it takes). Without one it
+        starts nothing: the loop asks every pass, and the compile waits for the first update."""
+        if not self._snapshots:
+            return
         self._compile_evaluation_ahead()
         if self._evaluate_program is not None:
             futures.wait([self._evaluate_program], timeout)
