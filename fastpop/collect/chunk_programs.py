@@ -109,18 +109,23 @@ def chunk_programs(
     )
 
 
-def lowerings(programs: ChunkPrograms, lanes, learner: DeviceState) -> Iterator:
-    """`programs`' collect, then update (one device), lowered for arguments of the shapes of
-    `lanes` and `learner` (shapes or arrays), committed to the default device as a chunk's call
-    commits them (`stored_programs.committed`): once compiled, the first chunk finds them
-    compiled. Lowered one at a time, so that the caller compiles the first while the second is
-    traced."""
+def placed_arguments(lanes, learner: DeviceState) -> tuple:
+    """(lanes, learner state, collect key, plan) as shapes of `lanes` and `learner` (shapes or
+    arrays), committed to the default device as a chunk's call commits them
+    (`stored_programs.committed`): what the programs are lowered for ahead of the first chunk."""
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
     lanes, learner = jax.tree.map(placed, (lanes, learner))
     key = placed(jax.eval_shape(lambda: jax.random.key(0)))
     size = jax.tree.leaves(learner.hparams)[0].shape[0]
-    plan = ChunkPlan.template(size)
+    return lanes, learner, key, ChunkPlan.template(size)
+
+
+def lowerings(programs: ChunkPrograms, lanes, learner: DeviceState) -> Iterator:
+    """`programs`' collect, then update (one device), lowered for `placed_arguments`: once
+    compiled, the first chunk finds them compiled. Lowered one at a time, so that the caller
+    compiles the first while the second is traced."""
+    lanes, learner, key, plan = placed_arguments(lanes, learner)
     buffers, states, learner_key, hparams, member_hparams = learner
     yield programs.collect.lower(lanes, buffers, states, key, hparams, plan)
     yield programs.update.lower(buffers, states, learner_key, member_hparams, plan)

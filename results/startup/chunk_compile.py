@@ -24,24 +24,21 @@ from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
-from fastpop.learn.learner import ChunkPlan, DeviceState, chunk_program_inputs
+from fastpop.learn.learner import DeviceState, chunk_program_inputs
 from fastpop.run.parts import build_run
 
 
-def lower_as_one(programs: chunk_programs.ChunkPrograms, lanes, learner: DeviceState, size: int):
+def lower_as_one(programs: chunk_programs.ChunkPrograms, lanes, learner: DeviceState):
     """Both programs called inside one jit (env lanes, buffers and states donated, as the one
-    program was), lowered for shapes placed on the default device as `lowerings` places them."""
+    program was), lowered for `chunk_programs.placed_arguments`, as `lowerings` lowers them."""
 
     def chunk(lanes, buffers, states, collect_key, plan, rest):
-        learner = DeviceState(buffers, states, *rest)
-        return programs(lanes, learner, collect_key, plan)
+        key, hparams, member_hparams = rest
+        lanes, buffers = programs.collect(lanes, buffers, states, collect_key, hparams, plan)
+        return lanes, programs.update(buffers, states, key, member_hparams, plan)
 
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    placed = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
-    lanes, learner = jax.tree.map(placed, (lanes, learner))
-    collect_key = placed(jax.eval_shape(lambda: jax.random.key(0)))
+    lanes, learner, collect_key, plan = chunk_programs.placed_arguments(lanes, learner)
     buffers, states, *rest = learner
-    plan = ChunkPlan.template(size)
     jitted = jax.jit(chunk, donate_argnums=(0, 1, 2))
     return jitted.lower(lanes, buffers, states, collect_key, plan, tuple(rest))
 
@@ -61,7 +58,7 @@ def main() -> None:
 
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.way == "one":
-        lowered = lower_as_one(programs, lanes, state, config.population.size)
+        lowered = lower_as_one(programs, lanes, state)
         traced = time.perf_counter() - started
         lowered.compile()
     else:
