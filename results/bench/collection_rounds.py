@@ -47,16 +47,22 @@ def raw(env_id, seconds):
 
 def collect(env_id, pop, seconds):
     from fastpop.collect.workers import Workers
-    from fastpop.learn.learner import Learner, prepare
     config = config_lib.config_from_dict({
         "name": "collection_rounds", "algo": "td3", "env": {"id": env_id},
         "population": {"size": pop}, "collect": {"warmup_steps": 0, "num_collectors": 1},
         "log": {"tensorboard": False},
     })
-    spec, agent = prepare(config)
-    learner = Learner(config, spec, agent)
-    new = "replay_spec" in inspect.signature(Workers).parameters  # before: the env spec
-    with Workers(config, learner.policy_leaves(), learner.replay_spec if new else spec) as workers:
+    try:  # since the run's one front door (27fe65a)
+        from fastpop.run.parts import build_learner
+        learner = build_learner(config)
+        workers = Workers(config, learner.host_policy_tree(), learner.replay_spec)
+    except ImportError:  # an older checkout
+        from fastpop.learn.learner import Learner, prepare
+        spec, agent = prepare(config)
+        learner = Learner(config, spec, agent)
+        new = "replay_spec" in inspect.signature(Workers).parameters  # before: the env spec
+        workers = Workers(config, learner.policy_leaves(), learner.replay_spec if new else spec)
+    with workers:
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
             workers.check()

@@ -1,6 +1,6 @@
 """Two pieces of the brax preset's start, each timed in fresh processes, before and after stop 37:
 
-- `trace`: seconds to trace and lower its fused chunk program (`DeviceCollection.make_ahead`'s
+- `trace`: seconds to trace and lower its chunk's two programs (`DeviceCollection.make_ahead`'s
   first half), with CPython's default garbage collector and with fastpop's
   (`fastpop/gc_settings.py`);
 - `brax`: seconds to build the brax environment, with brax's own loader (a compiled `jnp.array`
@@ -36,7 +36,7 @@ if sys.argv[1] == "fastpop":
 else:
     gc.set_threshold(700, 10, 10)  # CPython's default
 from fastpop import config as config_lib
-from fastpop.collect import fused
+from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import stored_programs
 from fastpop.learn.learner import chunk_program_inputs
@@ -46,9 +46,10 @@ parts = run_parts.build_run(config_lib.load_config(sys.argv[2]))
 device = DeviceCollection(parts.device_parts())
 start = time.perf_counter()
 add_rows, state = chunk_program_inputs(parts.learner_parts())
-program = fused.compile_fused(parts.training, add_rows, device._rollout_chunk, None, None)
+programs = chunk_programs.chunk_programs(parts.training, add_rows, device._rollout_chunk)
 lanes = stored_programs.output_shapes(device._lanes_program, device._lanes_key)
-fused.lower_for(program, lanes, state)
+for _ in chunk_programs.lowerings(programs, lanes, state):
+    pass
 print(time.perf_counter() - start)
 """
 

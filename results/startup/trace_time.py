@@ -1,5 +1,5 @@
-"""Seconds to build a device-mode preset's run and to trace and lower its chunk program: what a
-cold start does on its main thread before the chunk program's XLA compile can begin. In this
+"""Seconds to build a device-mode preset's run and to trace and lower its chunk's two programs:
+what a cold start does on its main thread before and beside their XLA compiles. In this
 process; nothing is compiled but a few small programs. Run each tree in fresh processes,
 alternating, with PYTHONPATH naming the tree:
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import fastpop
 from fastpop import config as config_lib
-from fastpop.collect import fused
+from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
 from fastpop.compilation import stored_programs
@@ -38,9 +38,10 @@ def main() -> None:
     collection = DeviceCollection(parts.device_parts())
     started = time.perf_counter()
     add_rows, state = chunk_program_inputs(learner_parts)
-    program = fused.compile_fused(parts.training, add_rows, collection._rollout_chunk)
+    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection._rollout_chunk)
     lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
-    fused.lower_for(program, lanes, state)
+    for _ in chunk_programs.lowerings(programs, lanes, state):
+        pass
     traced = time.perf_counter() - started
     print(f"{preset} build_run {built:.2f} s, trace + lower {traced:.2f} s ({tree})")
 
