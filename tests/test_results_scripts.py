@@ -33,12 +33,12 @@ def embedded_code(tree: ast.AST) -> list[ast.AST]:
     """String constants that are Python importing fastpop (scripts run them with `python -c`)."""
     trees = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if "import" in node.value and "fastpop" in node.value:
-                try:
-                    trees.append(ast.parse(node.value))
-                except SyntaxError:
-                    continue  # prose or a command line, not code
+        text = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(text, str) and "import" in text and "fastpop" in text:
+            try:
+                trees.append(ast.parse(text))
+            except SyntaxError:
+                continue  # prose or a command line, not code
     return trees
 
 
