@@ -6,7 +6,7 @@ backend. They must be in the environment before JAX initialises its backend: imp
 before running any JAX computation. Measurements: results/bench/README.md.
 
 `RARELY_RUN` is not a flag but per-program compiler options, for any backend
-(fastpop.compilation.rarely_run).
+(fastpop.compilation.rarely_run); `ENV_STEPPING` too, for device-env programs on the CPU.
 """
 
 from __future__ import annotations
@@ -28,6 +28,26 @@ CPU_XLA_FLAGS = {
 # init (TD3, brax pendulum preset, P = 4) compiled in 0.81-0.87 s against 1.50-1.61 s, and made
 # bit-identical members; O0 was barely faster and not bit-identical.
 RARELY_RUN = {"xla_backend_optimization_level": 1}
+
+# Per-program compiler options for the programs that step device envs on the CPU (device mode's
+# collect program and its evaluation; `env_stepping_options`): XLA's elemental IR emitters for
+# loop fusions instead of its newer MLIR fusion emitters. The brax pendulum preset's chunk
+# compiled in 11.2-11.5 CPU-s with them on its collect program against 13.8-15.2 (brax's step
+# alone, 1.6 against 3.4 s), its env steps as fast; the MLP update ran ~10% slower with them,
+# so only env-stepping programs take them (results/startup/README.md, "Env-stepping programs
+# without XLA's fusion emitters").
+ENV_STEPPING = {"xla_cpu_use_fusion_emitters": False}
+ENV_STEPPING_SINCE = (0, 10)  # the JAX version measured with; older ones keep XLA's default
+
+
+def env_stepping_options() -> dict:
+    """`ENV_STEPPING` on the CPU backend with JAX >= `ENV_STEPPING_SINCE`, else {} (the option
+    is the CPU compiler's; an XLA that does not know it refuses the compile)."""
+    import jax
+
+    if jax.default_backend() != "cpu" or jax.__version_info__[:2] < ENV_STEPPING_SINCE:
+        return {}
+    return dict(ENV_STEPPING)
 
 
 def apply_xla_defaults() -> None:

@@ -42,6 +42,7 @@ from fastpop.bench.process_mode import measure_process_mode, process_config
 from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
 from fastpop.collect import device_rollout
 from fastpop.population import replay
+from fastpop.xla_defaults import env_stepping_options
 
 ROUNDS = 3  # timed rounds per measurement, the four measurements alternating
 CAPACITY = 100_000  # replay transitions per member (the config default)
@@ -161,7 +162,7 @@ class EnvAlone:
             state = jax.lax.scan(lambda s, a: (jax.vmap(env.step)(s, a), None), state, actions)[0]
             return jax.tree.map(device_rollout.strongly_typed, state)
 
-        self.run = jax.jit(run, donate_argnums=0)
+        self.run = jax.jit(run, donate_argnums=0, compiler_options=env_stepping_options())
         keys = jax.random.split(jax.random.key(0), lanes)
         # Strongly typed as run's output (gymnax's resets are weakly typed): one compile.
         reset = jax.jit(jax.vmap(env.reset))

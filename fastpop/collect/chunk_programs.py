@@ -6,7 +6,9 @@ the device.
 Two programs, not one: XLA compiles them at once in two threads, and the second is traced while
 the first compiles; a chunk without update calls (the warm-up's) does not call the second. The
 brax pendulum preset's chunk was compiled 9.5-12.0 s after its trace began as one program,
-7.7-8.5 s as two (results/startup/README.md, "Two programs per chunk").
+7.7-8.5 s as two (results/startup/README.md, "Two programs per chunk"). On the CPU the collect
+program compiles with `xla_defaults.ENV_STEPPING` (no fusion emitters: about half the compile of
+an env's step), the update with XLA's defaults (its MLPs ran ~10% slower without them).
 
 Built here, above the learner, from the functions the learner exposes (its `Training`'s update,
 its replay's `add_rows`) and the device collection's rollout; the learner's arrays go in and come
@@ -25,6 +27,7 @@ import jax.numpy as jnp
 from fastpop.compilation import stored_programs
 from fastpop.learn.learner import ChunkPlan, DeviceState
 from fastpop.learn.update_protocol import Training
+from fastpop.xla_defaults import env_stepping_options
 
 # rollout(lanes, key, states, hparams, env_steps) -> (lanes, rows)
 Rollout = Callable
@@ -104,7 +107,13 @@ def chunk_programs(
         return states, key, metrics
 
     return ChunkPrograms(
-        stored_programs.stored_jit(collect_chunk, identity, "collect", donate_argnums=(0, 1)),
+        stored_programs.stored_jit(
+            collect_chunk,
+            identity,
+            "collect",
+            donate_argnums=(0, 1),
+            compiler_options=env_stepping_options(),  # CPU: not for the update (runs slower)
+        ),
         stored_programs.stored_jit(chunk_updates, identity, "update", donate_argnums=(1,)),
     )
 

@@ -25,6 +25,7 @@ from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
 from fastpop.learn.update_protocol import Training
 from fastpop.population import sharding
 from fastpop.types import EnvSpec
+from fastpop.xla_defaults import env_stepping_options
 
 
 class DeviceParts(NamedTuple):
@@ -80,13 +81,14 @@ class DeviceCollection:
             self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         elif policy_template is not None or jax.process_count() > 1:
             self.lanes = self._lanes_program(lanes_key)
-        self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0)
+        stepping = env_stepping_options()  # CPU: a shorter compile of an env's step
+        self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0, compiler_options=stepping)
         self._programs = None  # the chunk's programs, made at the first `feed`
         # or by `make_ahead`: (programs, their collect's compile, their update's compile)
         self._programs_ahead: tuple | None = None
         self._update_compile: Future | None = None  # waited for by the first update call
         self._evaluate = stored_programs.stored_jit(
-            self._evaluate_members, self._identity, "evaluate"
+            self._evaluate_members, self._identity, "evaluate", compiler_options=stepping
         )
         self._evaluate_program: Future | None = None
         self._evaluation_wanted = False  # compiled ahead once `running` (after the first update)

@@ -31,6 +31,7 @@ import numpy as np
 from fastpop.compilation import stored_programs
 from fastpop.population import population_act, replay
 from fastpop.types import EnvSpec, PRNGKey
+from fastpop.xla_defaults import env_stepping_options
 
 # act(obs (lanes, obs_dim), key, step index within the rollout) -> actions (lanes, action_dim)
 ActFn = Callable[[jax.Array, PRNGKey, jax.Array], jax.Array]
@@ -219,6 +220,7 @@ def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int)
     run = jax.jit(
         lambda policy, hparams, key: evaluate_members(
             env, config.env.episode_length, agent, policy, hparams, key, episodes
-        )
+        ),
+        compiler_options=env_stepping_options(),
     )
     return np.asarray(run(policy, hparams, jax.random.key(seed)))

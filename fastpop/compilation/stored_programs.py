@@ -106,13 +106,21 @@ def fingerprint() -> str:
     return json.dumps([source.hexdigest(), versions, settings, backend], sort_keys=True)
 
 
-def stored_jit(fn, identity: str | None, name: str, donate_argnums: tuple[int, ...] = ()):
-    """`jax.jit(fn, donate_argnums=...)`, whose traced program is kept on disk under a key of
-    `identity` (None: never stored) and `name` (which of the caller's programs)."""
-    jitted = jax.jit(fn, donate_argnums=donate_argnums)
+def stored_jit(
+    fn,
+    identity: str | None,
+    name: str,
+    donate_argnums: tuple[int, ...] = (),
+    compiler_options: dict | None = None,
+):
+    """`jax.jit(fn, donate_argnums=..., compiler_options=...)`, whose traced program is kept on
+    disk under a key of `identity` (None: never stored) and `name` (which of the caller's
+    programs). A stored program loaded is compiled with the same `compiler_options`."""
+    options = {"donate_argnums": donate_argnums, "compiler_options": compiler_options or None}
+    jitted = jax.jit(fn, **options)
     if identity is None:
         return jitted
-    return StoredJit(jitted, identity, name, donate_argnums)
+    return StoredJit(jitted, identity, name, options)
 
 
 class StoredJit:
@@ -120,9 +128,9 @@ class StoredJit:
     where one loads, else the program exported now and stored, else the jitted function
     (`jitted`, also what jax.export takes)."""
 
-    def __init__(self, jitted, identity: str, name: str, donate_argnums: tuple[int, ...]):
+    def __init__(self, jitted, identity: str, name: str, jit_options: dict):
         self.jitted, self.identity, self.name = jitted, identity, name
-        self.donate_argnums = donate_argnums
+        self.jit_options = jit_options  # donate_argnums, compiler_options
         self.programs: dict[tuple, object] = {}  # argument signature -> its program
         self.exported: dict[tuple, object] = {}  # -> its jax.export.Exported, or None
         # Device mode calls the lanes' program in a thread while asking it for its shapes:
@@ -183,7 +191,7 @@ class StoredJit:
                 _count("not_stored")
                 return self.jitted, None
         call = _named(exported.call, f"stored_{self.name}")
-        return jax.jit(call, donate_argnums=self.donate_argnums), exported
+        return jax.jit(call, **self.jit_options), exported
 
 
 def _named(function, name: str):
