@@ -1,7 +1,8 @@
 """Seconds to trace and compile device mode's chunk as one program (the collect program and the
 update program called inside one jit, as fastpop compiled a chunk until stop 44) or as the two
-programs a run compiles now, each in a thread of its own as soon as it is traced. Nothing is
-cached or stored; run each way in fresh processes, alternating:
+programs a run compiles now, each in a thread of its own as soon as it is traced (`two`; `two-xla`:
+the same with the collect program at XLA's default options, not `xla_defaults.ENV_STEPPING`, as
+before stop 45). Nothing is cached or stored; run each way in fresh processes, alternating:
 
     for way in one two one two; do
         FASTPOP_COMPILE_CACHE=0 FASTPOP_CACHE_DIR=$(mktemp -d) \\
@@ -46,7 +47,7 @@ def lower_as_one(programs: chunk_programs.ChunkPrograms, lanes, learner: DeviceS
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("preset", help="a device-mode preset's name in configs/")
-    parser.add_argument("way", choices=("one", "two"))
+    parser.add_argument("way", choices=("one", "two", "two-xla"))
     args = parser.parse_args()
     tree = Path(fastpop.__file__).resolve().parents[1]
     config = config_lib.load_config(tree / "configs" / f"{args.preset}.yaml", [])
@@ -64,7 +65,10 @@ def main() -> None:
     else:
         compiles = []
         for lowered in chunk_programs.lowerings(programs, lanes, state):
-            compiles.append(in_background(lowered.compile))
+            options = None
+            if args.way == "two-xla" and not compiles:  # the collect program
+                options = {"xla_cpu_use_fusion_emitters": True}  # XLA's default
+            compiles.append(in_background(lowered.compile, options))
         traced = time.perf_counter() - started
         for compiling in compiles:
             compiling.result()
