@@ -1,7 +1,8 @@
 """XLA settings that fastpop's CPU performance depends on, applied before JAX starts.
 
 Importing `fastpop` appends these to XLA_FLAGS unless the flag is already there, so a user's own
-setting always wins; FASTPOP_XLA_DEFAULTS=0 turns the defaults off. They only touch the CPU
+setting always wins, and a jaxlib older than a flag is not given it (XLA would abort);
+FASTPOP_XLA_DEFAULTS=0 turns the defaults off. They only touch the CPU
 backend. They must be in the environment before JAX initialises its backend: import fastpop
 before running any JAX computation. Measurements: results/bench/README.md.
 
@@ -12,6 +13,8 @@ before running any JAX computation. Measurements: results/bench/README.md.
 from __future__ import annotations
 
 import os
+import re
+from importlib import metadata
 
 CPU_XLA_FLAGS = {
     # Without region analysis, copy insertion copies the population state around the scan's
@@ -21,6 +24,13 @@ CPU_XLA_FLAGS = {
     "xla_cpu_copy_insertion_use_region_analysis": "true",
     # XLA's YNNPACK dot fusions ran the 256-wide MLP updates slower than XLA's own dot emitter.
     "xla_cpu_experimental_ynn_fusion_type": "",
+}
+# The first jaxlib whose XLA knows each flag (its library holds the name: 0.6.2 the first, 0.9.0
+# the second, neither in 0.4.30, the second not in 0.8.0). XLA aborts the process at start on a
+# flag it does not know, so an older jaxlib is not given it.
+CPU_XLA_FLAGS_SINCE = {
+    "xla_cpu_copy_insertion_use_region_analysis": (0, 6),
+    "xla_cpu_experimental_ynn_fusion_type": (0, 9),
 }
 
 # Per-program compiler options (`jax.jit(..., compiler_options=...)`) for programs that run once
@@ -50,12 +60,32 @@ def env_stepping_options() -> dict:
     return dict(ENV_STEPPING)
 
 
+def jaxlib_version() -> tuple[int, ...]:
+    """The installed jaxlib's (major, minor, patch), read without importing it; () if absent."""
+    try:
+        text = metadata.version("jaxlib")
+    except metadata.PackageNotFoundError:
+        return ()
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def cpu_flags_for(version: tuple[int, ...]) -> dict[str, str]:
+    """The `CPU_XLA_FLAGS` a jaxlib of `version` knows."""
+    return {
+        name: value
+        for name, value in CPU_XLA_FLAGS.items()
+        if version and version[:2] >= CPU_XLA_FLAGS_SINCE[name]
+    }
+
+
 def apply_xla_defaults() -> None:
     if os.environ.get("FASTPOP_XLA_DEFAULTS", "1") == "0":
         return
     flags = os.environ.get("XLA_FLAGS", "")
     missing = [
-        f"--{name}={value}" for name, value in CPU_XLA_FLAGS.items() if f"--{name}" not in flags
+        f"--{name}={value}"
+        for name, value in cpu_flags_for(jaxlib_version()).items()
+        if f"--{name}" not in flags
     ]
     if missing:
         os.environ["XLA_FLAGS"] = " ".join([flags, *missing]).strip()
