@@ -16,21 +16,17 @@ import os
 import re
 from importlib import metadata
 
+# name: (value, the first jaxlib whose XLA knows the flag). XLA aborts the process at start on
+# a flag it does not know, so an older jaxlib is not given it (the name is in jaxlib 0.6.2's
+# library and not 0.4.30's for the first flag, in 0.9.0's and not 0.8.0's for the second).
 CPU_XLA_FLAGS = {
     # Without region analysis, copy insertion copies the population state around the scan's
     # while loop and TD3's delayed-actor conditional: 21.6 MiB per update at P=8 for TD3
     # (4.2 MiB with it). That memory-bound work grows with the population while the batched
     # matmuls stay fast, and is what made a naive jit(vmap) TD3 fall behind sequential.
-    "xla_cpu_copy_insertion_use_region_analysis": "true",
+    "xla_cpu_copy_insertion_use_region_analysis": ("true", (0, 6)),
     # XLA's YNNPACK dot fusions ran the 256-wide MLP updates slower than XLA's own dot emitter.
-    "xla_cpu_experimental_ynn_fusion_type": "",
-}
-# The first jaxlib whose XLA knows each flag (its library holds the name: 0.6.2 the first, 0.9.0
-# the second, neither in 0.4.30, the second not in 0.8.0). XLA aborts the process at start on a
-# flag it does not know, so an older jaxlib is not given it.
-CPU_XLA_FLAGS_SINCE = {
-    "xla_cpu_copy_insertion_use_region_analysis": (0, 6),
-    "xla_cpu_experimental_ynn_fusion_type": (0, 9),
+    "xla_cpu_experimental_ynn_fusion_type": ("", (0, 9)),
 }
 
 # Per-program compiler options (`jax.jit(..., compiler_options=...)`) for programs that run once
@@ -47,15 +43,15 @@ RARELY_RUN = {"xla_backend_optimization_level": 1}
 # so only env-stepping programs take them (results/startup/README.md, "Env-stepping programs
 # without XLA's fusion emitters").
 ENV_STEPPING = {"xla_cpu_use_fusion_emitters": False}
-ENV_STEPPING_SINCE = (0, 10)  # the JAX version measured with; older ones keep XLA's default
+ENV_STEPPING_SINCE = (0, 10)  # the jaxlib measured with; older ones keep XLA's default
 
 
 def env_stepping_options() -> dict:
-    """`ENV_STEPPING` on the CPU backend with JAX >= `ENV_STEPPING_SINCE`, else {} (the option
-    is the CPU compiler's; an XLA that does not know it refuses the compile)."""
+    """`ENV_STEPPING` on the CPU backend with jaxlib >= `ENV_STEPPING_SINCE`, else {} (the
+    option is the CPU compiler's; an XLA that does not know it refuses the compile)."""
     import jax
 
-    if jax.default_backend() != "cpu" or jax.__version_info__[:2] < ENV_STEPPING_SINCE:
+    if jax.default_backend() != "cpu" or jaxlib_version()[:2] < ENV_STEPPING_SINCE:
         return {}
     return dict(ENV_STEPPING)
 
@@ -71,11 +67,8 @@ def jaxlib_version() -> tuple[int, ...]:
 
 def cpu_flags_for(version: tuple[int, ...]) -> dict[str, str]:
     """The `CPU_XLA_FLAGS` a jaxlib of `version` knows."""
-    return {
-        name: value
-        for name, value in CPU_XLA_FLAGS.items()
-        if version and version[:2] >= CPU_XLA_FLAGS_SINCE[name]
-    }
+    known = lambda since: bool(version) and version[:2] >= since
+    return {name: value for name, (value, since) in CPU_XLA_FLAGS.items() if known(since)}
 
 
 def apply_xla_defaults() -> None:

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop import xla_defaults
 from fastpop.compilation import compile_cache, compile_stats, static_codec, stored_programs
 
 pytest.importorskip("gymnax")
@@ -193,12 +192,6 @@ def test_compiler_options_reach_the_compile_whether_exported_now_or_loaded(store
         with pytest.raises(jax.errors.JaxRuntimeError, match="xla_cpu_no_such_option"):
             program.lower(jnp.zeros(2)).compile()  # what device mode compiles ahead
     assert len(list(store.glob("add-*.program"))) == 1 and stored_programs.counts()["loaded"]
-
-
-def test_env_stepping_programs_take_their_options_on_the_cpu_alone(monkeypatch):
-    assert xla_defaults.env_stepping_options() == xla_defaults.ENV_STEPPING  # this CPU
-    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert xla_defaults.env_stepping_options() == {}
 
 
 def test_an_unreadable_stored_program_is_exported_again_with_a_warning(store, caplog):

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from fastpop import xla_defaults
@@ -44,3 +45,12 @@ def test_an_older_jaxlib_gets_no_flag_it_lacks_and_a_users_flag_wins(monkeypatch
     monkeypatch.setenv("FASTPOP_XLA_DEFAULTS", "0")
     xla_defaults.apply_xla_defaults()
     assert os.environ["XLA_FLAGS"] == ""
+
+
+def test_env_stepping_programs_take_their_options_on_the_cpu_alone(monkeypatch):
+    assert xla_defaults.env_stepping_options() == xla_defaults.ENV_STEPPING  # this CPU
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert xla_defaults.env_stepping_options() == {}
+    monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+    monkeypatch.setattr(xla_defaults, "jaxlib_version", lambda: (0, 9, 0))
+    assert xla_defaults.env_stepping_options() == {}
