@@ -27,6 +27,7 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 os.environ.setdefault("FASTPOP_STORED_PROGRAMS", "0")
 
 from fastpop.gc_settings import tune_for_tracing
+from tests.dependencies import ALLOWED_SKIPS, allowed_skip
 from tests.runs import trainers  # noqa: F401 (the fixture that starts `fastpop train`)
 from tests.shm_leaks import leftovers, shm_entries
 
@@ -56,6 +57,31 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     left = leftovers(session.config.stash[SHM_BEFORE])
     if left:
         pytest.exit(f"the test session left these in /dev/shm: {left}", returncode=1)
+
+
+def _fail_unlisted_skip(report: pytest.CollectReport | pytest.TestReport) -> None:
+    """A skip for anything but what `.[test]` leaves out (tests/dependencies.py) is a failure:
+    a skip there would hide a broken install of a package the suite is meant to test."""
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2])
+        if not allowed_skip(reason):
+            report.outcome = "failed"
+            report.longrepr = (
+                f"skipped for a reason not allowed ({reason}): the suite skips only for "
+                f"{sorted(ALLOWED_SKIPS)} (tests/dependencies.py, CONTRIBUTING.md 'Skipped tests')"
+            )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_unlisted_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_unlisted_skip(outcome.get_result())
 
 
 @pytest.fixture(autouse=True)

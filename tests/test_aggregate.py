@@ -17,6 +17,7 @@ from fastpop.analysis.plot_aggregate import (
 )
 from fastpop.analysis.sweep import load_groups
 from fastpop.commands.cli import main
+from tests.dependencies import require
 
 
 def direct_iqm(values) -> float:
@@ -42,7 +43,7 @@ def test_iqm_of_known_arrays(values, expected):
 
 
 def test_iqm_matches_scipys_trimmed_mean_along_the_last_axis():
-    stats = pytest.importorskip("scipy.stats")
+    stats = require("scipy.stats")
     scores = np.random.default_rng(3).normal(size=(5, 13))
     expected = stats.trim_mean(scores, 0.25, axis=-1)
     np.testing.assert_allclose(aggregate.iqm(scores), expected, rtol=0, atol=1e-12)

@@ -13,17 +13,16 @@ frame per step, determinism per seed, reward clipping for training only.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from fastpop import config
 from fastpop.collect.rollout import LockstepEnvs, lockstep_envs
 from fastpop.envs import AtariOptions, atari_vector, make_vector_env
 from fastpop.envs.atari_vector import AtariLockstepEnvs, shift_in
+from tests.dependencies import require
 
-pytest.importorskip("cv2")
-ale_py = pytest.importorskip("ale_py")
-if not hasattr(ale_py, "AtariVectorEnv"):
-    pytest.skip("ale_py has no AtariVectorEnv", allow_module_level=True)
+require("cv2")
+
+ale_py = require("ale_py")
 
 
 def _both(game, num_envs, seed, options, training=True):

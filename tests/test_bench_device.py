@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-pytest.importorskip("gymnax")
-
 from fastpop.commands import bench as commands
+from tests.dependencies import require
+
+require("gymnax")
 
 TINY = ["--pop", "2", "--envs-per-member", "2", "--seconds", "0.05", "--chunk-len", "8"]
 TINY += ["--hidden-sizes", "16,16"]

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-pytest.importorskip("gymnax")
-
 from fastpop.bench import gpu_phases, gpu_runner
 from fastpop.bench.gpu_report import judge_targets
 from fastpop.commands import bench as commands
 from fastpop.commands import bench_gpu
+from tests.dependencies import require
 
+require("gymnax")
 # Its smoke run (a module fixture, ~1 minute) serves three tests: one worker runs them all, so
 # that pytest-xdist does not repeat the run on another.
 pytestmark = pytest.mark.xdist_group("bench_gpu")

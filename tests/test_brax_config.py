@@ -19,8 +19,15 @@ from fastpop.config import env as env_config
 from fastpop.envs import brax_envs
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment
 from fastpop.types import EnvSpec
+from tests.dependencies import require
 
-needs_brax = pytest.mark.skipif(not brax_envs.brax_installed(), reason="brax is not installed")
+
+@pytest.fixture
+def brax_package():
+    require("brax")
+
+
+needs_brax = pytest.mark.usefixtures("brax_package")
 PENDULUM = "env.id=brax/inverted_pendulum"
 
 

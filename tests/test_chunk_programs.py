@@ -10,8 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("gymnax")
-
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.device_collection import DeviceCollection
@@ -19,8 +17,10 @@ from fastpop.compilation import compile_stats
 from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_run, make_collection
 from fastpop.strategies.base import Evaluation
+from tests.dependencies import require
 from tests.helpers import program_names
 
+require("gymnax")
 # gymnax's Pendulum compiles in a second (brax's envs in tens): the numbers compared, not
 # learning; the rollout is one code path for every family.
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_gymnax_pendulum_cpu.yaml"

@@ -6,7 +6,6 @@ tens; the rollout is the same code for every family)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -15,13 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("gymnax")
-
 from fastpop import config as config_lib
 from fastpop.population import replay
 from fastpop.run import loop
 from fastpop.run.parts import build_run
 from fastpop.run.resume import resume_run
+from tests.dependencies import require
+
+require("gymnax")
 
 REPO = Path(__file__).resolve().parents[1]
 PRESET = REPO / "configs" / "td3_gymnax_pendulum_cpu.yaml"
@@ -109,7 +109,6 @@ LEARNED = 300.0  # 60x random, 11x zero force
 LEARNING_STEPS = {"td3": 12000, "sac": 6000}
 
 
-@pytest.mark.skipif(importlib.util.find_spec("brax") is None, reason="brax is not installed")
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     steps = LEARNING_STEPS[algo]

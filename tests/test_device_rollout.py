@@ -6,17 +6,16 @@ CartpoleBalance (which only the time limit ends). The rollout does not know the 
 
 from __future__ import annotations
 
-import importlib.util
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-pytest.importorskip("gymnax")
-
 from fastpop.collect import device_rollout
 from fastpop.envs.device_envs import make_device_env
+from tests.dependencies import require
+
+require("gymnax")
 
 LANES, STEPS, TIME_LIMIT = 6, 60, 12
 
@@ -36,15 +35,13 @@ def random_act(env):
 
 
 def brax_pendulum():
-    if importlib.util.find_spec("brax") is None:
-        pytest.skip("brax is not installed")
+    require("brax")
     # spring compiles quickest; random pushes topple it within a few steps (termination)
     return make_device_env("brax/inverted_pendulum", "spring")
 
 
 def playground_cartpole():
-    if importlib.util.find_spec("mujoco_playground") is None:
-        pytest.skip("playground is not installed")
+    require("mujoco_playground")
     return make_device_env("playground/CartpoleBalance")
 
 

@@ -14,8 +14,7 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("gymnax")
-
+from tests.dependencies import require
 from tests.helpers import train_here
 from tests.runs import read_jsonl
 from tests.test_distributed import (
@@ -26,6 +25,8 @@ from tests.test_distributed import (
     wait_for_a_round_after_resume,
 )
 from tests.test_distributed_device import OVERRIDES, PRESET
+
+require("gymnax")
 
 pytestmark = pytest.mark.xdist_group("distributed")  # one worker runs every subprocess group
 

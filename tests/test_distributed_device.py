@@ -14,8 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("gymnax")
-
+from tests.dependencies import require
 from tests.helpers import train_here
 from tests.runs import REPO, read_jsonl
 from tests.test_distributed import (
@@ -23,6 +22,8 @@ from tests.test_distributed import (
     Processes,
     assert_rows_once,
 )
+
+require("gymnax")
 
 pytestmark = pytest.mark.xdist_group("distributed")  # one worker runs every subprocess pair
 

@@ -13,6 +13,7 @@ from fastpop.envs import (
     make_env,
     make_vector_env,
 )
+from tests.dependencies import require
 
 
 def test_classic_control_specs():
@@ -25,7 +26,7 @@ def test_classic_control_specs():
 
 
 def test_mujoco_spec_and_float32_observations(monkeypatch, tmp_path):
-    pytest.importorskip("mujoco")
+    require("mujoco")
     monkeypatch.chdir(tmp_path)  # MuJoCo writes its warnings to MUJOCO_LOG.TXT in the cwd
     spec = env_spec("HalfCheetah-v5")
     assert spec.obs_shape == (17,) and spec.obs_dtype == np.float32
@@ -37,8 +38,8 @@ def test_mujoco_spec_and_float32_observations(monkeypatch, tmp_path):
 
 
 def test_atari_pong_preprocessing():
-    pytest.importorskip("ale_py")
-    pytest.importorskip("cv2")
+    require("ale_py")
+    require("cv2")
     spec = env_spec("Pong")
     assert spec.obs_shape == (84, 84, 4) and spec.obs_dtype == np.uint8
     assert spec.num_actions == 6 and spec.frame_stack == 4
@@ -60,8 +61,8 @@ def test_atari_pong_preprocessing():
 
 
 def test_atari_rewards_clipped_for_training_only():
-    pytest.importorskip("ale_py")
-    pytest.importorskip("cv2")
+    require("ale_py")
+    require("cv2")
     train, evaluate = (make_env("SpaceInvaders", 0, training=t) for t in (True, False))
     actions = np.random.default_rng(0).integers(train.action_space.n, size=150)
     clipped, raw = [], []
@@ -76,8 +77,8 @@ def test_atari_rewards_clipped_for_training_only():
 
 
 def test_atari_life_loss_is_terminal_but_game_goes_on():
-    pytest.importorskip("ale_py")
-    pytest.importorskip("cv2")
+    require("ale_py")
+    require("cv2")
     options = AtariOptions(terminal_on_life_loss=True, fire_on_reset=True)
     env = make_env("Breakout", seed=1, atari=options)
     _, info = env.reset()
@@ -146,8 +147,8 @@ def test_check_env_id_suggests_close_ids():
 
 
 def test_check_env_id_normalizes():
-    pytest.importorskip("ale_py")
-    pytest.importorskip("cv2")
+    require("ale_py")
+    require("cv2")
     for spelling in ("Pong", "pong", "PongNoFrameskip-v4", "Pong-v0", "ALE/Pong-v5"):
         assert check_env_id(spelling) == "ALE/Pong-v5"
     assert check_env_id("space_invaders") == "ALE/SpaceInvaders-v5"
@@ -181,7 +182,7 @@ def test_mujoco_warns_about_gymnasiums_own_model_files_nowhere(capfd):
     """HalfCheetah's model (gymnasium's file) uses settotalmass, which MuJoCo calls deprecated
     each time a process compiles it: once per collector. fastpop's envs do not print it; other
     MuJoCo warnings still reach stderr as MuJoCo words them."""
-    pytest.importorskip("mujoco")
+    require("mujoco")
     import os
     import subprocess
     import sys

@@ -12,15 +12,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-gymnax = pytest.importorskip("gymnax")
+from fastpop import config as config_lib
+from fastpop import envs
+from fastpop.envs import device_envs, gymnax_envs
+from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from fastpop.population import replay
+from fastpop.run.parts import build_run
+from tests.dependencies import require
+from tests.helpers import metric_rows, train_here
 
-from fastpop import config as config_lib  # noqa: E402
-from fastpop import envs  # noqa: E402
-from fastpop.envs import device_envs, gymnax_envs  # noqa: E402
-from fastpop.envs.errors import MissingExtra, UnknownEnvironment  # noqa: E402
-from fastpop.population import replay  # noqa: E402
-from fastpop.run.parts import build_run  # noqa: E402
-from tests.helpers import metric_rows, train_here  # noqa: E402
+gymnax = require("gymnax")
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CARTPOLE = CONFIGS / "dqn_gymnax_cartpole_cpu.yaml"

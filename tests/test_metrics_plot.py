@@ -17,6 +17,7 @@ from fastpop.analysis.plot import (
 )
 from fastpop.run import metrics
 from fastpop.run.metrics import MetricsWriter, evaluation_rounds, read_metrics, summarize
+from tests.dependencies import require
 
 MEMBERS = 3
 EVALUATIONS = 4
@@ -204,7 +205,7 @@ def test_learner_metrics_are_averaged_on_the_host_leaving_out_nan():
 
 
 def test_tensorboard_event_file(tmp_path):
-    pytest.importorskip("tensorboardX")
+    require("tensorboardX")
     with MetricsWriter(tmp_path, tensorboard=True) as writer:
         writer.log_evaluation(round_rows(0))
         writer.log_scalars(1, {"learner/critic_loss": 0.5})
@@ -231,7 +232,7 @@ def test_missing_tensorboardx_warns_once(tmp_path, tensorboardx_missing):
 
 
 def test_the_tensorboard_writer_is_opened_by_the_first_write(tmp_path):
-    pytest.importorskip("tensorboardX")
+    require("tensorboardX")
     with MetricsWriter(tmp_path / "quiet"):
         pass
     assert not list((tmp_path / "quiet").glob("events.out.tfevents.*"))

@@ -4,17 +4,15 @@ import. Each case in a fresh interpreter (this one may have imported MJX already
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-import pytest
+from tests.dependencies import require
 
-pytest.importorskip("brax")
-if importlib.util.find_spec("warp") is None:
-    pytest.skip("warp-lang is not installed: nothing is hidden", allow_module_level=True)
+require("brax")
+require("warp")  # playground brings warp-lang: what envs/mjx_import.py hides
 
 PROBE = """
 import json, sys

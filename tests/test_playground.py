@@ -10,13 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-pytest.importorskip("mujoco_playground")
-
 from fastpop import envs
 from fastpop.commands import cli
 from fastpop.envs import playground_envs
 from fastpop.envs.errors import MissingExtra, UnknownEnvironment
+from tests.dependencies import require
 from tests.helpers import metric_rows, train_here
+
+require("mujoco_playground")
 
 PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_gymnax_pendulum_cpu.yaml"
 

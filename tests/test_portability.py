@@ -18,8 +18,9 @@ from fastpop.agents import make_agent
 from fastpop.bench.portability import NotPortable, lower_for
 from fastpop.population import chunked, replay
 from fastpop.types import EnvSpec
+from tests.dependencies import require
 
-pytest.importorskip("gymnax")
+require("gymnax")
 
 SPECS = {
     "td3": EnvSpec(obs_shape=(3,), action_dim=1),

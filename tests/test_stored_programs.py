@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from fastpop.compilation import compile_cache, compile_stats, static_codec, stored_programs
-
-pytest.importorskip("gymnax")
-
+from tests.dependencies import require
 from tests.helpers import program_names, train_here
 from tests.runs import REPO, read_jsonl
 from tests.test_device_mode import SHORT
+
+require("gymnax")
 
 GYMNAX = REPO / "configs" / "td3_gymnax_pendulum_cpu.yaml"
 

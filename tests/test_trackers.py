@@ -17,6 +17,7 @@ from fastpop import config as config_lib
 from fastpop.commands import cli
 from fastpop.run import metrics, trackers
 from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, read_jsonl
+from tests.dependencies import require
 
 REPO = Path(__file__).resolve().parents[1]
 HPARAMS = [{"actor_lr": 1e-3, "discount": 0.99}, {"actor_lr": 3e-4, "discount": 0.98}]
@@ -79,7 +80,7 @@ def read_session(directory: Path) -> tuple[dict, dict]:
 
 
 def test_hparams_view_has_one_session_per_member(tmp_path):
-    pytest.importorskip("tensorboardX")
+    require("tensorboardX")
     write_members(tmp_path)
     for attempt in range(2):  # a resumed run rewrites the sessions when it stops again
         hparams_tracker = trackers.HParamsSessions(tmp_path)
@@ -110,7 +111,7 @@ def test_hparams_view_has_one_session_per_member(tmp_path):
 
 
 def test_hparams_without_changes_has_no_final_columns(tmp_path):
-    pytest.importorskip("tensorboardX")
+    require("tensorboardX")
     # Hparams come off the device as float32: the view shows their shortest spelling.
     float32 = [{k: float(np.float32(v)) for k, v in h.items()} for h in HPARAMS]
     assert float32[1]["actor_lr"] != 3e-4
@@ -173,7 +174,7 @@ def test_wandb_problems_exit_2_before_anything_starts(
     if hide_wandb:
         monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     else:
-        pytest.importorskip("wandb")
+        require("wandb")
     run_dir = tmp_path / "run"
     sets = [arg for override in overrides for arg in ("--set", override)]
     code = cli.main(
@@ -229,7 +230,7 @@ def history(records) -> list[dict]:
 
 
 def test_wandb_offline_run_mirrors_the_population(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    require("wandb")
     for variable in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR", "WANDB_DIR"):
         monkeypatch.setenv(variable, str(tmp_path / "wandb-home"))
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -301,7 +302,7 @@ def test_wandb_offline_run_mirrors_the_population(tmp_path, monkeypatch):
 
 
 def test_wandb_that_cannot_start_leaves_the_run_to_its_files(tmp_path, monkeypatch):
-    wandb = pytest.importorskip("wandb")
+    wandb = require("wandb")
 
     def no_api_key(**settings):
         raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fastpop.commands import bench as bench_commands
-from fastpop.commands import evaluate, export, pbt_replay
+from fastpop.commands import doctor, evaluate, export, pbt_replay
 from fastpop.commands.args import comma_list, fail, one_of
 from fastpop.compilation import compile_cache, compile_stats
 from fastpop.distributed import flags as distributed_flags
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_parser(commands)
     pbt_replay.add_parser(commands)
     add_plot_parser(commands)
+    doctor.add_parser(commands)
     return parser
 
 
@@ -342,8 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": export.run,
         "pbt-replay": run_pbt_replay,
         "plot": run_plot,
+        "doctor": doctor.run,
     }
-    if args.command != "bench":  # the benchmarks time compiles: they opt in themselves
+    if args.command not in ("bench", "doctor"):  # these time compiles: bench opts in itself
         compile_cache.enable()
     compile_stats.install(print if getattr(args, "verbose", False) else None)
     if getattr(args, "verbose", False):

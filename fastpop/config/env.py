@@ -32,8 +32,8 @@ class EnvConfig:
     """brax ids only: brax's physics pipeline. null: generalized, brax's own default and the
     closest to MuJoCo, for every environment and platform (`brax_envs.default_backend`). spring
     is the choice for speed, 2-5x positional and generalized on a CPU (ant, halfcheetah,
-    inverted_pendulum; the table and command: README.md, Brax), but brax's least accurate
-    pipeline (mjx: slow on a CPU)."""
+    inverted_pendulum; the table and command: docs/device-mode-and-env-families.md, brax), but
+    brax's least accurate pipeline (mjx: slow on a CPU)."""
     episode_length: int | None = field(None, min=1)
     """Device ids only (brax/, gymnax/, playground/): an episode is truncated (a time limit, not
     a terminal) after this many steps; null: the family's own, 1000 for brax (its EpisodeWrapper

@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
         "--distributed",
         action="store_true",
         help="train one population over the devices of several processes (hosts); see "
-        "README 'More devices, more machines'",
+        "docs/devices-and-hosts.md",
     )
     group.add_argument("--coordinator", default=None, metavar="HOST:PORT", help=DETECTION_HELP)
     group.add_argument("--num-processes", type=int, default=None, metavar="N")

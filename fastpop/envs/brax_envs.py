@@ -30,7 +30,9 @@ from fastpop.types import DeviceEnv, EnvSpec
 PREFIX = "brax/"
 BACKENDS = ("generalized", "positional", "spring", "mjx")
 EPISODE_LENGTH = 1000  # brax's EpisodeWrapper default
-INSTALL = "pip install -e '.[brax]'"
+EXTRA, PACKAGE = "brax", "brax"
+INSTALL = f"pip install -e '.[{EXTRA}]'"
+PROBE_ID = "brax/inverted_pendulum"  # what `fastpop doctor` builds to check the family
 # brax 0.14's registry, so that ids are recognised and suggested without importing brax; where
 # brax is installed its own registry (`brax.envs._envs`) is used instead.
 _NAMES = """ant fast halfcheetah hopper humanoid humanoidstandup inverted_double_pendulum
@@ -39,10 +41,11 @@ inverted_pendulum pusher reacher swimmer walker2d""".split()  # noqa: SIM905 (as
 # The backend `env.backend: null` picks: brax's own default, generalized (the closest to MuJoCo),
 # for every environment and platform, so `brax/<name>` is the system brax and published results
 # mean. spring is a choice for speed: env-steps/s of jit(scan(vmap(step))) at batch 256 on a
-# loaded 2-core CPU (`python -m fastpop.envs.brax_envs`, README.md): spring 2-5x positional and
-# generalized on ant, halfcheetah and inverted_pendulum, and quickest to compile; but it is
-# brax's least accurate pipeline, and on it inverted_pendulum is another system (dt 0.02 s; TD3
-# and SAC did not learn it in 20-30k steps, results/brax_inverted_pendulum_cpu/).
+# loaded 2-core CPU (`python -m fastpop.envs.brax_envs`, docs/device-mode-and-env-families.md):
+# spring 2-5x positional and generalized on ant, halfcheetah and inverted_pendulum, and quickest
+# to compile; but it is brax's least accurate pipeline, and on it inverted_pendulum is another
+# system (dt 0.02 s; TD3 and SAC did not learn it in 20-30k steps,
+# results/brax_inverted_pendulum_cpu/).
 DEFAULT_BACKEND = "generalized"
 
 # Each brax environment's task in gymnasium's MuJoCo suite, where it has one: what `fastpop bench

@@ -22,7 +22,9 @@ from fastpop.envs.errors import UnknownEnvironment, close_names, missing_extra
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "gymnax/"
-INSTALL = "pip install -e '.[gymnax]'"
+EXTRA, PACKAGE = "gymnax", "gymnax"
+INSTALL = f"pip install -e '.[{EXTRA}]'"
+PROBE_ID = "gymnax/CartPole-v1"  # what `fastpop doctor` builds to check the family
 # The ids fastpop trains: classic control and MinAtar (bsuite and misc envs are left out: bandits
 # and memory tasks with observation or action spaces these agents do not take).
 NAMES = (

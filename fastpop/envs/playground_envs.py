@@ -27,7 +27,9 @@ from fastpop.envs.mjx_import import import_mjx
 from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "playground/"
-INSTALL = "pip install -e '.[playground]'"
+EXTRA, PACKAGE = "playground", "mujoco_playground"
+INSTALL = f"pip install -e '.[{EXTRA}]'"
+PROBE_ID = "playground/CartpoleBalance"  # what `fastpop doctor` builds to check the family
 EPISODE_LENGTH = 1000  # every Control Suite env's default config
 # playground 0.2.0's registry, so that ids are recognised and suggested without importing it
 # (the import takes seconds); tests/test_playground.py checks them against the package.

@@ -4,7 +4,8 @@ configuration: each arm's members are resampled as one pool.
 Why: `fastpop plot --aggregate --by run` stratifies a run's members by configuration
 (members.json's config_index). In a random search or a PBT run every member is its own
 configuration (seeds = 1), so every stratum holds one member, every bootstrap resample is the
-data itself and the "95% CI" has zero width (see README.md, "A bug in the stock tool"). Here
+data itself and the "95% CI" has zero width (see README.md, "The stock `fastpop plot
+--aggregate --by run` (bug: zero-width intervals)"). Here
 the groups are the same (`analysis.sweep.load_groups(..., by="run")`), only the strata change,
 and the figures and table are drawn by fastpop's own plotting and table code
 (`fastpop.analysis.plot_aggregate`), so the numbers are comparable with the stock tool's.
