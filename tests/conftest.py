@@ -73,6 +73,22 @@ def _fail_unlisted_skip(report: pytest.CollectReport | pytest.TestReport) -> Non
 
 
 @pytest.hookimpl(hookwrapper=True)
+def pytest_collection_modifyitems(config, items):
+    """Under `--dist loadgroup` every `xdist_group` test must carry its group in its node id
+    (what pytest-xdist schedules by): without it the group's module fixture, the suite's most
+    expensive runs, silently ran once per worker (pytest 9.2 with pytest-xdist 3.8)."""
+    yield
+    if not getattr(config.option, "loadgroup", False):
+        return
+    lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist did not group {len(lost)} tests marked xdist_group (e.g. {lost[0]}): "
+            "this pytest and pytest-xdist do not work together; see pyproject.toml's test extra"
+        )
+
+
+@pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     _fail_unlisted_skip(outcome.get_result())
