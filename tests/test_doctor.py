@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fastpop.commands import cli, doctor
-from fastpop.envs import device_envs
+from fastpop.envs import MissingExtra, device_envs
 
 GPU = "NVIDIA H100 80GB HBM3, 81559 MiB"
 
@@ -67,6 +67,16 @@ def test_an_installed_family_that_fails_to_build_is_a_problem(small, monkeypatch
     out = capsys.readouterr().out
     assert "FAILED building gymnax/CartPole-v1: ModuleNotFoundError: No module named 'six'" in out
     assert "gymnax is installed but gymnax/CartPole-v1 fails" in out.split("problems:")[1]
+
+
+def test_a_family_missing_another_package_is_not_installed_not_broken(small, monkeypatch, capsys):
+    def without_imageio(env_id):  # `mujoco` alone, as brax and playground install it
+        raise MissingExtra(f"environment {env_id!r} needs the 'imageio' package")
+
+    monkeypatch.setattr(doctor, "build", without_imageio)
+    monkeypatch.setattr(doctor, "report_update", lambda seconds: None)
+    assert cli.main(["doctor"]) == 0
+    assert "not installed: environment 'Pendulum-v1' needs the 'imageio'" in capsys.readouterr().out
 
 
 def test_a_failed_update_run_is_a_problem(small, monkeypatch, capsys):

@@ -168,6 +168,14 @@ def test_check_env_id_names_missing_extra(monkeypatch):
         MissingExtra, match=r"'Hopper-v5' needs the 'mujoco' package.*fastpop\[mujoco\]"
     ):
         check_env_id("Hopper-v5")
+    # brax and playground bring `mujoco` without imageio, which gymnasium's MuJoCo envs import
+    monkeypatch.setattr(
+        gymnasium_envs, "_module_available", lambda name: name != "imageio" and installed(name)
+    )
+    with pytest.raises(
+        MissingExtra, match=r"'HalfCheetah-v5' needs the 'imageio' package.*fastpop\[mujoco\]"
+    ):
+        check_env_id("HalfCheetah-v5")
     assert check_env_id("Pendulum-v1") == "Pendulum-v1"
 
 

@@ -147,6 +147,8 @@ def nvidia_gpus() -> list[str]:
 
 def report_families() -> list[str]:
     """One line per family: built (and how long it took), not installed, or failed."""
+    from fastpop.envs import MissingExtra
+
     print("environment families:")
     problems = []
     for family in families():
@@ -157,6 +159,9 @@ def report_families() -> list[str]:
         start = time.perf_counter()
         try:
             build(family.env_id)
+        except MissingExtra as error:  # the family's own module is there, another is not
+            print(f"  {family.label:28s} not installed: {error}")
+            continue
         except Exception as error:  # any failure of an installed family is what we report
             failure = f"{type(error).__name__}: {error}"
             print(f"  {family.label:28s} FAILED building {family.env_id}: {failure}")

@@ -45,10 +45,12 @@ _ATARI_ID = re.compile(
     r"^(?:ALE/)?(?P<game>[A-Za-z0-9_]+?)(?:NoFrameskip|Deterministic)?(?:-v\d+)?$"
 )
 
-# Entry-point module prefix -> (module it needs, what to install).
+# Entry-point module prefix -> (modules it needs, what to install). gymnasium's MuJoCo envs import
+# imageio too (gymnasium[mujoco] brings it): brax and playground bring `mujoco` alone, and without
+# imageio HalfCheetah-v5 failed with a bare ModuleNotFoundError.
 _EXTRAS = (
-    ("gymnasium.envs.mujoco", "mujoco", "fastpop[mujoco]"),
-    ("gymnasium.envs.box2d", "Box2D", "gymnasium[box2d]"),
+    ("gymnasium.envs.mujoco", ("mujoco", "imageio"), "fastpop[mujoco]"),
+    ("gymnasium.envs.box2d", ("Box2D",), "gymnasium[box2d]"),
 )
 _ATARI_MODULES = ("ale_py", "cv2")
 
@@ -168,9 +170,10 @@ def check_env_id(env_id: str) -> str:
         return device_envs.check_device_id(env_id)
     spec = gym.registry.get(env_id)
     if spec is not None and not _is_atari_entry_point(spec):
-        for prefix, module, extra in _EXTRAS:
+        for prefix, modules, extra in _EXTRAS:
             if isinstance(spec.entry_point, str) and spec.entry_point.startswith(prefix):
-                _require(env_id, module, extra)
+                for module in modules:
+                    _require(env_id, module, extra)
         return env_id
     game = _atari_game(env_id)
     if game is None and spec is not None:
