@@ -186,6 +186,13 @@ class TunedUpdate(ChunkedUpdate):
             self._note(size, *self._choose(size, states, replay, hparams, key))
         return self.chosen[size]
 
+    def settled_chunk(self, states, replay, hparams, key) -> int | None:
+        """None while the choice is provisional: each call then goes through `__call__`, which
+        counts it and measures when due."""
+        chunk, size = self.chunk_for(states, replay, hparams, key), population_size(hparams)
+        provisional = self.known[size].measure_again or size in self.live
+        return None if provisional else chunk
+
     def _note(self, size: int, chunk: int, how: str) -> None:
         self.chosen[size], self.how[size] = chunk, how
         log.info("vectorized: %d members per chunk at P=%d (%s)", chunk, size, how)

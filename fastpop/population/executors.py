@@ -162,12 +162,13 @@ def image_agent_on_cpu(obs_shape: tuple[int, ...], obs_dtype) -> bool:
     Nature CNN: 370 vs 28 ms per update, results/bench/README.md), and a scan, even of length 1,
     is a while loop: K updates unrolled in one program ran at full speed but took ~55 s to
     compile at K = 50. vmapped per-member convolutions run as grouped ones, at about half the
-    speed, and members updated one at a time out of stacked arrays are copied in and out at
-    every call. The pong preset's update call (2 members x 50 updates,
-    results/startup/update_call.py): 2.95 s after a first call of 64.5 s with K unrolled; 2.08 s
-    after 4.1 s this way. MinAtar's float grids (device mode: the update inside one program per
-    chunk) keep the rolled scan: 2x slower per update, but its 50 updates unrolled took 103 s
-    to compile (gymnax/Breakout-MinAtar, population 2, this CPU).
+    speed, and members updated one at a time out of stacked arrays are copied out and back
+    (once per call of K updates: `chunked.ChunkedUpdate.one_at_a_time`). The pong preset's
+    update call (2 members x 50 updates, results/startup/update_call.py): 2.95 s after a first
+    call of 64.5 s with K unrolled; 2.08 s after 4.1 s this way. MinAtar's float grids (device
+    mode: the update inside one program per chunk) keep the rolled scan: 2x slower per update,
+    but its 50 updates unrolled took 103 s to compile (gymnax/Breakout-MinAtar, population 2,
+    this CPU).
     """
     on_cpu = jax.default_backend() == "cpu"
     return on_cpu and len(obs_shape) == 3 and np.dtype(obs_dtype) == np.uint8
@@ -188,11 +189,12 @@ class RepeatedUpdate:
         self.update, self.calls = update, calls
 
     def __call__(self, states, replay, hparams, key):
-        metrics = []
-        for call_key in jax.random.split(key, self.calls):
-            states, call_metrics = self.update(states, replay, hparams, call_key)
-            metrics.append(call_metrics)
-        return states, jax.tree.map(lambda *m: jnp.concatenate(m, axis=1), *metrics)
+        call_keys = jax.random.split(key, self.calls)
+        # A chunked update makes the calls itself: members updated one at a time make all
+        # theirs in turn, each copied out of the stacked states once, not at every call.
+        if isinstance(self.update, chunked.ChunkedUpdate):
+            return self.update.repeat(states, replay, hparams, call_keys)
+        return chunked.calls_in_turn(self.update, states, replay, hparams, call_keys)
 
     def __getattr__(self, name: str):
         if name == "update":  # not set yet (a copy being made): no recursion
