@@ -45,9 +45,8 @@ _ATARI_ID = re.compile(
     r"^(?:ALE/)?(?P<game>[A-Za-z0-9_]+?)(?:NoFrameskip|Deterministic)?(?:-v\d+)?$"
 )
 
-# Entry-point module prefix -> (modules it needs, what to install). gymnasium's MuJoCo envs import
-# imageio too (gymnasium[mujoco] brings it): brax and playground bring `mujoco` alone, and without
-# imageio HalfCheetah-v5 failed with a bare ModuleNotFoundError.
+# Entry-point module prefix -> (modules it needs, what to install). MuJoCo's envs import imageio
+# too: .[brax] and .[playground] bring `mujoco` alone.
 _EXTRAS = (
     ("gymnasium.envs.mujoco", ("mujoco", "imageio"), "fastpop[mujoco]"),
     ("gymnasium.envs.box2d", ("Box2D",), "gymnasium[box2d]"),
@@ -148,8 +147,8 @@ def _suggestions(env_id: str) -> list[str]:
     return [by_lower[match] for match in matches]
 
 
-def _require(env_id: str, module: str, extra: str) -> None:
-    if not _module_available(module):
+def _require(env_id: str, modules: tuple[str, ...], extra: str) -> None:
+    for module in (m for m in modules if not _module_available(m)):
         raise MissingExtra(
             f"environment {env_id!r} needs the {module!r} package, which is not installed; "
             f"install {extra} (pip install '{extra}')"
@@ -172,8 +171,7 @@ def check_env_id(env_id: str) -> str:
     if spec is not None and not _is_atari_entry_point(spec):
         for prefix, modules, extra in _EXTRAS:
             if isinstance(spec.entry_point, str) and spec.entry_point.startswith(prefix):
-                for module in modules:
-                    _require(env_id, module, extra)
+                _require(env_id, modules, extra)
         return env_id
     game = _atari_game(env_id)
     if game is None and spec is not None:
@@ -191,8 +189,7 @@ def check_env_id(env_id: str) -> str:
         )
         raise UnknownEnvironment(f"unknown environment {env_id!r}; {hint}")
     normalized = f"ALE/{game}-v5"
-    for module in _ATARI_MODULES:
-        _require(normalized, module, "fastpop[atari]")
+    _require(normalized, _ATARI_MODULES, "fastpop[atari]")
     return normalized
 
 
