@@ -197,3 +197,27 @@ def test_collectors_choose_the_vector_env_where_it_applies(monkeypatch):
     assert atari_vector.default_threads(1, 1) == 1  # never more threads than envs
     parsed = config.config_from_dict({"collect": {"atari_vector": False}})
     assert parsed.collect.atari_vector is False and config.Config().collect.atari_vector
+
+
+def test_a_restarted_game_resets_now_on_both_paths_and_steps_on_as_before():
+    """A fresh trial's game (`restart`): each path resets it at once, its stack padded with the
+    reset frame, and from there both step alike; the other game runs on."""
+    gymnasium, vector = _both("Pong", 2, 3, AtariOptions(noop_max=0))
+    rng = np.random.default_rng(0)
+    obs = vector.reset(3)
+    np.testing.assert_array_equal(gymnasium.reset(3), obs)
+    for step in range(60):
+        if step == 30:
+            restarted = [env.restart(np.array([False, True]), obs) for env in (gymnasium, vector)]
+            (mine, reset), (theirs, their_reset) = restarted
+            assert reset.tolist() == their_reset.tolist() == [False, True]
+            np.testing.assert_array_equal(mine, theirs)
+            assert (theirs[1] == theirs[1][..., :1]).all()  # padded with the reset frame
+            np.testing.assert_array_equal(theirs[0], obs[0])
+        actions = rng.integers(gymnasium.action_space.nvec[0], size=2)
+        want, got = gymnasium.step(actions), vector.step(actions)
+        for mine, theirs in zip(got, want, strict=True):
+            np.testing.assert_array_equal(mine, theirs)
+        obs = got[0]
+    gymnasium.close()
+    vector.close()

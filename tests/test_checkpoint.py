@@ -89,7 +89,7 @@ def test_flipped_byte_is_detected(tmp_path):
     "edit,message",
     [
         (lambda m: {**m, "format": "something-else"}, "not a fastpop checkpoint"),
-        (lambda m: {**m, "version": 99}, "format version 99; this fastpop reads version 1"),
+        (lambda m: {**m, "version": 99}, "format version 99; this fastpop reads version 2"),
     ],
 )
 def test_foreign_and_version_mismatched_manifests_are_refused(tmp_path, edit, message):

@@ -1,5 +1,5 @@
-"""Collector processes: no JAX during the warm-up, and CPU-only JAX even when JAX was imported
-before they could say so."""
+"""Collector processes: no JAX during the warm-up, CPU-only JAX even when JAX was imported
+before they could say so, and a member's fresh trial taken up at a chunk boundary."""
 
 from __future__ import annotations
 
@@ -173,3 +173,69 @@ def test_a_worker_starts_with_ctrl_c_blocked_and_the_parent_gets_its_own_back():
     finally:
         worker.kill()
         worker.join()
+
+
+def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode():
+    """Member 1 starts a fresh trial (the learner publishes its new trial): the collector stamps
+    the chunk in progress with the stopped trial (the learner takes those rows out again), and
+    from the next chunk on member 1's env runs a new episode whose first 16 steps are the
+    trial's own warm-up (random actions), then its policy's; member 0 acts with its policy
+    throughout. TD3 without action noise, so the policy's actions are exact."""
+    import time
+
+    import jax
+    import numpy as np
+
+    from fastpop import config as config_lib
+    from fastpop.collect.workers import Workers
+    from fastpop.learn.learner import Learner
+    from fastpop.run.parts import build_run
+
+    config = config_lib.config_from_dict(
+        {
+            "name": "fresh-trial",
+            "algo": "td3",
+            "env": {"id": "Pendulum-v1"},
+            "population": {"size": 2},
+            "agent": {"hidden_sizes": [8, 8]},
+            "hparams": {"exploration_noise": 0.0},
+            "collect": {"num_collectors": 1, "chunk_len": 8, "warmup_steps": 16, "ring_slots": 4},
+        }
+    )
+    learner = Learner(build_run(config).learner_parts())
+    policy = learner.training.policies(learner.states)
+
+    def acted(member: int, obs):
+        pick = lambda tree: jax.tree.map(lambda leaf: leaf[member], tree)
+        act = learner.agent.act(pick(policy), obs, jax.random.key(0), pick(learner.hparams), False)
+        return np.asarray(act)
+
+    def chunks(count: int, workers) -> list:
+        got, deadline = [], time.monotonic() + 120
+        while len(got) < count and time.monotonic() < deadline:
+            workers.check()
+            rows, _, trials = workers.next_chunk()
+            if rows is None:
+                time.sleep(0.005)
+                continue
+            got.append((rows, trials.tolist()))
+        assert len(got) == count
+        return got
+
+    with Workers(config, learner.host_policy_tree(), learner.replay_spec) as workers:
+        before = chunks(4, workers)  # 2 chunks of warm-up, then the policy
+        learner.clocks.start_trials(np.array([False, True]))
+        workers.publish_from(learner)
+        # the ring's 4, one waiting for room, the one that read the new trial, then the trial's
+        after = chunks(6 + 4, workers)
+    assert all(trials == [0, 0] for _, trials in before)
+    stamps = [trials for _, trials in after]
+    first = stamps.index([0, 1])
+    assert stamps[:first] == [[0, 0]] * first and stamps[first:] == [[0, 1]] * (10 - first)
+    assert first <= 6
+    fresh = [rows for rows, _ in after[first:]]
+    assert fresh[0].episode_start[1, 0] and not fresh[0].autoreset[1, 0]
+    for index, rows in enumerate(fresh):  # its own warm-up: 2 chunks
+        assert np.allclose(acted(1, rows.obs[1]), rows.action[1], atol=1e-4) == (index >= 2)
+    for rows, _ in before[2:] + after:
+        assert np.allclose(acted(0, rows.obs[0]), rows.action[0], atol=1e-4)

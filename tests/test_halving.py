@@ -39,12 +39,18 @@ def hparams_of(size=4):
     return [{"actor_lr": 1e-3, "discount": 0.9 + m / 100} for m in range(size)]
 
 
+def aged(index: int, steps: int, returns, ages) -> Evaluation:
+    """A round whose members' trials had trained `ages` env steps at the snapshot (what the
+    learner's clocks give: `Learner.snapshot_facts`)."""
+    return Evaluation(index, steps, np.array(returns, float), trial_steps=np.array(ages))
+
+
 def test_asha_stops_the_bottom_of_every_result_recorded_at_a_rung():
     strategy, hparams = halving(), hparams_of()
     state = strategy.init()
     assert [label["trial"] for label in strategy.member_labels(state)] == [0, 1, 2, 3]
     # Rung 0 (age 100): all four arrive together; the bottom half stops.
-    state, selection = strategy.step(state, Evaluation(0, 100, np.array([1.0, 4, 2, 3])), hparams)
+    state, selection = strategy.step(state, aged(0, 100, [1, 4, 2, 3], [100] * 4), hparams)
     np.testing.assert_array_equal(selection.fresh, [True, False, True, False])
     np.testing.assert_array_equal(selection.sources, np.arange(4))  # nobody copies anybody
     assert [(e["target"], e["stopped_trial"], e["trial"]) for e in selection.events] == [
@@ -57,11 +63,11 @@ def test_asha_stops_the_bottom_of_every_result_recorded_at_a_rung():
     assert [label["trial"] for label in strategy.member_labels(state)] == [4, 1, 5, 3]
     # Trials 4 and 5 reach rung 0 a round later, judged against all six results there:
     # 10 is the best of them; 0 is in the bottom three (2, 1, 0).
-    state, selection = strategy.step(state, Evaluation(1, 200, np.array([10.0, 5, 0, 6])), new)
+    state, selection = strategy.step(state, aged(1, 200, [10, 5, 0, 6], [100, 200, 100, 200]), new)
     assert [(e["target"], e["trial"], e["rung"]) for e in selection.events] == [(2, 6, 0)]
     # Trials 1 and 3 reach rung 1 (age 300): one of the two stops; trial 6 (started at 200)
     # reaches rung 0 with 1, among the bottom three of the seven results there.
-    state, selection = strategy.step(state, Evaluation(2, 300, np.array([9.0, 5, 1, 6])), new)
+    state, selection = strategy.step(state, aged(2, 300, [9, 5, 1, 6], [200, 300, 100, 300]), new)
     stops = [(e["target"], e["stopped_trial"], e["rung"], e["trial"]) for e in selection.events]
     assert stops == [(1, 1, 1, 7), (2, 6, 0, 8)]
     assert state.passed == (1, 0, 0, 2) and state.next_trial == 9
@@ -72,6 +78,45 @@ def test_a_nan_return_ranks_last_at_its_rung():
     returns = np.array([np.nan, 4, 2, 3])
     _, selection = strategy.step(strategy.init(), Evaluation(0, 100, returns), hparams_of())
     np.testing.assert_array_equal(selection.fresh, [True, False, True, False])
+
+
+def test_a_trial_is_judged_at_its_own_age_and_never_on_a_stopped_trials_snapshot():
+    """The result of snapshot 1 comes back after trial 4 started in slot 0 (a lagging
+    evaluator): the snapshot is trial 0's policy (slot 0's version then differs from now), so it
+    counts for no trial; trial 4 reaches rung 0 when its own rows, not the run's steps since
+    the decision, reach 100."""
+    strategy, hparams = halving(), hparams_of()
+    state, selection = strategy.step(
+        strategy.init(), aged(0, 100, [1, 4, 2, 3], [100] * 4), hparams
+    )
+    versions_now = np.array([1, 0, 1, 0])  # the learner's, once trials 4 and 5 started
+    stale = aged(1, 200, [99, 5, 99, 6], [200, 200, 200, 200])._replace(
+        versions=np.zeros(4, int), versions_now=versions_now
+    )
+    state, selection = strategy.step(state, stale, selection.hparams)
+    assert selection is None and state.results[0] == ((0, 1.0), (1, 4.0), (2, 2.0), (3, 3.0))
+    young = aged(2, 300, [7, 5, 8, 6], [60, 300, 60, 300])  # 60 of their own rows in
+    young = young._replace(versions=versions_now, versions_now=versions_now)
+    state, _ = strategy.step(state, young, hparams)
+    assert [trial for trial, _ in state.results[0]] == [0, 1, 2, 3]  # 4 and 5 not yet at 100
+    assert state.results[1] == ((1, 5.0), (3, 6.0)) and state.trials == (4, 6, 5, 3)
+
+
+def test_the_default_bottom_fraction_is_ashas_one_minus_one_over_the_reduction_factor():
+    from fastpop import config as config_lib
+    from fastpop.strategies import make_strategy
+
+    def stopped(*overrides: str) -> list[bool]:
+        config = config_lib.load_config(TD3_PENDULUM, [*HALVING, "population.size=6", *overrides])
+        strategy = make_strategy(config)
+        ages = [config.halving.first_rung] * 6
+        _, selection = strategy.step(strategy.init(), aged(0, ages[0], range(6), ages),
+                                     [{"actor_lr": 1e-3}] * 6)  # fmt: skip
+        return selection.fresh.tolist()
+
+    assert stopped("halving.reduction_factor=3") == [True] * 4 + [False] * 2  # 1 - 1/3
+    assert stopped("halving.reduction_factor=2") == [True] * 3 + [False] * 3
+    assert stopped("halving.reduction_factor=3", "halving.bottom_fraction=0.5").count(True) == 3
 
 
 HALVING = [
@@ -146,6 +191,51 @@ def test_device_mode_resumed_mid_rung_writes_the_rows_of_an_uninterrupted_run(tm
     for member in range(4):
         ran = list(dict.fromkeys(r["trial"] for r in evaluated if r["member"] == member))
         assert slots[member] == "trials " + ", ".join(map(str, ran))
+
+
+def test_a_fresh_trials_rows_and_age_begin_with_the_rows_its_own_policy_collected():
+    """Process mode: after trials 4 and 5 start in slots 1 and 3, chunks the collectors still
+    send for the stopped trials (stamped with the old trial) are taken out of the emptied
+    buffers again, and a trial's clock starts with its first chunk of its own rows (slot 3's
+    collector takes its new trial up a chunk later than slot 1's). Halving judges each trial at
+    that age, what it really trained on."""
+    learner = learner_for(*HALVING)
+    feed(learner, range(4))  # 32 env steps per member: every trial past its first rung
+    learner.strategy_step(Evaluation(0, 32, np.array([3.0, 1.0, 2.0, 0.0])))
+    trials, steps = learner.host_policy_tree()[2]
+    assert trials.tolist() == [0, 1, 0, 1] and steps.tolist() == [32, 0, 32, 0]
+    sizes = lambda: learner.replay.buffers.size.tolist()
+    learner.insert(rows_for(learner, 4), np.array([0, 0, 0, 0]))  # the old trials' rows
+    assert sizes()[1] == sizes()[3] == 0
+    learner.insert(rows_for(learner, 5), np.array([0, 1, 0, 0]))  # slot 3: not yet
+    learner.insert(rows_for(learner, 6), np.array([0, 1, 0, 1]))
+    assert sizes()[1] == 16 and sizes()[3] == 8
+    facts = learner.snapshot_facts()
+    assert facts["trial_steps"] == [56, 16, 56, 8]
+    ages = np.array(facts["trial_steps"])
+    learner.strategy_step(Evaluation(1, 56, np.array([3.0, 1.0, 2.0, 0.0]), trial_steps=ages))
+    at_first_rung = [trial for trial, _ in learner.strategy_state.results[0]]
+    assert 4 in at_first_rung and 5 not in at_first_rung  # trial 5: 8 of its own steps
+
+
+def test_a_trial_whose_state_is_not_finite_is_stopped_and_its_slot_starts_a_fresh_trial():
+    """Not reset from the best member's state under its own trial id: it would carry that
+    member's weights into its later rung comparisons."""
+    learner = learner_for(*HALVING)
+    feed(learner, range(1))  # 8 env steps: no trial at a rung
+    broken = jax.tree.map(lambda leaf: leaf.at[1].set(np.nan) if leaf.dtype.kind == "f" else leaf,
+                          learner.training.release(learner.states))  # fmt: skip
+    learner.states = learner.training.adopt(broken)
+    before = jax.tree.map(np.asarray, learner.states)
+    events, _ = learner.strategy_step(Evaluation(0, 8, np.array([1.0, 2.0, 3.0, 4.0])))
+    assert [(e["kind"], e["target"], e.get("reason"), e.get("trial")) for e in events] == [
+        ("trial", 1, "non_finite", 4)
+    ]
+    assert learner.finite_members().all()
+    after = jax.tree.map(np.asarray, learner.states)
+    for other in (0, 2, 3):  # new networks, not another member's
+        assert not np.allclose(actor_of(after, 1), actor_of(before, other))
+    assert [label["trial"] for label in learner.member_labels()] == [0, 4, 2, 3]
 
 
 @pytest.mark.parametrize(

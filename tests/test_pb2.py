@@ -10,7 +10,13 @@ import pytest
 
 from fastpop.strategies import gp
 from fastpop.strategies.base import Evaluation
-from fastpop.strategies.pb2 import from_unit, make_pb2, newest_within, to_unit
+from fastpop.strategies.pb2 import (
+    choose_configurations,
+    from_unit,
+    make_pb2,
+    newest_within,
+    to_unit,
+)
 from fastpop.strategies.pbt import PBTSettings, make_pbt
 from fastpop.strategies.priors import Prior
 from tests.helpers import refused_train
@@ -107,6 +113,57 @@ def test_lineage_carries_the_acquisition_and_a_seed_decides_the_same_way():
     assert all(e["acquisition"] >= e["predicted_change"] for e in later)
 
 
+def lagged(index: int, returns, hparams, versions, versions_now) -> Evaluation:
+    """A round whose result came back after the members trained on (no member is still
+    exactly its evaluated policy): `hparams` and `versions` are the snapshot's."""
+    size = len(returns)
+    return Evaluation(
+        index, 100 + index, np.array(returns, float), np.ones(size, bool), hparams,
+        np.array(versions), np.full(size, 100 + index), None, np.array(versions_now),
+        np.zeros(size, bool),
+    )  # fmt: skip
+
+
+def test_each_change_is_credited_to_the_evaluated_policys_hparams_under_a_lagging_evaluator():
+    """The round of result 0 replaces member 0 (with member 3's state, new hparams) after
+    snapshot 1 was taken: snapshot 1 is still member 0's old line, whose change since snapshot
+    0 is observed with the old hparams; snapshot 2 is the new line, which has no earlier
+    evaluation (the copy was not of an evaluated state), so its first change is observed at
+    result 3, with the new hparams. Every change lies between two returns of one line."""
+    strategy = make_pb2(4, BOWL, 0, PBTSettings(interval=100, evaluation_interval=1), 10)
+    old = initial(4)
+    state, selection = strategy.step(
+        strategy.init(), lagged(0, [0, 1, 2, 3], old, [0] * 4, [0] * 4), old
+    )
+    (event,) = selection.events
+    assert (event["target"], event["source"]) == (0, 3)
+    new, now = selection.hparams, [1, 0, 0, 0]  # the learner counts member 0's change
+    rounds = [([10, 2, 3, 4], old, [0] * 4), ([11, 4, 5, 6], new, now), ([13, 7, 8, 9], new, now)]
+    for index, (returns, evaluated, versions) in enumerate(rounds, start=1):
+        state, _ = strategy.step(state, lagged(index, returns, evaluated, versions, now), new)
+    observed = {(int(o[0]), o[1], tuple(o[2:])) for o in state.explorer.observations}
+    unit = lambda h: tuple(to_unit(BOWL[n], h[n]) for n in sorted(BOWL))
+    expected = {(1, 1.0, unit(old[m])) for m in (1, 2, 3)} | {(1, 10.0, unit(old[0]))}
+    expected |= {(2, 2.0, unit(old[m])) for m in (1, 2, 3)}
+    expected |= {(3, 3.0, unit(old[m])) for m in (1, 2, 3)} | {(3, 2.0, unit(new[0]))}
+    assert observed == expected
+
+
+def test_a_copy_of_the_evaluated_state_is_measured_from_its_sources_return():
+    """The learner waited (`pbt.wait`, device mode): the copied state is the evaluated one, so
+    the target's next change counts from its source's return, as PB2 does."""
+    strategy = make_pb2(4, BOWL, 0, PBTSettings(interval=100, evaluation_interval=1), 10)
+    hparams = initial(4)
+    exact = lagged(0, [0, 1, 2, 3], hparams, [0] * 4, [0] * 4)._replace(
+        as_evaluated=np.ones(4, bool)
+    )
+    state, selection = strategy.step(strategy.init(), exact, hparams)
+    now = [1, 0, 0, 0]
+    after = lagged(1, [5, 2, 3, 4], selection.hparams, now, now)
+    state, _ = strategy.step(state, after, selection.hparams)
+    assert sorted(o[1] for o in state.explorer.observations) == [1.0, 1.0, 1.0, 2.0]  # 5 - 3
+
+
 def test_a_nan_member_ranks_last_and_is_never_copied():
     events = play(pb2(), initial(8), bowl, rounds=4, nan_at=(2, 3))
     round_2 = [e for e in events if e["round"] == 2]
@@ -140,6 +197,31 @@ def test_the_gp_fits_a_smooth_function_and_pending_points_shrink_only_the_varian
     assert after[1][0] < 0.5 * before[1][0]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_one_heavy_tailed_change_does_not_pull_the_choices_to_itself(seed):
+    """Changes best near 0.8 of the box and one change of +20 (about 4.5 standard deviations of
+    all of them) at 0.15: the standardized targets are clipped to [-2, 2] as Ray Tune's are, so
+    the choice follows the rest of the changes; unclipped, it went to 0.15."""
+    rng = np.random.default_rng(seed)
+    x = np.vstack([rng.uniform(size=(40, 1)), [[0.15]]])
+    y = np.append(-10 * (x[:40, 0] - 0.8) ** 2 + rng.normal(0, 0.3, 40), 20.0)
+    assert gp.standardized(y)[2].max() == 2.0
+    model = gp.fit(x, np.zeros(41), y)
+    (point, *_), *_ = choose_configurations(model, 0, np.zeros((0, 1)), 1, rng)
+    assert point[0] > 0.6
+
+
+def test_a_choice_is_embedded_by_the_order_of_its_options_which_are_numbers():
+    """Decided, not changed: every hparam a population varies is a number with an order
+    (rates, discounts, noises, delays, periods), so a choice's options are ordered values, and
+    a user lists them on the scale that matters (0.9, 0.99, 0.999: evenly in 1 - discount's
+    log). Their order, evenly spaced, is that scale; their values would put 0.99 ten times
+    nearer 0.999 than 0.9. Options that are not numbers are refused by the config."""
+    discount = Prior("choice", values=(0.999, 0.9, 0.99))
+    assert [to_unit(discount, v) for v in (0.9, 0.99, 0.999)] == [0.0, 0.5, 1.0]
+    assert [from_unit(discount, u) for u in (0.1, 0.4, 0.9)] == [0.9, 0.99, 0.999]
+
+
 def test_the_gp_takes_the_newest_whole_evaluations_within_its_limit():
     observations = np.array([[t, 0.1 * m, 0.5] for t in (3.0, 4.0, 5.0) for m in range(4)])
     assert newest_within(observations, 100).tolist() == observations.tolist()
@@ -155,7 +237,7 @@ def test_the_fit_and_its_extension_by_pending_points_equal_a_direct_factorizatio
     settings = (model.length_scale, model.epsilon)
     covariance = gp.kernel(x, t, x, t, *settings) + model.noise * np.eye(30)
     np.testing.assert_allclose(model.cholesky @ model.cholesky.T, covariance, atol=1e-12)
-    np.testing.assert_allclose(covariance @ model.alpha, (y - y.mean()) / y.std(), atol=1e-9)
+    np.testing.assert_allclose(covariance @ model.alpha, gp.standardized(y)[2], atol=1e-9)
     pending, now = rng.uniform(size=(5, 3)), np.full(5, 3.0)
     extended = gp.with_pending(model, pending, now)
     all_x, all_t = np.concatenate([x, pending]), np.concatenate([t, now])
@@ -170,6 +252,8 @@ def test_the_fit_and_its_extension_by_pending_points_equal_a_direct_factorizatio
         (["strategy=pb2"], "population.priors: strategy pb2 draws the hparams that have"),
         (["strategy=pb2", "pb2.window=0", "population.priors={actor_lr: {uniform: [0, 1]}}"],
          "pb2.window: must be >= 1, got 0"),
+        (["strategy=pb2", "population.priors={actor_lr: {choice: [fast, slow]}}"],
+         "population.priors.actor_lr (a bound)"),
     ],
 )  # fmt: skip
 def test_bad_pb2_configs_exit_2_naming_the_field(overrides, message, tmp_path, capsys):

@@ -152,3 +152,22 @@ def test_fitness_is_nan_only_when_the_latest_return_is():
     scores = pbt.fitness(history)
     np.testing.assert_array_equal(scores[:2], [2.0, 4.0])
     assert np.isnan(scores[2]) and scores[3] == 7.0 and np.isnan(scores[4])
+
+
+def test_a_members_fitness_leaves_out_results_of_a_line_it_no_longer_holds():
+    """Member 0 copies member 3 at the round of result 0, which came back after snapshot 1 was
+    taken: snapshot 1's return is member 0's old line's, so its history stays its source's."""
+    from fastpop.strategies.base import Evaluation
+
+    priors = {"a": Prior("uniform", 0.0, 1.0)}
+    settings = pbt.PBTSettings(interval=100, evaluation_interval=1, fitness_window=2)
+    strategy = pbt.make_pbt(4, priors, 0, settings)
+    hparams = [{"a": 0.1 * m} for m in range(4)]
+    state, selection = strategy.step(
+        strategy.init(), Evaluation(0, 100, np.array([0.0, 1, 2, 3])), hparams
+    )
+    assert [(e["target"], e["source"]) for e in selection.events] == [(0, 3)]
+    stale = Evaluation(1, 101, np.array([-50.0, 1, 2, 3]), versions=np.zeros(4, int),
+                       versions_now=np.array([1, 0, 0, 0]))  # fmt: skip
+    state, _ = strategy.step(state, stale, selection.hparams)
+    assert state.history == ((3.0,), (1.0, 1.0), (2.0, 2.0), (3.0, 3.0))

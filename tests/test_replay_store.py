@@ -165,11 +165,13 @@ def test_run_progress_and_pending_evaluations_round_trip_through_plain_data():
     for index in (4, 3):
         meta = snapshot.SnapshotMeta(index, 10 * index, index, 1.5)
         labels = [{"trial": index + 10}] if index == 4 else None
-        pending.add(snapshot.encode([np.arange(3.0)], meta), [{"lr": index}], labels)
+        facts = {"versions": [index], "trial_steps": [5], "updates": 7} if index == 4 else None
+        pending.add(snapshot.encode([np.arange(3.0)], meta), [{"lr": index}], labels, facts)
     again = PendingEvaluations.restored(*pending.saved())
     assert [snapshot.decode(a)[1].eval_index for a in again.in_order()] == [3, 4]
-    assert again.take(4) == ([{"lr": 4}], [{"trial": 14}]) and again.take(4) is None
-    assert again.take(3) == ([{"lr": 3}], None)
+    facts = {"versions": [4], "trial_steps": [5], "updates": 7}
+    assert again.take(4) == ([{"lr": 4}], [{"trial": 14}], facts) and again.take(4) is None
+    assert again.take(3) == ([{"lr": 3}], None, None)
 
 
 COMPILED = program_names(compile_stats.BACKEND)  # compiled (a cache hit counts too)

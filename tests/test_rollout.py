@@ -43,3 +43,30 @@ def test_a_collectors_row_fields_are_the_replays():
     from fastpop.population import replay
 
     assert replay.Rows._fields == ROW_FIELDS
+
+
+def test_a_restarted_env_starts_a_new_stream_and_an_ending_one_is_left_to_its_reset_step():
+    """A fresh trial's envs (`LockstepEnvs.restart`, `RowStream.restart_lanes`): a running
+    episode ends there unflagged and unreported, the next row starts a new stream (as a
+    restarted collector's first row); an env whose episode just ended keeps its reset step."""
+    from fastpop.collect.rollout import RowLayout, RowStream
+
+    envs = LockstepEnvs(make_vector_env("CartPole-v1", 3, 0))
+    stream = RowStream(RowLayout(4, (4,), np.dtype(np.float32), np.dtype(np.int32), 1), 3)
+    obs, actions = envs.reset(seed=0), np.zeros(3, np.int64)
+    while True:  # until env 2's episode ends (always pushed left) while 0 and 1 run on
+        next_obs, reward, terminated, truncated = envs.step(actions)
+        stream.append(obs, actions, reward, terminated, truncated)
+        obs = next_obs
+        if terminated[2] or truncated[2]:
+            break
+    assert not (terminated[:2] | truncated[:2]).any()
+    obs, reset = envs.restart(np.array([False, True, True]), obs)
+    assert reset.tolist() == [False, True, False]
+    stream.restart_lanes(reset)
+    assert stream.append(obs, actions, *envs.step(actions)[1:]) == []  # nothing reported
+    last = stream._rows[-1]
+    autoreset, episode_start = last[5], last[6]
+    assert autoreset.tolist() == [False, False, True]  # env 2: its reset step
+    assert episode_start.tolist() == [False, True, False]  # env 1: a new stream
+    envs.close()

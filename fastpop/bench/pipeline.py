@@ -41,7 +41,7 @@ def collection_rate(config: config_lib.Config, seconds: float) -> float:
         deadline = None
         while deadline is None or time.perf_counter() < deadline:
             workers.check()
-            chunk, _ = workers.next_chunk()
+            chunk = workers.next_chunk()[0]
             if chunk is None:
                 time.sleep(0.0005)
                 continue

@@ -11,7 +11,6 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from fastpop import population
 from fastpop.agents.networks import GaussianActor
 from fastpop.collect import numpy_policy
 from fastpop.collect.numpy_policy import KeyPath, NumpyPolicy
@@ -23,17 +22,23 @@ from fastpop.types import EnvSpec
 NUMPY_MAX_POLICY_BYTES = 2 * 2**20
 
 
+def population_act_per_member(agent):
+    """`population.population_act` with `env_steps` per member, (P,): each member's exploration
+    (DQN's epsilon) follows its own trial's clock (`learn/member_clocks.py`)."""
+    return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, 0))
+
+
 def batched_policy_step(agent, num_slots: int, envs_per_member: int):
     """One call per env step: next key, and an exploring action for every slot.
 
     Splitting keys inside the compiled call keeps it to one dispatch per step.
     """
-    act = population.population_act(agent)
+    act = population_act_per_member(agent)
 
     def step(policy, obs, key, hparams, env_steps_per_env):
         key, act_key = jax.random.split(key)
         keys = jax.random.split(act_key, num_slots)
-        member_steps = env_steps_per_env * envs_per_member
+        member_steps = env_steps_per_env * envs_per_member  # (slots,): each slot's trial's
         actions = act(policy, obs[:, None], keys, hparams, True, member_steps)
         return actions[:, 0], key
 
@@ -50,10 +55,10 @@ class JaxActing:
     def set_policy(self, policy, hparams) -> None:
         self._policy, self._hparams = jax.device_put((policy, hparams))  # once per version
 
-    def __call__(self, obs: np.ndarray, env_steps: int) -> np.ndarray:
-        actions, self._key = self._step(
-            self._policy, obs, self._key, self._hparams, np.int32(env_steps)
-        )
+    def __call__(self, obs: np.ndarray, env_steps) -> np.ndarray:
+        """`env_steps`: per env so far, of each slot's trial (an array, or one for all)."""
+        steps = np.broadcast_to(np.asarray(env_steps, np.int32), (len(obs),))
+        actions, self._key = self._step(self._policy, obs, self._key, self._hparams, steps)
         return np.asarray(actions)
 
 

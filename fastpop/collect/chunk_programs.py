@@ -29,7 +29,7 @@ from fastpop.learn.learner import ChunkPlan, DeviceState
 from fastpop.learn.update_protocol import Training
 from fastpop.xla_defaults import env_stepping_options
 
-# rollout(lanes, key, states, hparams, env_steps) -> (lanes, rows)
+# rollout(lanes, key, states, hparams, env_steps (P,), restarts (P,)) -> (lanes, rows)
 Rollout = Callable
 
 
@@ -92,7 +92,7 @@ def chunk_programs(
     lanes_at, buffers_at, states_at = placement or (None, None, None)
 
     def collect_chunk(lanes, buffers, states, key, hparams, plan):
-        lanes, rows = rollout(lanes, key, states, hparams, plan.env_steps)
+        lanes, rows = rollout(lanes, key, states, hparams, plan.env_steps, plan.restarts)
         buffers = add_rows(buffers, rows, plan.joins)
         if placement is not None:
             lanes, buffers = jax.lax.with_sharding_constraint(

@@ -88,9 +88,10 @@ def force_cpu_jax() -> None:
 
 
 def policy_template(agent, size: int):
-    """Shapes of what the learner publishes: (stacked policy params, stacked hparams, env steps
-    per member so far). The step count lets a restarted collector resume its warm-up and
-    exploration schedules where the run is, instead of from zero."""
+    """Shapes of what the learner publishes: (stacked policy params, stacked hparams, (each
+    member's trial, the env steps of that trial so far)); `learn/member_clocks.py`. A new trial
+    restarts the member's envs and exploration schedules (`SlotTrials`); the step count lets a
+    restarted collector resume them where the trial is, instead of from zero."""
     import jax
     import jax.numpy as jnp
 
@@ -99,9 +100,44 @@ def policy_template(agent, size: int):
     def build():
         hparams = population.broadcast_hparams(agent.default_hparams(), size)
         states = population.init_population(agent, jax.random.key(0), hparams)
-        return population.member_policies(agent, states), hparams, jnp.zeros((), jnp.int32)
+        clocks = (jnp.zeros(size, jnp.int32), jnp.zeros(size, jnp.int32))
+        return population.member_policies(agent, states), hparams, clocks
 
     return jax.eval_shape(build)
+
+
+TRIAL_FIELD = "trial_epoch"  # per slot, beside a chunk's rows: the trial they were collected for
+
+
+class SlotTrials:
+    """Per env slot: the trial its member runs (`epochs`, as the learner publishes them) and
+    the env steps that trial has taken in the slot (`steps`: what its warm-up and exploration
+    act at). A new trial is taken up at the next chunk boundary (`switch`): the chunk in
+    progress is stamped with the stopped trial, whose rows the learner takes out of the new
+    trial's buffer, and the slot's env starts a new episode for the new one. (A member whose
+    envs two collectors step: the learner keeps its rows from the first chunk both stamp with
+    the new trial, so the envs of the collector that switched a chunk sooner lose that chunk.)"""
+
+    def __init__(self, slot_rows: np.ndarray):
+        self.rows = slot_rows  # each slot's member, as a row of the collector's own members
+        self.epochs = np.zeros(len(slot_rows), np.int64)
+        self.steps = np.zeros(len(slot_rows), np.int64)
+        self.published = self.epochs.copy()
+
+    def join(self, epochs: np.ndarray, steps: np.ndarray, envs_per_member: int) -> None:
+        """A collector started during a run takes the trials where they are."""
+        self.epochs = self.published = np.asarray(epochs)[self.rows].astype(np.int64)
+        self.steps = np.asarray(steps)[self.rows].astype(np.int64) // envs_per_member
+
+    def read(self, epochs: np.ndarray) -> None:
+        self.published = np.asarray(epochs)[self.rows].astype(np.int64)
+
+    def switch(self) -> np.ndarray:
+        """At a chunk boundary: the slots whose member started a new trial take it up (their
+        steps from 0); returns them (bool)."""
+        new = self.published != self.epochs
+        self.epochs[new], self.steps[new] = self.published[new], 0
+        return new
 
 
 def max_episodes_per_chunk(num_slots: int, chunk_len: int) -> int:
@@ -203,21 +239,25 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     version, acting, leaves = 0, None, None  # leaves: the newest policy not yet handed over
     episodes: list[tuple[int, float, int]] = []
     timers = {"env_seconds": 0.0, "policy_seconds": 0.0, "blocked_seconds": 0.0}
-    steps = 0  # env steps per env, counted from the start of the run
+    trials = SlotTrials(slot_members - own_members.start)
     own_steps = 0  # env steps per env taken by this process
     obs = envs.reset(seed=spec.env_seed)
     try:
         while not stop_event.is_set():
             newer = params.read_if_newer(version, rows=own_members)
-            if newer is None and version == 0 and steps >= warmup_env_steps:
+            if newer is None and version == 0 and trials.steps.min() >= warmup_env_steps:
                 time.sleep(0.005)  # started before the learner: its first publish is on the way
                 continue
             if newer is not None:
-                if version == 0 and steps == 0:  # a restarted collector joins a run under way
-                    steps = int(newer[1][-1]) // setup.envs_per_member  # the tree's last leaf
+                epochs, trial_steps = newer[1][-2:]  # the tree's last leaves
+                if version == 0 and own_steps == 0:  # a restarted collector joins a run
+                    trials.join(epochs, trial_steps, setup.envs_per_member)
+                else:
+                    trials.read(epochs)
                 version, leaves = newer
             start = time.perf_counter()
-            if steps < warmup_env_steps:
+            warming = trials.steps < warmup_env_steps
+            if warming.all():
                 actions = envs.action_space.sample()
             else:
                 if acting is None:
@@ -225,7 +265,11 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 if leaves is not None:
                     acting.set_policy(*slots_policy(leaves))
                     leaves = None
-                actions = acting(obs, steps)
+                actions = acting(obs, trials.steps)
+                if warming.any():  # a fresh trial's warm-up, beside trained members
+                    random = envs.action_space.sample()
+                    actions = np.where(warming.reshape(-1, *[1] * (actions.ndim - 1)),
+                                       random, actions)  # fmt: skip
             stepped = time.perf_counter()
             next_obs, reward, terminated, truncated = envs.step(actions)
             timers["policy_seconds"] += stepped - start
@@ -235,14 +279,18 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
             ):
                 episodes.append((int(slot_members[lane]), episode_return, length))
             obs = next_obs
-            steps += 1
+            trials.steps += 1
             own_steps += 1
             if stream.has_chunk():
                 start = time.perf_counter()
-                if not ring.put(stream.pop_fields(), episodes, stop_event=stop_event):
+                chunk = stream.pop_fields() | {TRIAL_FIELD: trials.epochs.astype(np.int32)}
+                if not ring.put(chunk, episodes, stop_event=stop_event):
                     break
                 timers["blocked_seconds"] += time.perf_counter() - start
                 episodes = []
+                if (switched := trials.switch()).any():  # fresh trials: new episodes
+                    obs, restarted = envs.restart(switched, obs)
+                    stream.restart_lanes(restarted)
     finally:
         envs.close()
         params.close()

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop import population
 from fastpop.collect import chunk_programs, device_rollout, snapshot
+from fastpop.collect.acting import population_act_per_member
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
@@ -227,8 +227,7 @@ class DeviceCollection:
         `states` and `hparams` after `member_steps` env steps each, without inserting them
         (what `fastpop bench device` times as collection alone)."""
         self.key, key = jax.random.split(self.key)
-        steps = jnp.int32(member_steps)
-        self.lanes, rows = self._chunk(self.lanes, key, states, hparams, steps)
+        self.lanes, rows = self._chunk(self.lanes, key, states, hparams, jnp.int32(member_steps))
         return rows, []
 
     def evaluate(self, arrays: dict) -> None:
@@ -305,23 +304,31 @@ class DeviceCollection:
 
     # --- compiled programs ---
 
-    def _rollout_chunk(self, lanes, key, states, hparams, member_steps):
+    def _rollout_chunk(self, lanes, key, states, hparams, member_steps, restarts=None):
+        """`member_steps`: env steps of each member's trial before the chunk ((P,), or one
+        for all), which its warm-up and exploration act at; `restarts`: (P,) bool, members
+        whose fresh trial starts here: their lanes start new episodes first."""
         parts = self.parts
         policy = parts.training.policies(states)  # inside the jit: no host work per chunk
         size, per_member = parts.population_size, parts.collect.envs_per_member
-        act = population.population_act(parts.agent)
+        act = population_act_per_member(parts.agent)
         warmup_env_steps = -(-parts.collect.warmup_steps // per_member)
         spec = parts.env_spec
+        trial_steps = jnp.broadcast_to(jnp.asarray(member_steps, jnp.int32), (size,))
+        if restarts is not None:
+            lanes = device_rollout.restart(lanes, jnp.repeat(restarts, per_member))
 
         def lane_act(obs, step_key, index):
-            env_steps = member_steps // per_member + index  # per env, as collectors count
+            env_steps = trial_steps // per_member + index  # per env, as collectors count
             explore_key, random_key = jax.random.split(step_key)
             member_obs = obs.reshape(size, per_member, *obs.shape[1:])
             keys = jax.random.split(explore_key, size)
             actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
             actions = actions.reshape(size * per_member, *actions.shape[2:])
             warmup = device_rollout.random_actions(spec, random_key, actions.shape)
-            return jnp.where(env_steps < warmup_env_steps, warmup, actions).astype(warmup.dtype)
+            warming = jnp.repeat(env_steps < warmup_env_steps, per_member)
+            warming = warming.reshape(-1, *(1,) * (actions.ndim - 1))
+            return jnp.where(warming, warmup, actions).astype(warmup.dtype)
 
         lanes, rows, _ = device_rollout.rollout(
             self.env, self.episode_length, lanes, lane_act, key, parts.collect.chunk_len

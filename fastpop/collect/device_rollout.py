@@ -103,6 +103,18 @@ def _select(mask: jax.Array, a, b):
     return jax.tree.map(pick, a, b)
 
 
+def restart(state: LaneState, lanes: jax.Array) -> LaneState:
+    """Where `lanes` (bool, per lane), the current episode ends here, with no flag (a stopped
+    trial's episode, not the env's): the next step is a reset step, whose row (an autoreset row,
+    never a transition's start) ends the lane's stream, and the episode after is the new
+    trial's from its first step."""
+    return state._replace(
+        done=state.done | lanes,
+        starts=state.starts & ~lanes,
+        episode_return=jnp.where(lanes, 0.0, state.episode_return),
+    )
+
+
 def step(env, episode_length: int, state: LaneState, action: jax.Array):
     """One env step of every lane -> (state, the row it writes (lanes,...), Finished)."""
     lanes = state.steps.shape[0]

@@ -37,7 +37,7 @@ class NumpyPolicy(NamedTuple):
 
 def nested(paths: Sequence[KeyPath], leaves: Sequence[Any]) -> dict:
     """The published leaves as nested dicts keyed by their paths' keys (the published tree is
-    (policy params, hparams, env steps): keys 0, 1 and 2 at the top)."""
+    (policy params, hparams, trial clocks): keys 0, 1 and 2 at the top)."""
     tree: dict = {}
     for path, leaf in zip(paths, leaves, strict=True):
         node = tree
@@ -116,8 +116,9 @@ class NumpyActing:
             noise = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
             self._noise_scale = noise[:, None]
 
-    def __call__(self, obs: np.ndarray, env_steps: int) -> np.ndarray:
-        """`env_steps`: per env so far (DQN's epsilon decays over its member's env steps)."""
+    def __call__(self, obs: np.ndarray, env_steps) -> np.ndarray:
+        """`env_steps`: per env so far, of each slot's trial (an array, or one for all): DQN's
+        epsilon decays over its member's trial's env steps."""
         x = _float_observation(np.asarray(obs)).reshape(len(obs), 1, -1)
         if self.policy.algo == "td3":  # DeterministicActor: one MLP, its last layer linear
             return self._td3(x)

@@ -96,6 +96,15 @@ class RowStream:
         self._lengths[done] = 0
         return finished
 
+    def restart_lanes(self, lanes: np.ndarray) -> None:
+        """The envs of `lanes` (bool) were reset outside an episode's end (`LockstepEnvs.restart`:
+        a fresh trial's first episode): the next row starts a new stream, as a restarted
+        collector's first row does, and their running episodes are dropped unreported."""
+        self._previous_done[lanes] = False
+        self._previous_autoreset[lanes] = True
+        self._returns[lanes] = 0.0
+        self._lengths[lanes] = 0
+
     def has_chunk(self) -> bool:
         return len(self._rows) >= self.spec.chunk_len
 
@@ -148,6 +157,16 @@ class LockstepEnvs:
                 obs[i], reward[i], terminated[i], truncated[i], _ = env.step(actions[i])
         self._autoreset = terminated | truncated
         return np.stack(obs).astype(self._obs_dtype, copy=False), reward, terminated, truncated
+
+    def restart(self, envs: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(obs, reset): `obs` with the envs where `envs` (bool) reset now, ending their episodes
+        unflagged (a fresh trial starts in them), and which were. An env whose episode ended at
+        the previous step is left to its reset step, which starts a new episode anyway."""
+        reset = np.asarray(envs, bool) & ~self._autoreset
+        obs = obs.copy()
+        for i in np.flatnonzero(reset):
+            obs[i], _ = self.envs[i].reset()
+        return obs, reset
 
     def close(self) -> None:
         self.vector_env.close()

@@ -19,6 +19,7 @@ from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.acting import numpy_policy_for
 from fastpop.collect.collector import (
+    TRIAL_FIELD,
     CollectorEnvs,
     CollectorSpec,
     max_episodes_per_chunk,
@@ -131,6 +132,7 @@ class Workers:
                 ._asdict()
                 .items()
             }
+            | {TRIAL_FIELD: ((count,), np.int32)}  # the trial each slot's rows are for
             for _, count in self.blocks
         ]
         self.stop_flag = None
@@ -266,14 +268,15 @@ class Workers:
     def feed(self, learner) -> list | None:
         """One chunk from every collector into the learner's replay; its finished episodes, or
         None when a collector has no chunk ready."""
-        rows, episodes = self.next_chunk()
+        rows, episodes, trials = self.next_chunk()
         if rows is None:
             return None
-        learner.insert(rows)
+        learner.insert(rows, trials)
         return episodes
 
     def next_chunk(self):
-        """One chunk from every collector, concatenated over slots; (None, []) if not ready."""
+        """One chunk from every collector, concatenated over slots: (rows, finished episodes,
+        per slot the trial its rows were collected for); (None, [], None) if not ready."""
         for index, (ring, pending) in enumerate(zip(self.rings, self.pending, strict=True)):
             if not pending:
                 chunk = ring.try_get()
@@ -283,7 +286,7 @@ class Workers:
         if self.evaluator is None and self.evaluator_with_first_rows and all(self.delivered):
             self._start_evaluator()  # after the collectors' start-up: the CPU was theirs
         if not all(self.pending):
-            return None, []
+            return None, [], None
         chunks = [pending.popleft() for pending in self.pending]
         rows = replay.Rows(
             **{
@@ -291,7 +294,8 @@ class Workers:
                 for name in replay.Rows._fields
             }
         )
-        return rows, [episode for chunk in chunks for episode in chunk.episodes]
+        trials = np.concatenate([c.arrays[TRIAL_FIELD] for c in chunks])
+        return rows, [episode for chunk in chunks for episode in chunk.episodes], trials
 
     def waiting_on(self) -> str | None:
         """What start-up still waits for (the progress line says it), None once rows flow."""

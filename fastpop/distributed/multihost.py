@@ -83,9 +83,10 @@ class HostLearner(Learner):
         """This process's members' policies and hparams (what its collectors act with)."""
         return jax.tree.map(self._local, self.policy_tree())
 
-    def insert(self, rows) -> None:
-        """rows: this process's members' lanes, member-major."""
-        super().insert(sharding.from_local_members(rows, self.mesh))
+    def insert(self, rows, lane_epochs=None) -> None:
+        """rows: this process's members' lanes, member-major; `lane_epochs`: every process's
+        lanes' trials, as agreed (`LockstepCollection.agree`)."""
+        super().insert(sharding.from_local_members(rows, self.mesh), lane_epochs)
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -127,8 +128,9 @@ class LockstepCollection:
         self.signals, self.local_elapsed = AgreedSignals(self.agree), local_elapsed
         self.workers: Workers | None = None  # while running
         self.agreed_elapsed: float | None = None  # process 0's clock at the latest pass
-        self.held = None  # (rows, episodes) of a chunk waiting for the other processes'
+        self.held = None  # (rows, episodes, trials) of a chunk waiting for the other processes'
         self.chunk_agreed = False
+        self.agreed_trials = None  # every process's lanes' trials of the agreed chunk
         self.expected: list[int] = []  # eval indices handed to the evaluator, oldest first
         self.results: dict[int, dict] = {}  # this process's results by eval index
         self.agreed: list[dict] = []  # complete rounds, every member's returns
@@ -177,8 +179,8 @@ class LockstepCollection:
             for result in self.workers.evaluations(timeout):
                 self.results[result["eval_index"]] = result
             if self.held is None:
-                rows, episodes = self.workers.next_chunk()
-                self.held = None if rows is None else (rows, episodes)
+                rows, episodes, trials = self.workers.next_chunk()
+                self.held = None if rows is None else (rows, episodes, trials)
         except WorkerFailed as error:
             self.failure = str(error)
 
@@ -196,7 +198,7 @@ class LockstepCollection:
             "signal": self.signals.signal,
             "failure": self.failure,
             "elapsed": self.local_elapsed(),
-            "chunk": self.held is not None,
+            "chunk": None if self.held is None else self.held[2].tolist(),
             "result": None if mine is None else [mine["return_mean"], mine["return_std"]],
         }
         everyone = self.lockstep.exchange(payload)
@@ -207,7 +209,9 @@ class LockstepCollection:
         if signals:
             raise stop_exception(signals[0])
         self.agreed_elapsed = everyone[0]["elapsed"]
-        self.chunk_agreed = all(theirs["chunk"] for theirs in everyone)
+        self.chunk_agreed = all(theirs["chunk"] is not None for theirs in everyone)
+        if self.chunk_agreed:  # the rows' trials decide what the learner keeps: on every one
+            self.agreed_trials = np.concatenate([theirs["chunk"] for theirs in everyone])
         if all(theirs["result"] is not None for theirs in everyone):
             self.agreed.append(
                 mine
@@ -226,8 +230,8 @@ class LockstepCollection:
         if not self.chunk_agreed:
             return None
         self.chunk_agreed = False
-        (rows, episodes), self.held = self.held, None
-        learner.insert(rows)
+        (rows, episodes, _), self.held = self.held, None
+        learner.insert(rows, self.agreed_trials)
         first = learner.first_member
         return [episode._replace(member=episode.member + first) for episode in episodes]
 

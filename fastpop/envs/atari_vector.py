@@ -172,6 +172,20 @@ class AtariLockstepEnvs:
         self._stack = self._stacked(frames, resets)
         return self._stack, reward, terminated, truncated
 
+    def restart(self, envs: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(obs, reset): the games where `envs` (bool) reset now, ending their episodes unflagged
+        (a fresh trial starts in them), and which were; a game that ended at the previous step is
+        left to its reset step (as `rollout.LockstepEnvs.restart`). `obs` is the last stack."""
+        reset = np.asarray(envs, bool) & ~self._autoreset
+        if not reset.any():
+            return obs, reset
+        new, info = self._vector.reset(options={"reset_mask": reset})
+        self._life_reset[reset] = False
+        self._lives = np.where(reset, info["lives"].astype(np.int64), self._lives)
+        self._stack = self._stack.copy()
+        self._stack[reset] = new[reset][:, -1, :, :, None]
+        return self._stack, reset
+
     def _stacked(self, frames: np.ndarray, resets: np.ndarray) -> np.ndarray:
         """A new stack (the caller keeps the previous one): oldest first, reset rows padded."""
         stack = shift_in(self._stack, frames)

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.compilation.background import in_background
-from fastpop.learn import update_protocol
+from fastpop.learn import member_clocks, update_protocol
+from fastpop.learn.member_clocks import MemberClocks
 from fastpop.learn.rate_limiter import RateLimiter
 from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
 from fastpop.population import replay, sharding
@@ -69,14 +70,19 @@ class DeviceState(NamedTuple):
 class ChunkPlan(NamedTuple):
     """The host's part of one device-mode chunk, fixed before its program runs."""
 
-    env_steps: np.int32  # per member, before the chunk: what its exploration acts at
+    env_steps: np.ndarray  # (P,) int32: env steps of each member's trial before the chunk,
+    # what its exploration (warm-up, epsilon) acts at
     joins: np.ndarray  # (P,) bool: members whose buffer was just copied
     calls: np.int32  # update calls the chunk's rows allow
+    restarts: np.ndarray  # (P,) bool: members whose fresh trial's rows start with this chunk
+    # (their env lanes start new episodes)
 
     @classmethod
     def template(cls, size: int) -> ChunkPlan:
         """A plan of `size` members (its values unused: what a program is traced for)."""
-        return cls(np.int32(0), np.zeros(size, bool), np.int32(0))
+        return cls(
+            np.zeros(size, np.int32), np.zeros(size, bool), np.int32(0), np.zeros(size, bool)
+        )
 
 
 class Learner:
@@ -99,6 +105,7 @@ class Learner:
         self.member_hparams = self.training.adopt(self.hparams)
         self.limiter = parts.limiter
         self.updates = 0
+        self.clocks = MemberClocks(self.size)  # versions and trials (learn/member_clocks.py)
         # Counts changes of the acting policies (updates, selections, restores): a collection
         # whose workers act with copies sends them new ones when it differs from what it sent.
         self.policy_version = 0
@@ -142,6 +149,7 @@ class Learner:
             "refill_from": self.limiter.refill_from,
             "strategy": split_strategy_state(self.strategy_state)[1],
             "replay": self.replay.counters(),
+            "clocks": self.clocks.saved(),
         }
 
     def restore(self, tree: dict, counters: dict) -> None:
@@ -156,6 +164,7 @@ class Learner:
             self.strategy_state, [jnp.asarray(a) for a in tree["strategy"]], counters["strategy"]
         )
         self.updates = counters["updates"]
+        self.clocks.restore(counters["clocks"])
         self.policy_version += 1
         limiter = self.limiter
         limiter.inserted, limiter.sampled = counters["inserted"], counters["sampled"]
@@ -175,9 +184,10 @@ class Learner:
 
     def policy_tree(self) -> tuple:
         """What collectors and the evaluator act with: stacked policy params and hparams, and
-        the env steps per member so far (see `collect.collector.policy_template`)."""
+        per member its trial and the env steps of that trial so far (`MemberClocks.published`;
+        see `collect.collector.policy_template`)."""
         policy = self.training.policies(self.states)
-        return policy, self.hparams, np.asarray(self.limiter.inserted, np.int32)
+        return policy, self.hparams, self.clocks.published(self.limiter.inserted)
 
     def policy_template(self):
         """`policy_tree`'s shapes and dtypes, allocating nothing (what a snapshot decodes to)."""
@@ -191,10 +201,16 @@ class Learner:
         """`host_policy_tree`'s leaves, in leaf order (shared memory, snapshots)."""
         return jax.tree.leaves(self.host_policy_tree())
 
-    def insert(self, rows) -> None:
-        """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major."""
+    def insert(self, rows, lane_epochs: np.ndarray | None = None) -> None:
+        """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major;
+        `lane_epochs`: per lane, the trial its collector acted for (None: the current ones).
+        A member's rows of a stopped trial are taken out of its buffer again, so that a fresh
+        trial learns from its own rows only (`MemberClocks`)."""
+        own = self.clocks.own_rows(lane_epochs)
+        before = self.limiter.inserted
         self.replay.insert(rows)
         self.limiter.record_insert()
+        self.replay.clear_members(self.clocks.record_rows(own, before))
 
     def can_update(self) -> bool:
         """The rate limiter allows a call and every buffer holds a transition to sample."""
@@ -267,13 +283,16 @@ class Learner:
         """Records the insert of the next chunk of rows (made on the device) and fixes what its
         program needs: the env steps before it, the join marks (cleared here) and the update
         calls the rows allow (`InProgramLimiter.calls_due`)."""
-        limiter = self.limiter
-        env_steps = np.int32(limiter.inserted)
+        limiter, clocks = self.limiter, self.clocks
+        env_steps = clocks.trial_steps(limiter.inserted).astype(np.int32)
+        restarts = clocks.restarting()
         joins = self.replay.take_joins()
+        before = limiter.inserted
         limiter.record_insert()
+        clocks.record_rows(np.ones(self.size, bool), before)  # made for the current trials
         rows_per_lane = (limiter.inserted - limiter.refill_from) // lanes_per_member
         calls = limiter.calls_due() if rows_per_lane >= 2 else 0  # a transition is two rows
-        return ChunkPlan(env_steps, joins, np.int32(calls))
+        return ChunkPlan(env_steps, joins, np.int32(calls), restarts)
 
     @property
     def add_rows(self):
@@ -317,21 +336,32 @@ class Learner:
     def apply_selection(self, selection) -> None:
         """Apply a `strategies.base.Selection` now (what `strategy_step` does with a strategy's)."""
         self.key, key = jax.random.split(self.key)
+        before = self.all_member_hparams()
         self.states, self.hparams = update_protocol.apply_selection(
             self.training, self.states, self.hparams, selection, self.replay, key
         )
         self.member_hparams = self.training.adopt(self.hparams)
         self.policy_version += 1
+        fresh = np.zeros(self.size, bool) if selection.fresh is None else selection.fresh
+        retuned = [a != b for a, b in zip(before, self.all_member_hparams(), strict=True)]
+        self.clocks.changed((selection.sources != np.arange(self.size)) | fresh | retuned)
+        self.clocks.start_trials(fresh)
+
+    def snapshot_facts(self) -> dict:
+        """What each member is as a snapshot of its policy is taken, kept with the pending
+        snapshot (`member_clocks.snapshot_facts`)."""
+        return member_clocks.snapshot_facts(self.clocks, self.limiter.inserted, self.updates)
 
     def strategy_step(self, evaluation: Evaluation) -> tuple[list[dict], dict]:
         """Hand an evaluation round to the strategy's training: it applies the strategy's
-        decision on device and resets members whose state is not finite.
+        decision on device and resets members whose state is not finite. Fields of the
+        round left None are the members' as they are now (`member_clocks.completed`).
         Returns the lineage events (with the hparams in force after them) and scalars to log."""
-        finite = evaluation.finite
-        if finite is None:
-            finite = self.finite_members()
+        finite = self.finite_members() if evaluation.finite is None else evaluation.finite
+        now = member_clocks.snapshot_facts(self.clocks, self.limiter.inserted, self.updates)
+        evaluation = member_clocks.completed(evaluation, finite, self.all_member_hparams(), now)
         returns = np.where(finite, evaluation.returns, np.nan)  # ranks last; PBT replaces it
-        evaluation = evaluation._replace(returns=returns, finite=finite)
+        evaluation = evaluation._replace(returns=returns)
         key = None  # independent members' rounds draw nothing: when their results come back
         if self.strategy.acts_on_evaluations:  # then changes no update's key
             self.key, key = jax.random.split(self.key)
@@ -343,6 +373,10 @@ class Learner:
         self.strategy_state, self.states, self.hparams = result[:3]
         self.member_hparams = self.training.adopt(self.hparams)
         self.policy_version += 1
+        changed = np.ones(self.size, bool) if result.changed is None else result.changed
+        self.clocks.changed(changed)
+        if result.fresh is not None:
+            self.clocks.start_trials(result.fresh)
         return result.events, result.scalars
 
 

@@ -59,6 +59,9 @@ class RoundResult(NamedTuple):
     hparams: PyTree  # stacked, in force from now on
     events: list[dict]  # lineage records
     scalars: dict  # strategy metrics to log
+    changed: np.ndarray | None = None  # (P,) bool: members whose state or hparams changed
+    # (None: every member's)
+    fresh: np.ndarray | None = None  # (P,) bool: members that started fresh trials
 
 
 class Training(NamedTuple):
@@ -142,28 +145,30 @@ def executor_training(
 
     def between_rounds(round_: Round) -> RoundResult:
         evaluation, states, hparams = round_.evaluation, round_.states, round_.hparams
-        strategy_state, selection = strategy.step(
-            round_.strategy_state, evaluation, member_hparams_list(hparams)
-        )
-        sources, events = np.arange(len(evaluation.returns)), []
+        before = member_hparams_list(hparams)
+        strategy_state, selection = strategy.step(round_.strategy_state, evaluation, before)
+        size = len(evaluation.returns)
+        sources, events, fresh = np.arange(size), [], np.zeros(size, bool)
         if selection is not None:
             states, hparams = apply_selection(
                 training, states, hparams, selection, round_.replay, round_.key
             )
             sources, events = selection.sources, selection.events
+            if selection.fresh is not None:
+                fresh = np.asarray(selection.fresh, bool)
         # Members whose state is still not finite continue from the best finite member's,
         # keeping their own hparams (a sweep keeps its configurations).
         returns = evaluation.returns[sources]
-        finite = evaluation.finite[sources]
-        if selection is not None and selection.fresh is not None:
-            finite = finite | selection.fresh  # a fresh trial's new state is finite
+        finite = evaluation.finite[sources] | fresh  # a fresh trial's new state is finite
         indices = reset_indices(finite, returns)
         resets = reset_events(strategy.name, evaluation, indices, returns)
         if resets:
             states = continue_from(training, states, indices)
         in_force = member_hparams_list(hparams)
         events = [{**e, "new_hparams": in_force[e["target"]]} for e in events + resets]
-        return RoundResult(strategy_state, states, hparams, events, {})
+        moved = (sources != np.arange(size)) | (indices != np.arange(size)) | fresh
+        changed = moved | np.array([in_force[m] != before[m] for m in range(size)])
+        return RoundResult(strategy_state, states, hparams, events, {}, changed, fresh)
 
     training = Training(
         executor.name,

@@ -28,7 +28,9 @@ import jax
 import numpy as np
 
 FORMAT = "fastpop-checkpoint"
-VERSION = 1
+# 2: the members' clocks (versions, trials) in the learner's counters and the snapshots' trees,
+# without which a halving trial's age and a late result's attribution cannot be restored
+VERSION = 2
 ARRAYS = "arrays.npz"
 MANIFEST = "manifest.json"
 TEMPORARY_PREFIX = ".tmp-"

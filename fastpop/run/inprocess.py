@@ -19,8 +19,9 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop import population
+from fastpop.collect.acting import population_act_per_member
 from fastpop.collect.evaluator import evaluate_population
-from fastpop.collect.rollout import RowStream
+from fastpop.collect.rollout import LockstepEnvs, RowStream
 from fastpop.envs import make_vector_env
 from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_learner
@@ -39,36 +40,42 @@ class InProcessResult(NamedTuple):
 def train_in_process(config: config_lib.Config) -> InProcessResult:
     """Train for `train.total_env_steps` per member; member m owns envs m*E .. m*E+E-1. Every
     `eval.interval` env steps per member (and at the end) each member is evaluated with the
-    policy held constant and the round goes to the strategy."""
+    policy held constant and the round goes to the strategy. A member's warm-up and exploration
+    count its trial's env steps (halving's fresh trials start over, in new episodes)."""
     learner = build_learner(config)
     size, per_member = config.population.size, config.collect.envs_per_member
     num_envs = size * per_member
     atari = config_lib.atari_options(config)
-    envs = make_vector_env(config.env.id, num_envs, config.seed, atari=atari)
+    envs = LockstepEnvs(make_vector_env(config.env.id, num_envs, config.seed, atari=atari))
     stream = RowStream(learner.replay_spec, num_envs)
-    act = jax.jit(population.population_act(learner.agent))
+    act = jax.jit(population_act_per_member(learner.agent))
     key = jax.random.key(config.seed + 1)
     returns: list[list[float]] = [[] for _ in range(size)]
     evaluations: list[tuple[int, np.ndarray]] = []
     interval = learner.strategy.evaluation_interval
     steps_per_env = -(-config.train.total_env_steps // per_member)
     warmup_steps = -(-config.collect.warmup_steps // per_member)
+    trial_steps = np.zeros(size, np.int64)  # per env, of each member's trial
     policy = learner.training.policies(learner.states)
-    obs, _ = envs.reset(seed=config.seed)
+    obs = envs.reset(seed=config.seed)
     for step in range(steps_per_env):
-        if step < warmup_steps:
+        warming = trial_steps < warmup_steps
+        if warming.all():
             actions = envs.action_space.sample()
         else:
             key, act_key = jax.random.split(key)
             member_obs = obs.reshape(size, per_member, *obs.shape[1:])
             keys = jax.random.split(act_key, size)
-            member_steps = step * per_member
+            member_steps = trial_steps * per_member
             chosen = act(policy, member_obs, keys, learner.hparams, True, member_steps)
             actions = np.asarray(chosen).reshape(num_envs, *chosen.shape[2:])
-        next_obs, reward, terminated, truncated, _ = envs.step(actions)
+            if warming.any():
+                lanes = np.repeat(warming, per_member).reshape(-1, *[1] * (actions.ndim - 1))
+                actions = np.where(lanes, envs.action_space.sample(), actions)
+        next_obs, reward, terminated, truncated = envs.step(actions)
         for lane, episode_return, _ in stream.append(obs, actions, reward, terminated, truncated):
             returns[lane // per_member].append(episode_return)
-        obs = next_obs
+        obs, trial_steps = next_obs, trial_steps + 1
         if not stream.has_chunk():
             continue
         before = learner.limiter.inserted
@@ -82,6 +89,10 @@ def train_in_process(config: config_lib.Config) -> InProcessResult:
             if not done:
                 evaluation = Evaluation(len(evaluations) - 1, learner.limiter.inserted, mean)
                 learner.strategy_step(evaluation)
+                if (fresh := learner.clocks.restarting()).any():  # their next rows start them
+                    trial_steps[fresh] = 0
+                    obs, restarted = envs.restart(np.repeat(fresh, per_member), obs)
+                    stream.restart_lanes(restarted)
         policy = learner.training.policies(learner.states)
     envs.close()
     states = learner.training.release(learner.states)

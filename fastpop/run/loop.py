@@ -30,7 +30,6 @@ from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows
 from fastpop.run.stop_signals import StopRequested
 from fastpop.run.trackers import check_trackers, open_trackers
-from fastpop.strategies.base import Evaluation
 
 CHECKPOINTS_DIR = "checkpoints"
 CONFIG_FILE = "config.yaml"  # the resolved config the run (or its latest resume) started with
@@ -300,7 +299,10 @@ class Run:
         with self.watch.phase("evaluation snapshot"):
             arrays = snapshot.encode(self.learner.policy_leaves(), meta)
             self.collection.evaluate(arrays)
-        self.pending.add(arrays, self.learner.all_member_hparams(), self.learner.member_labels())
+        learner = self.learner
+        self.pending.add(
+            arrays, learner.all_member_hparams(), learner.member_labels(), learner.snapshot_facts()
+        )
         progress.snapshot_env_steps = self.member_env_steps
         progress.eval_index += 1
         self.timers["evaluation_snapshots"] += time.perf_counter() - start
@@ -321,22 +323,23 @@ class Run:
             if taken is None:
                 continue  # a duplicate after an evaluator restart
             self.progress.latest_returns = np.array(result["return_mean"])
-            hparams, labels = taken
+            hparams, labels, facts = taken
             rows = evaluation_rows(result, hparams, self.config.eval.episodes, labels)
             self.metrics.log_evaluation(rows)
             if not self.training_done:
                 with self.watch.phase(f"{self.strategy.name} strategy step"):
-                    self._strategy_step(result)
+                    self._strategy_step(result, hparams, facts)
 
-    def _strategy_step(self, result: dict) -> None:
-        """Hand the round to the strategy; apply its selection on device and log its lineage."""
+    def _strategy_step(self, result: dict, hparams: list[dict], facts: dict | None) -> None:
+        """Hand the round to the strategy with the members as they were at its snapshot (the
+        result may come back after they trained on: `Evaluation`); apply its selection on
+        device and log its lineage."""
         learner = self.learner
         returns = np.array(result["return_mean"], np.float64)
         finite = learner.finite_members()
         for member in np.flatnonzero(~finite):
             self.metrics.log_event("non_finite_member", {"member": int(member)})
-        member_steps = result["env_steps"] // len(returns)
-        evaluation = Evaluation(result["eval_index"], member_steps, returns, finite)
+        evaluation = progress_lib.round_evaluation(result, returns, finite, hparams, facts)
         events, scalars = learner.strategy_step(evaluation)
         now, env_steps = self.elapsed(), self.member_env_steps * len(returns)
         self.metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
@@ -381,15 +384,8 @@ class Run:
             self.metrics.log_scalars(env_steps, learner.last_metrics)
 
     def _summary(self, stopped_by: str) -> dict:
-        limiter = self.learner.limiter
-        summary = {
-            "stopped_by": stopped_by,
-            "wall_time": self.elapsed(),
-            "member_env_steps": self.member_env_steps,
-            "updates_per_member": self.learner.updates,
-            "learning_started_at": self.progress.learning_started_at,
-            "samples_per_insert_target": limiter.samples_per_insert,
-            "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
+        summary = progress_lib.run_summary(stopped_by, self.elapsed(), self.learner, self.progress)
+        summary |= {
             "collect_mode": self.parts.collection_mode,
             "learner_seconds": self.timers,
             "workers": self.worker_stats,

@@ -12,6 +12,7 @@ import numpy as np
 
 from fastpop.collect import snapshot
 from fastpop.run.metrics import median
+from fastpop.strategies.base import Evaluation
 
 TRAINING_RETURNS_KEPT = 10  # recent training episodes per member, for the progress line
 TIMERS = ("transport", "update", "publish", "evaluation_snapshots", "checkpoints", "idle")
@@ -94,24 +95,34 @@ class RunProgress:
         )
 
 
+PENDING_FIELDS = ("eval_index", "hparams", "labels", "facts")  # of a pending round, saved
+
+
 class PendingEvaluations:
     """Snapshots handed to the evaluator whose results are not in yet, by eval index, with the
-    member hparams at the snapshot: kept so that a restarted evaluator (or a resumed run) can
-    be given again what its predecessor never answered."""
+    members as they were at the snapshot (hparams, labels, `Learner.snapshot_facts`): kept so
+    that a restarted evaluator (or a resumed run) can be given again what its predecessor never
+    answered, and so that a result is credited to the policies and hparams it evaluated."""
 
     def __init__(self):
-        # eval index -> (snapshot arrays, member hparams, member labels or None)
-        self.snapshots: dict[int, tuple[dict, list[dict], list[dict] | None]] = {}
+        # eval index -> (snapshot arrays, member hparams, member labels or None, facts or None)
+        self.snapshots: dict[int, tuple] = {}
 
     def __bool__(self) -> bool:
         return bool(self.snapshots)
 
-    def add(self, arrays: dict, hparams: list[dict], labels: list[dict] | None = None) -> None:
+    def add(
+        self,
+        arrays: dict,
+        hparams: list[dict],
+        labels: list[dict] | None = None,
+        facts: dict | None = None,
+    ) -> None:
         index = snapshot.decode(arrays)[1].eval_index
-        self.snapshots[index] = (arrays, hparams, labels)
+        self.snapshots[index] = (arrays, hparams, labels, facts)
 
-    def take(self, eval_index: int) -> tuple[list[dict], list[dict] | None] | None:
-        """(hparams, labels) of the answered snapshot; None for a duplicate answer."""
+    def take(self, eval_index: int) -> tuple | None:
+        """(hparams, labels, facts) of the answered snapshot; None for a duplicate answer."""
         entry = self.snapshots.pop(eval_index, None)
         return None if entry is None else entry[1:]
 
@@ -121,19 +132,33 @@ class PendingEvaluations:
     def saved(self) -> tuple[list[dict], list[dict]]:
         """(snapshot arrays, plain data) for a checkpoint, in eval-index order."""
         order = sorted(self.snapshots)
-        data = [
-            {"eval_index": i, "hparams": self.snapshots[i][1], "labels": self.snapshots[i][2]}
-            for i in order
-        ]
+        data = [dict(zip(PENDING_FIELDS, (i, *self.snapshots[i][1:]), strict=True)) for i in order]
         return [self.snapshots[i][0] for i in order], data
 
     @classmethod
     def restored(cls, arrays: list[dict], data: list[dict]) -> PendingEvaluations:
         pending = cls()
         for entry, snapshot_arrays in zip(data, arrays, strict=True):
-            labels = entry.get("labels")  # absent in checkpoints of earlier versions
-            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, entry["hparams"], labels)
+            facts = entry["hparams"], entry["labels"], entry["facts"]
+            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, *facts)
         return pending
+
+
+def round_evaluation(
+    result: dict, returns: np.ndarray, finite: np.ndarray, hparams: list[dict], facts: dict | None
+) -> Evaluation:
+    """An evaluator's result as the strategy's round: with the members as they were at the
+    snapshot (`hparams`, `facts`: `PendingEvaluations.take`'s), which the learner compares with
+    what they are now."""
+    at_snapshot = {}
+    if facts is not None:
+        at_snapshot = {
+            "versions": np.asarray(facts["versions"], np.int64),
+            "trial_steps": np.asarray(facts["trial_steps"], np.int64),
+            "updates": facts["updates"],
+        }
+    member_steps = result["env_steps"] // len(returns)
+    return Evaluation(result["eval_index"], member_steps, returns, finite, hparams, **at_snapshot)
 
 
 def evaluation_rows(
@@ -184,6 +209,20 @@ def progress_line(
         f"{updates:,} updates/member ({updates * size / elapsed:,.0f} "
         f"agent-updates/s) | return best {best} median {middle} | {left}"
     )
+
+
+def run_summary(stopped_by: str, wall_time: float, learner, progress: RunProgress) -> dict:
+    """summary.json's run fields (the caller adds its collection mode and workers' stats)."""
+    limiter = learner.limiter
+    return {
+        "stopped_by": stopped_by,
+        "wall_time": wall_time,
+        "member_env_steps": learner.member_env_steps,
+        "updates_per_member": learner.updates,
+        "learning_started_at": progress.learning_started_at,
+        "samples_per_insert_target": limiter.samples_per_insert,
+        "samples_per_insert_achieved": limiter.achieved_samples_per_insert,
+    }
 
 
 def format_breakdown(summary: dict) -> str:

@@ -77,14 +77,14 @@ def make_strategy(config):
             return make_pb2(size, config_priors(config), config.seed, settings, config.pb2.window)
         return make_pbt(size, config_priors(config), config.seed, settings)
     if config.strategy == "halving":
-        from fastpop.strategies.halving import HalvingSettings, make_halving, rung_schedule
+        from fastpop.strategies import halving as asha
 
-        halving = config.halving
-        rungs = rung_schedule(
-            halving.first_rung, halving.reduction_factor, config.train.total_env_steps
-        )
-        settings = HalvingSettings(rungs, halving.bottom_fraction, config.eval.interval)
-        return make_halving(size, config_priors(config), config.seed, settings)
+        halving, eta = config.halving, config.halving.reduction_factor
+        rungs = asha.rung_schedule(halving.first_rung, eta, config.train.total_env_steps)
+        bottom = halving.bottom_fraction
+        bottom = asha.asha_bottom_fraction(eta) if bottom is None else bottom
+        settings = asha.HalvingSettings(rungs, bottom, config.eval.interval)
+        return asha.make_halving(size, config_priors(config), config.seed, settings)
     if config.strategy == "branch_merge":
         return make_branch_merge(size, config.branch_merge.round_steps)
     if config.strategy == "cemrl":

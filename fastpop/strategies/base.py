@@ -31,13 +31,38 @@ def stream_rng(seed: int, stream: int, *counters: int) -> np.random.Generator:
 
 
 class Evaluation(NamedTuple):
-    """One evaluation round as a strategy sees it."""
+    """One evaluation round as a strategy sees it.
+
+    The round's result may arrive after the members have trained on (process mode's evaluator
+    works while the learner updates, `pbt.wait: false`; halving never waits), and a strategy
+    step in between may have changed a member. So the round carries what each member was at the
+    snapshot (the policy evaluated) beside what it is now; the learner fills in every field left
+    None from the members as they are (a round evaluated where the members stand)."""
 
     eval_index: int
-    member_env_steps: int
+    member_env_steps: int  # at the snapshot
     returns: np.ndarray  # (population,) mean return; NaN for a member with non-finite params
-    finite: np.ndarray | None = None  # (population,) bool: the member's state is all finite
-    # (filled in by the learner before a strategy sees the round)
+    finite: np.ndarray | None = None  # (population,) bool: the member's state is all finite now
+    # At the snapshot: the hparams the evaluated policies trained with; each member's version
+    # (strategy changes of its state or hparams so far, `Learner.clocks`); the env steps its
+    # trial had trained on (rows its own policy collected: halving's trial ages); updates.
+    hparams: list[dict] | None = None
+    versions: np.ndarray | None = None
+    trial_steps: np.ndarray | None = None
+    updates: int | None = None
+    # Now: each member's version, and whether its state and hparams are still exactly the
+    # evaluated ones (no strategy change and no update since the snapshot).
+    versions_now: np.ndarray | None = None
+    as_evaluated: np.ndarray | None = None
+
+    @property
+    def same_line(self) -> np.ndarray:
+        """(population,) bool: no strategy step has changed the member since the snapshot, so
+        its state descends from the evaluated policy with the evaluated hparams (all True when
+        the versions are not given)."""
+        if self.versions is None or self.versions_now is None:
+            return np.ones(len(self.returns), bool)
+        return np.asarray(self.versions) == np.asarray(self.versions_now)
 
 
 def reset_indices(finite: np.ndarray, returns: np.ndarray) -> np.ndarray:

@@ -57,8 +57,10 @@ class HalvingConfig:
     """A trial's age (env steps per member since it started) at its first rung."""
     reduction_factor: float = field(3.0, gt=1)
     """Each rung is this many times older than the one before."""
-    bottom_fraction: float = field(0.5, gt=0, max=1)
-    """Share of the returns recorded at a rung whose trials are stopped there (in (0, 1))."""
+    bottom_fraction: float | None = field(None, gt=0, max=1)
+    """Share of the returns recorded at a rung whose trials are stopped there (in (0, 1));
+    null: ASHA's 1 - 1/reduction_factor (2/3 at 3: the top third goes on to the next rung,
+    which is reduction_factor times older)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,7 +309,7 @@ def check_halving(r: Reader, c: CheckedConfig) -> None:
     from fastpop.strategies.halving import rung_schedule
 
     halving, total = c.halving, c.train.total_env_steps
-    if halving.bottom_fraction >= 1:
+    if halving.bottom_fraction is not None and halving.bottom_fraction >= 1:
         r.fail(
             "halving.bottom_fraction",
             f"must be in (0, 1): the share of a rung's trials stopped there, got "

@@ -1,14 +1,19 @@
 """Successive halving inside one population, asynchronous as in ASHA (Li et al., 2020).
 
 Each member slot runs one trial at a time: hparams drawn from the priors, trained from scratch.
-A trial's age is the env steps its slot has taken since the trial started; rungs are ages on a
-geometric schedule (`rung_schedule`). When a trial reaches a rung its return there is recorded,
-and it is stopped if it is among the bottom `bottom_fraction` of every return recorded at that
-rung so far, itself included (a trial arriving late is judged against all who came before, as
-ASHA judges it; the first arrivals, all together, lose exactly the bottom fraction). A stopped
-trial's slot starts a fresh trial at once: new hparams from the priors, new networks and
-optimizer state, its own replay emptied (its updates wait until it holds `replay.min_size` rows
-again), a new trial id. A non-finite return ranks last. Past the last rung, trials train on.
+A trial's age is the env steps of the rows its own policy collected that went into its replay
+(not the run's steps since the decision: rows of the stopped trial still on their way are not
+its own; `learn/member_clocks.py`), counted at the snapshot its return comes from; rungs are ages
+on a geometric schedule (`rung_schedule`). When a trial reaches a rung its return there is
+recorded, and it is stopped if it is among the bottom `bottom_fraction` (by default ASHA's
+1 - 1/reduction_factor) of every return recorded at that rung so far, itself included (a trial
+arriving late is judged against all who came before, as ASHA judges it; the first arrivals, all
+together, lose exactly the bottom fraction). A stopped trial's slot starts a fresh trial at once:
+new hparams from the priors, new networks and optimizer state, its own replay emptied (its
+updates wait until it holds `replay.min_size` rows again), a new trial id, and its exploration
+schedules (warm-up, DQN's epsilon) counted from its own first step. A non-finite return ranks
+last; a trial whose state is not finite is stopped and its slot starts a fresh trial (it keeps
+no other trial's weights). Past the last rung, trials train on.
 """
 
 from __future__ import annotations
@@ -48,7 +53,6 @@ def stopped_at_rung(results: list[float], arrivals: list[int], bottom_fraction: 
 
 class HalvingState(NamedTuple):
     trials: tuple[int, ...]  # per member slot: the id of the trial it runs
-    starts: tuple[int, ...]  # per member slot: member env steps when its trial started
     passed: tuple[int, ...]  # per member slot: rungs its trial has reached
     results: tuple[tuple[tuple[int, float], ...], ...]  # per rung: (trial, return) recorded
     next_trial: int
@@ -60,21 +64,42 @@ class HalvingSettings(NamedTuple):
     evaluation_interval: int
 
 
+def asha_bottom_fraction(reduction_factor: float) -> float:
+    """ASHA's share of a rung's trials stopped there: all but the top 1/eta."""
+    return 1.0 - 1.0 / reduction_factor
+
+
+def trials_at_rungs(state: HalvingState, evaluation: Evaluation, rungs) -> list[int]:
+    """The members whose evaluated policy is their current trial's and whose trial, at the
+    snapshot, had trained for the age of its next rung. A snapshot taken before the slot's
+    trial started (the result came back after a strategy step started it) is the stopped
+    trial's policy: it counts for no trial."""
+    size = len(state.trials)
+    ages = evaluation.trial_steps
+    if ages is None:  # not filled in by a learner: no trial has restarted
+        ages = np.full(size, evaluation.member_env_steps)
+    current = evaluation.same_line
+    return [m for m in range(size) if current[m] and state.passed[m] < len(rungs)
+            and ages[m] >= rungs[state.passed[m]]]  # fmt: skip
+
+
 def make_halving(
     size: int, priors: dict[str, Prior], seed: int, settings: HalvingSettings
 ) -> Strategy:
     """Members start as trials 0..size-1 (their initial hparams, as `independent` gives them);
-    each new trial draws every hparam with a prior from `stream_rng(seed, HALVING_STREAM, id)`."""
+    each new trial draws every hparam with a prior from `stream_rng(seed, HALVING_STREAM, id)`.
+    A trial's age is `Evaluation.trial_steps`: the env steps its own policy collected and the
+    learner inserted (`learn/member_clocks.py`)."""
     rungs = settings.rungs
 
     def init() -> HalvingState:
-        return HalvingState(tuple(range(size)), (0,) * size, (0,) * size, ((),) * len(rungs), size)
+        return HalvingState(tuple(range(size)), (0,) * size, ((),) * len(rungs), size)
 
     def step(state: HalvingState, evaluation: Evaluation, hparams: list[dict]):
-        steps = evaluation.member_env_steps
-        arrived = [m for m in range(size) if state.passed[m] < len(rungs)
-                   and steps - state.starts[m] >= rungs[state.passed[m]]]  # fmt: skip
-        if not arrived:
+        arrived = trials_at_rungs(state, evaluation, rungs)
+        finite = np.ones(size, bool) if evaluation.finite is None else evaluation.finite
+        broken = [m for m in range(size) if not finite[m]]  # its weights now: no trial's
+        if not arrived and not broken:
             return state, None
         results = [list(r) for r in state.results]
         results += [[] for _ in range(len(rungs) - len(results))]  # a resume ran the total up
@@ -83,36 +108,42 @@ def make_halving(
             rung = state.passed[member]
             where[member] = (rung, len(results[rung]))
             results[rung].append((state.trials[member], float(evaluation.returns[member])))
-        stopped = set()
+        stopped = set(broken)
         for rung in {r for r, _ in where.values()}:
             mine = {i: m for m, (r, i) in where.items() if r == rung}
             returns = [value for _, value in results[rung]]
             losers = stopped_at_rung(returns, list(mine), settings.bottom_fraction)
             stopped |= {mine[i] for i in losers}
-        trials, starts, passed = list(state.trials), list(state.starts), list(state.passed)
+        trials, passed = list(state.trials), list(state.passed)
         new_hparams, events, next_trial = [dict(h) for h in hparams], [], state.next_trial
         for member in arrived:
             passed[member] += 1
-            if member not in stopped:
-                continue
+        ages = evaluation.trial_steps
+        for member in sorted(stopped):
             rng = stream_rng(seed, HALVING_STREAM, next_trial)
             new_hparams[member] = {**hparams[member],
                                    **{n: p.sample(rng) for n, p in priors.items()}}  # fmt: skip
-            rung = where[member][0]
-            events.append({
+            event = {
                 "strategy": "halving", "kind": "trial", "eval_index": evaluation.eval_index,
-                "member_env_steps": steps, "target": member, "source": member,
-                "rung": rung, "rung_age": rungs[rung], "stopped_trial": trials[member],
-                "trial": next_trial, "target_fitness": float(evaluation.returns[member]),
-                "recorded_at_rung": len(results[rung]), "old_hparams": hparams[member],
-                "new_hparams": new_hparams[member],
-            })  # fmt: skip
-            trials[member], starts[member], passed[member] = next_trial, steps, 0
+                "member_env_steps": evaluation.member_env_steps, "target": member,
+                "source": member, "stopped_trial": trials[member], "trial": next_trial,
+                "old_hparams": hparams[member], "new_hparams": new_hparams[member],
+            }  # fmt: skip
+            if member in where:  # judged at a rung (a broken one too, if it reached one)
+                rung = where[member][0]
+                event |= {"reason": "rung", "rung": rung, "rung_age": rungs[rung],
+                          "recorded_at_rung": len(results[rung]),
+                          "target_fitness": float(evaluation.returns[member])}  # fmt: skip
+                if ages is not None:
+                    event["trial_steps"] = int(ages[member])  # its age at the snapshot
+            if not finite[member]:
+                event["reason"] = "non_finite"
+            events.append(event)
+            trials[member], passed[member] = next_trial, 0
             next_trial += 1
         new_state = HalvingState(
-            tuple(trials), tuple(starts), tuple(passed),
-            tuple(tuple(r) for r in results), next_trial,
-        )  # fmt: skip
+            tuple(trials), tuple(passed), tuple(tuple(r) for r in results), next_trial
+        )
         if not stopped:
             return new_state, None
         fresh = np.isin(np.arange(size), sorted(stopped))

@@ -2,9 +2,12 @@
 is a GP bandit instead of random perturbation.
 
 Ranking, exploit and the rounds are PBT's (`strategies.pbt`, full-state copies). At every
-evaluation each member adds one observation: the hparams it trained with (in the unit box of its
-priors, log scale where a prior is log-uniform) and the change of its return since its previous
-evaluation (since its source's, when it has just copied). At a round, a time-varying GP
+evaluation each member adds one observation: the hparams its evaluated policy trained with (in
+the unit box of its priors, log scale where a prior is log-uniform) and the change of its return
+since its previous evaluation (since its source's, when it copied that evaluated state), only
+where the two evaluated policies are one line trained with those hparams throughout: a round
+decided while the evaluator lagged changed members between their snapshots, and their change
+would mix two members' states and two sets of hparams. At a round, a time-varying GP
 (`strategies.gp`) is fitted to the latest `pb2.window` evaluations' observations, and each
 replaced member takes the candidate of highest UCB, mean + kappa * std of the change predicted at
 the current evaluation; the members that keep running and the choices made earlier in the round
@@ -34,7 +37,9 @@ class PB2State(NamedTuple):
 
     observations: tuple[tuple[float, ...], ...]  # (evaluation index, change of return, *unit
     # hparams) of each member over each evaluation interval, oldest first
-    last_returns: tuple[float, ...]  # each member's latest return (NaN: none yet)
+    last_returns: tuple[float, ...]  # each member's line's latest return (NaN: none)
+    last_versions: tuple[int, ...] = ()  # the member's version that return was taken at
+    last_index: tuple[int, ...] = ()  # and the evaluation's index (-1: none)
 
 
 def to_unit(prior: Prior, value: float) -> float:
@@ -92,6 +97,31 @@ def choose_configurations(model: gp.Fit, now: int, pending: np.ndarray, count: i
     return chosen
 
 
+def snapshot_versions(evaluation: Evaluation) -> np.ndarray:
+    """(P,) each member's version at the snapshot (-1 where none are given: a strategy stepped
+    without a learner, whose rounds act on the members as evaluated)."""
+    if evaluation.versions is None:
+        return np.full(len(evaluation.returns), -1, np.int64)
+    return np.asarray(evaluation.versions, np.int64)
+
+
+def continued_bases(state: PB2State, evaluation: Evaluation, exploits) -> PB2State:
+    """Where a copied state is exactly the evaluated one (no update or change since the
+    snapshot: the learner waited, or the round came at once), the target's next change counts
+    from its source's return, as PB2 measures it; its version after the copy is its version now
+    plus one (the learner counts each change of a member once). Otherwise the new line has no
+    evaluation yet, and the target's base stays its old line's: snapshots of that line taken
+    before the copy are still to come back."""
+    exact, now = evaluation.as_evaluated, evaluation.versions_now
+    returns, versions, index = (list(field) for field in state[1:])
+    for target, source in exploits:
+        if exact is None or exact[source]:
+            returns[target], index[target] = state.last_returns[source], state.last_index[source]
+            versions[target] = -1 if now is None else int(now[target]) + 1
+    return state._replace(last_returns=tuple(returns), last_versions=tuple(versions),
+                          last_index=tuple(index))  # fmt: skip
+
+
 def gp_bandit(size: int, priors: dict[str, Prior], window: int) -> Explorer:
     names = sorted(priors)
 
@@ -99,23 +129,26 @@ def gp_bandit(size: int, priors: dict[str, Prior], window: int) -> Explorer:
         return [to_unit(priors[name], hparams[name]) for name in names]
 
     def init() -> PB2State:
-        return PB2State((), (math.nan,) * size)
+        return PB2State((), (math.nan,) * size, (-1,) * size, (-1,) * size)
 
     def observe(state: PB2State, evaluation: Evaluation, hparams: list[dict]) -> PB2State:
         returns = np.asarray(evaluation.returns, np.float64)
         now, last = evaluation.eval_index, np.asarray(state.last_returns, np.float64)
+        versions = snapshot_versions(evaluation)
+        one_line = (np.asarray(state.last_index) == now - 1) & (
+            np.asarray(state.last_versions) == versions
+        )
+        evaluated = hparams if evaluation.hparams is None else evaluation.hparams
         added = tuple(
-            (float(now), float(returns[m] - last[m]), *unit_point(hparams[m]))
-            for m in np.flatnonzero(np.isfinite(returns) & np.isfinite(last))
+            (float(now), float(returns[m] - last[m]), *unit_point(evaluated[m]))
+            for m in np.flatnonzero(np.isfinite(returns) & np.isfinite(last) & one_line)
         )
         recent = tuple(o for o in state.observations + added if o[0] > now - window)
-        return PB2State(recent, tuple(float(r) for r in returns))
+        return PB2State(recent, tuple(float(r) for r in returns), tuple(versions.tolist()),
+                        (now,) * size)  # fmt: skip
 
     def choose(state: PB2State, evaluation: Evaluation, exploits, hparams, rng):
-        last_returns = list(state.last_returns)
-        for target, source in exploits:
-            last_returns[target] = state.last_returns[source]  # it continues the source's state
-        state = state._replace(last_returns=tuple(last_returns))
+        state = continued_bases(state, evaluation, exploits)
         if not exploits:
             return state, []
         if not state.observations:  # nothing observed yet: draw from the priors

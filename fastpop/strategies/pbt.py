@@ -107,6 +107,8 @@ class Explorer(NamedTuple):
     observe(state, evaluation, hparams) -> state       at every evaluation round
     choose(state, evaluation, exploits, hparams, rng) -> (state, [(values, extra lineage)])
         one entry per exploit: the explored hparams (those with a prior) of its target
+    `hparams` are the members' now (what a copy continues with); the evaluated policies'
+    are `evaluation.hparams`.
     """
 
     name: str
@@ -181,9 +183,12 @@ def make_pbt(
         return PBTState(interval, 0, ((),) * size, explorer.init())
 
     def step(state: PBTState, evaluation: Evaluation, hparams: list[dict]):
+        # A member changed since the snapshot (a round decided meanwhile) holds another line
+        # now: the evaluated policy's return is not its line's, so its history keeps without it.
+        same = evaluation.same_line
         history = tuple(
-            (*h, float(r))[-fitness_window:]
-            for h, r in zip(state.history, evaluation.returns, strict=True)
+            (*h, float(r))[-fitness_window:] if same[m] else h
+            for m, (h, r) in enumerate(zip(state.history, evaluation.returns, strict=True))
         )
         observed = explorer.observe(state.explorer, evaluation, hparams)
         if evaluation.member_env_steps < state.next_round:
