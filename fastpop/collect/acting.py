@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from fastpop import population
 from fastpop.agents.networks import GaussianActor
 from fastpop.collect import numpy_policy
 from fastpop.collect.numpy_policy import KeyPath, NumpyPolicy
@@ -22,18 +23,12 @@ from fastpop.types import EnvSpec
 NUMPY_MAX_POLICY_BYTES = 2 * 2**20
 
 
-def population_act_per_member(agent):
-    """`population.population_act` with `env_steps` per member, (P,): each member's exploration
-    (DQN's epsilon) follows its own trial's clock (`learn/member_clocks.py`)."""
-    return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, 0))
-
-
 def batched_policy_step(agent, num_slots: int, envs_per_member: int):
     """One call per env step: next key, and an exploring action for every slot.
 
     Splitting keys inside the compiled call keeps it to one dispatch per step.
     """
-    act = population_act_per_member(agent)
+    act = population.population_act(agent, env_steps_per_member=True)
 
     def step(policy, obs, key, hparams, env_steps_per_env):
         key, act_key = jax.random.split(key)

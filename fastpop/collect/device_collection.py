@@ -17,13 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.collect import chunk_programs, device_rollout, snapshot
-from fastpop.collect.acting import population_act_per_member
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
 from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
 from fastpop.learn.update_protocol import Training
-from fastpop.population import sharding
+from fastpop.population import population_act, sharding
 from fastpop.types import EnvSpec
 from fastpop.xla_defaults import env_stepping_options
 
@@ -311,7 +310,7 @@ class DeviceCollection:
         parts = self.parts
         policy = parts.training.policies(states)  # inside the jit: no host work per chunk
         size, per_member = parts.population_size, parts.collect.envs_per_member
-        act = population_act_per_member(parts.agent)
+        act = population_act(parts.agent, env_steps_per_member=True)
         warmup_env_steps = -(-parts.collect.warmup_steps // per_member)
         spec = parts.env_spec
         trial_steps = jnp.broadcast_to(jnp.asarray(member_steps, jnp.int32), (size,))

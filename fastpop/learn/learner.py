@@ -342,9 +342,10 @@ class Learner:
         )
         self.member_hparams = self.training.adopt(self.hparams)
         self.policy_version += 1
-        fresh = np.zeros(self.size, bool) if selection.fresh is None else selection.fresh
-        retuned = [a != b for a, b in zip(before, self.all_member_hparams(), strict=True)]
-        self.clocks.changed((selection.sources != np.arange(self.size)) | fresh | retuned)
+        fresh = update_protocol.fresh_members(selection, self.size)
+        after = self.all_member_hparams()
+        changed = update_protocol.changed_members(selection.sources, fresh, before, after)
+        self.clocks.changed(changed)
         self.clocks.start_trials(fresh)
 
     def snapshot_facts(self) -> dict:

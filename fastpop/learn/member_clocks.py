@@ -87,17 +87,20 @@ def snapshot_facts(clocks: MemberClocks, inserted: int, updates: int) -> dict:
     }
 
 
+def evaluation_fields(facts: dict) -> dict:
+    """`snapshot_facts` as the `Evaluation` fields they fill (versions, trial_steps, updates)."""
+    return {
+        "versions": np.asarray(facts["versions"], np.int64),
+        "trial_steps": np.asarray(facts["trial_steps"], np.int64),
+        "updates": facts["updates"],
+    }
+
+
 def completed(evaluation: Evaluation, finite, hparams: list[dict], now: dict) -> Evaluation:
     """`evaluation` with every field it leaves None taken from the members as they are `now`
     (`snapshot_facts`; a round evaluated where they stand), their versions now, and whether
     each is still exactly the evaluated policy (same version, no update since)."""
-    given = {
-        "finite": finite,
-        "hparams": hparams,
-        "versions": np.asarray(now["versions"]),
-        "trial_steps": np.asarray(now["trial_steps"]),
-        "updates": now["updates"],
-    }
+    given = {"finite": finite, "hparams": hparams, **evaluation_fields(now)}
     fill = {name: value for name, value in given.items() if getattr(evaluation, name) is None}
     evaluation = evaluation._replace(**fill, versions_now=np.asarray(now["versions"]))
     unchanged = evaluation.same_line & (evaluation.updates == now["updates"])

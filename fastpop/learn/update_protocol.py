@@ -117,6 +117,20 @@ def apply_selection(training: Training, states, hparams, selection: Selection, r
     return states, hparams
 
 
+def fresh_members(selection: Selection | None, size: int) -> np.ndarray:
+    """(P,) bool: the members a selection starts over as fresh trials."""
+    if selection is None or selection.fresh is None:
+        return np.zeros(size, bool)
+    return np.asarray(selection.fresh, bool)
+
+
+def changed_members(sources, fresh, before: list[dict], after: list[dict]) -> np.ndarray:
+    """(P,) bool: members whose state now comes from another member or a fresh init, or whose
+    hparams changed (what `Learner.clocks` counts as a new version)."""
+    moved = (np.asarray(sources) != np.arange(len(before))) | fresh
+    return moved | np.array([a != b for a, b in zip(after, before, strict=True)])
+
+
 def start_over(training: Training, states, hparams, fresh: np.ndarray, key) -> Any:
     """Members where `fresh` get a new init's state (networks, targets, optimizer moments,
     step counters); the others keep theirs bit for bit."""
@@ -148,14 +162,12 @@ def executor_training(
         before = member_hparams_list(hparams)
         strategy_state, selection = strategy.step(round_.strategy_state, evaluation, before)
         size = len(evaluation.returns)
-        sources, events, fresh = np.arange(size), [], np.zeros(size, bool)
+        sources, events, fresh = np.arange(size), [], fresh_members(selection, size)
         if selection is not None:
             states, hparams = apply_selection(
                 training, states, hparams, selection, round_.replay, round_.key
             )
             sources, events = selection.sources, selection.events
-            if selection.fresh is not None:
-                fresh = np.asarray(selection.fresh, bool)
         # Members whose state is still not finite continue from the best finite member's,
         # keeping their own hparams (a sweep keeps its configurations).
         returns = evaluation.returns[sources]
@@ -166,8 +178,8 @@ def executor_training(
             states = continue_from(training, states, indices)
         in_force = member_hparams_list(hparams)
         events = [{**e, "new_hparams": in_force[e["target"]]} for e in events + resets]
-        moved = (sources != np.arange(size)) | (indices != np.arange(size)) | fresh
-        changed = moved | np.array([in_force[m] != before[m] for m in range(size)])
+        reset = indices != np.arange(size)
+        changed = changed_members(sources, fresh, before, in_force) | reset
         return RoundResult(strategy_state, states, hparams, events, {}, changed, fresh)
 
     training = Training(

@@ -127,10 +127,11 @@ def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float])
     return type(hparams)(**stacked)
 
 
-def population_act(agent: Agent):
+def population_act(agent: Agent, env_steps_per_member: bool = False):
     """agent.act for a population: params, obs (P, N, ...), keys and hparams stacked over
-    members; `explore` and `env_steps` shared by all."""
-    return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, None))
+    members; `explore` shared by all, `env_steps` too or, with `env_steps_per_member`, (P,): each
+    member's exploration (DQN's epsilon) on its own trial's clock (`learn/member_clocks.py`)."""
+    return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, 0 if env_steps_per_member else None))
 
 
 def member_policies(agent: Agent, states: PyTree) -> PyTree:

@@ -19,7 +19,6 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop import population
-from fastpop.collect.acting import population_act_per_member
 from fastpop.collect.evaluator import evaluate_population
 from fastpop.collect.rollout import LockstepEnvs, RowStream
 from fastpop.envs import make_vector_env
@@ -48,7 +47,7 @@ def train_in_process(config: config_lib.Config) -> InProcessResult:
     atari = config_lib.atari_options(config)
     envs = LockstepEnvs(make_vector_env(config.env.id, num_envs, config.seed, atari=atari))
     stream = RowStream(learner.replay_spec, num_envs)
-    act = jax.jit(population_act_per_member(learner.agent))
+    act = jax.jit(population.population_act(learner.agent, env_steps_per_member=True))
     key = jax.random.key(config.seed + 1)
     returns: list[list[float]] = [[] for _ in range(size)]
     evaluations: list[tuple[int, np.ndarray]] = []

@@ -11,6 +11,7 @@ from collections import deque
 import numpy as np
 
 from fastpop.collect import snapshot
+from fastpop.learn import member_clocks
 from fastpop.run.metrics import median
 from fastpop.strategies.base import Evaluation
 
@@ -139,8 +140,8 @@ class PendingEvaluations:
     def restored(cls, arrays: list[dict], data: list[dict]) -> PendingEvaluations:
         pending = cls()
         for entry, snapshot_arrays in zip(data, arrays, strict=True):
-            facts = entry["hparams"], entry["labels"], entry["facts"]
-            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, *facts)
+            kept = entry["hparams"], entry["labels"], entry["facts"]
+            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, *kept)
         return pending
 
 
@@ -150,13 +151,7 @@ def round_evaluation(
     """An evaluator's result as the strategy's round: with the members as they were at the
     snapshot (`hparams`, `facts`: `PendingEvaluations.take`'s), which the learner compares with
     what they are now."""
-    at_snapshot = {}
-    if facts is not None:
-        at_snapshot = {
-            "versions": np.asarray(facts["versions"], np.int64),
-            "trial_steps": np.asarray(facts["trial_steps"], np.int64),
-            "updates": facts["updates"],
-        }
+    at_snapshot = {} if facts is None else member_clocks.evaluation_fields(facts)
     member_steps = result["env_steps"] // len(returns)
     return Evaluation(result["eval_index"], member_steps, returns, finite, hparams, **at_snapshot)
 
