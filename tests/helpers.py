@@ -43,7 +43,7 @@ def random_buffers(name: str, population_size: int, rows: int = 64, seed: int = 
 
 
 def sampler(spec, batch_size: int):
-    return lambda buffer, key: replay.sample(spec, buffer, key, batch_size)
+    return replay.Sampler(spec, batch_size)
 
 
 def leaves_allclose(a, b, atol=1e-5) -> bool:

@@ -90,16 +90,19 @@ def test_floors_sit_beside_the_measured_step():
             "impl": "vectorized",
             "population": 4,
             "seconds_per_call": 0.02,
+            "flops_per_update": 5e6,
+            "bytes_per_update": 2e6,
             "kernels_per_update_step": 100.0,
             "seconds_per_kernel": 2e-5,
         },
         {"impl": "sequential", "population": 4, "seconds_per_call": 0.05},
     ]
     rates = {"matmul_gflops_per_s": 1000.0, "memory_gbps": 100.0}
-    anatomy.add_floors(rows, flops=5e6, bytes_accessed=2e6, rates=rates, steps=10)
+    anatomy.add_floors(rows, rates=rates, steps=10)
     assert rows[0]["seconds_per_update_step"] == pytest.approx(0.002)
     assert rows[0]["compute_floor_seconds"] == pytest.approx(4 * 5e6 / 1e12)
     assert rows[0]["memory_floor_seconds"] == pytest.approx(4 * 2e6 / 1e11)
+    assert rows[0]["times_floor"] == pytest.approx(0.002 / (4 * 2e6 / 1e11))
     assert "compute_floor_seconds" not in rows[1]
 
 

@@ -7,6 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fastpop.bench import torch_baseline as bench_torch  # noqa: E402
+from fastpop.bench import torch_variants  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +29,7 @@ def same(params, module):
 
 @pytest.mark.parametrize("algo", ["td3", "sac", "dqn"])
 def test_benchmark_runs_and_reports_positive_rates(algo):
-    result = bench_torch.torch_update_benchmark(
+    result = torch_variants.torch_update_benchmark(
         algo, population_size=2, num_steps=2, warmup_steps=1, buffer_size=64
     )
     for key in ("seconds_per_step", "agent_updates_per_s"):
@@ -39,7 +40,7 @@ def test_benchmark_runs_and_reports_positive_rates(algo):
 
 def test_unknown_algo_names_the_allowed_ones():
     with pytest.raises(ValueError, match=r"td3.*sac.*dqn"):
-        bench_torch.torch_update_benchmark("ppo", population_size=1, num_steps=1)
+        torch_variants.torch_update_benchmark("ppo", population_size=1, num_steps=1)
 
 
 def test_td3_policy_delay():

@@ -13,7 +13,8 @@ from fastpop.commands.cli import main
         (["--algo", "ppo"], "unknown algorithm 'ppo'; choose from td3, sac, dqn"),
         (
             ["--impl", "vectorized,parallel"],
-            "unknown implementation 'parallel'; choose from vectorized, sequential, torch",
+            "unknown implementation 'parallel'; choose from vectorized, sequential, "
+            "sequential-in-one-program, torch, torch-compile, torch-func, or vectorized+LEVER",
         ),
         (["--pop", "1,0"], "population size '0': must be >= 1"),
         (["--pop", "two"], "population size 'two': not an integer"),

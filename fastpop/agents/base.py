@@ -31,18 +31,34 @@ class Agent(NamedTuple):
     update(state, batch, hparams, key) -> (state, metrics dict of scalars)
     policy_params(state) -> what collectors need to act (published to them)
     default_hparams() -> HParams of scalar arrays with the paper's defaults
+    draw(key) -> the random numbers one update uses (a pytree; None for none)
+    update_drawn(state, batch, hparams, drawn) -> `update` given draw(key): the same numbers.
+    A loop of K updates draws all K at once outside its body (`population.member_update_loop`):
+    one random-number program instead of K, identical values.
     """
 
     name: str
     init: Callable[[PRNGKey, HParams], State]
     act: Callable[..., jax.Array]
     update: Callable[[State, Transition, HParams, PRNGKey], tuple[State, dict]]
+    draw: Callable[[PRNGKey], PyTree]
+    update_drawn: Callable[[State, Transition, HParams, PyTree], tuple[State, dict]]
     policy_params: Callable[[State], PyTree]
     default_hparams: Callable[[], HParams]
     batch_size: int
     # Algorithm-specific pieces of `update` (e.g. TD3's critic and actor steps), for code that
     # recombines them: shared-critic strategies, per-piece FLOP counts in the benchmark.
     parts: Any = None
+
+
+def no_draws(key: PRNGKey) -> None:
+    """`Agent.draw` of an update that draws no random numbers."""
+    del key
+
+
+def keyed_update(draw: Callable, update_drawn: Callable) -> Callable:
+    """update(state, batch, hparams, key) from an agent's `draw` and `update_drawn`."""
+    return lambda state, batch, hparams, key: update_drawn(state, batch, hparams, draw(key))
 
 
 def hparams_from_values(hparams_type: type, integer_fields: frozenset[str], **values) -> Any:
@@ -93,6 +109,20 @@ class ActorCriticConfig:
     """Hidden layer widths of actor and critics (the paper: 256-256)."""
     batch_size: int = 256
     """Transitions per gradient step."""
+    compute_dtype: str = "float32"
+    """What the networks' matmuls compute in (float32 or bfloat16); parameters and optimizer
+    state stay float32."""
+    critic_ensemble: bool = False
+    """The twin critics as one 2-member ensemble: one batched matmul per layer (issue 47)."""
+    flat_optimizer: bool = False
+    """Adam's moments over one flat buffer per network (optax.flatten): one fused update in
+    place of one per parameter leaf (issue 47)."""
+
+
+def moment_optimizer(config: ActorCriticConfig) -> optax.GradientTransformation:
+    """The moment-only Adam of `adam_step`, over per-leaf or flat moments (`flat_optimizer`)."""
+    adam = optax.scale_by_adam()
+    return optax.flatten(adam) if config.flat_optimizer else adam
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -12,7 +12,14 @@ import jax.numpy as jnp
 import optax
 
 from fastpop.agents import losses, networks
-from fastpop.agents.base import Agent, adam_step, hparams_from_values, select_tree
+from fastpop.agents.base import (
+    Agent,
+    adam_step,
+    hparams_from_values,
+    keyed_update,
+    no_draws,
+    select_tree,
+)
 from fastpop.agents.networks import QNetwork
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
@@ -123,8 +130,8 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         )
         return jnp.mean(loss), jnp.mean(jnp.take_along_axis(q, action[:, None], axis=-1))
 
-    def update(state: DQNState, batch: Transition, hparams: DQNHParams, key: PRNGKey):
-        del key
+    def update_drawn(state: DQNState, batch: Transition, hparams: DQNHParams, drawn):
+        del drawn  # DQN's update draws nothing
         chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 1, 1])
         (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.target_params, batch, hparams
@@ -141,7 +148,9 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         name="dqn",
         init=init,
         act=act,
-        update=update,
+        update=keyed_update(no_draws, update_drawn),
+        draw=no_draws,
+        update_drawn=update_drawn,
         policy_params=lambda state: state.params,
         default_hparams=default_hparams,
         batch_size=config.batch_size,

@@ -20,23 +20,28 @@ def as_float_observation(obs: jax.Array) -> jax.Array:
     return obs.astype(jnp.float32)
 
 
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
 class MLP(nn.Module):
-    """Dense ReLU layers; the last layer has no activation unless `activate_final`."""
+    """Dense ReLU layers; the last layer has no activation unless `activate_final`. Parameters
+    are float32; `dtype` is what the matmuls compute in (outputs come back as float32)."""
 
     layer_sizes: Sequence[int]
     activate_final: bool = False
     layer_norm: bool = False
+    dtype: str = "float32"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         for i, size in enumerate(self.layer_sizes):
-            x = nn.Dense(size)(x)
+            x = nn.Dense(size, dtype=self.dtype, param_dtype=jnp.float32)(x)
             is_last = i == len(self.layer_sizes) - 1
             if not is_last or self.activate_final:
                 if self.layer_norm:
-                    x = nn.LayerNorm()(x)
+                    x = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
                 x = nn.relu(x)
-        return x
+        return x.astype(jnp.float32)
 
 
 class NatureCNN(nn.Module):
@@ -81,10 +86,11 @@ class DeterministicActor(nn.Module):
     hidden_sizes: Sequence[int]
     action_low: float
     action_high: float
+    dtype: str = "float32"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = MLP((*self.hidden_sizes, self.action_dim))(as_float_observation(obs))
+        x = MLP((*self.hidden_sizes, self.action_dim), dtype=self.dtype)(as_float_observation(obs))
         half_range = (self.action_high - self.action_low) / 2.0
         return jnp.tanh(x) * half_range + (self.action_high + self.action_low) / 2.0
 
@@ -96,26 +102,49 @@ class GaussianActor(nn.Module):
     hidden_sizes: Sequence[int]
     log_std_min: float = -20.0
     log_std_max: float = 2.0
+    dtype: str = "float32"
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x = MLP(self.hidden_sizes, activate_final=True)(as_float_observation(obs))
-        mean = nn.Dense(self.action_dim)(x)
-        log_std = nn.Dense(self.action_dim)(x)
+        x = MLP(self.hidden_sizes, activate_final=True, dtype=self.dtype)(as_float_observation(obs))
+        head = lambda: nn.Dense(self.action_dim, dtype=self.dtype, param_dtype=jnp.float32)
+        mean = head()(x).astype(jnp.float32)
+        log_std = head()(x).astype(jnp.float32)
         return mean, jnp.clip(log_std, self.log_std_min, self.log_std_max)
 
 
 class TwinCritic(nn.Module):
-    """Two independent Q(s, a) networks; returns both values, shape (B, 2)."""
+    """Two independent Q(s, a) networks; returns both values, shape (B, 2). As an `ensemble`
+    the two are one vmapped MLP (parameters stacked on a leading axis of 2: one batched matmul
+    per layer), computing the same values from the same parameters (`ensemble_params`)."""
 
     hidden_sizes: Sequence[int]
+    dtype: str = "float32"
+    ensemble: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([as_float_observation(obs), action], axis=-1)
-        q1 = MLP((*self.hidden_sizes, 1))(x)
-        q2 = MLP((*self.hidden_sizes, 1))(x)
+        layers = (*self.hidden_sizes, 1)
+        if self.ensemble:
+            twins = nn.vmap(
+                MLP,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=None,
+                axis_size=2,
+            )
+            return jnp.moveaxis(twins(layers, dtype=self.dtype)(x)[..., 0], 0, -1)
+        q1 = MLP(layers, dtype=self.dtype)(x)
+        q2 = MLP(layers, dtype=self.dtype)(x)
         return jnp.concatenate([q1, q2], axis=-1)
+
+
+def ensemble_params(twin_params: dict) -> dict:
+    """A `TwinCritic`'s parameters in its ensemble layout: the two MLPs' stacked."""
+    params = twin_params["params"]
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params["MLP_0"], params["MLP_1"])
+    return {"params": {"VmapMLP_0": stacked}}
 
 
 class QNetwork(nn.Module):

@@ -19,6 +19,8 @@ from fastpop.agents.base import (
     adam_step,
     hparams_from_values,
     init_actor_critic,
+    keyed_update,
+    moment_optimizer,
     polyak,
 )
 from fastpop.agents.networks import GaussianActor, TwinCritic
@@ -51,10 +53,11 @@ class SACState(NamedTuple):
     step: jax.Array
 
 
-def squashed_gaussian_sample(mean, log_std, key, half_range, center):
-    """Reparameterised tanh-Gaussian action and its log-density in action space."""
+def squashed_gaussian_sample(mean, log_std, noise, half_range, center):
+    """Reparameterised tanh-Gaussian action and its log-density in action space; `noise`:
+    standard normal of `mean`'s shape."""
     std = jnp.exp(log_std)
-    pre_tanh = mean + std * jax.random.normal(key, mean.shape)
+    pre_tanh = mean + std * noise
     gaussian_log_prob = -0.5 * jnp.square((pre_tanh - mean) / std) - log_std
     gaussian_log_prob = gaussian_log_prob - 0.5 * math.log(2 * math.pi)
     # log(1 - tanh(u)^2) in a form that stays finite for large |u|.
@@ -72,12 +75,14 @@ def temperature_loss(log_alpha, log_prob, target_entropy):
 class SACParts(NamedTuple):
     """The pieces of a SAC update, for code that recombines or costs them.
 
-    sample_action(actor, obs, key) -> (actions, log-densities) of the squashed Gaussian.
-    critic_loss(critic, state, batch, hparams, key) -> (loss, mean q): targets from
+    sample_action(actor, obs, noise) -> (actions, log-densities) of the squashed Gaussian.
+    critic_loss(critic, state, batch, hparams, noise) -> (loss, mean q): targets from
     state.target_critic and next actions sampled from state.actor at temperature state.log_alpha.
-    actor_loss(actor, critic, log_alpha, obs, key) -> (loss, log-densities of the sampled actions).
-    critic_step(state, batch, hparams, key) -> (state, metrics).
-    actor_and_temperature_step(state, obs, hparams, key) -> (state, metrics).
+    actor_loss(actor, critic, log_alpha, obs, noise) -> (loss, log-densities of the sampled
+    actions).
+    critic_step(state, batch, hparams, noise) -> (state, metrics).
+    actor_and_temperature_step(state, obs, hparams, noise) -> (state, metrics).
+    Each `noise`: standard normal of the batch's action shape.
     optimizer: the moment-only optimizer of `adam_step`.
     """
 
@@ -103,12 +108,12 @@ def make_sac_parts(
     )
     actor_example_loss = jax.vmap(losses.sac_actor_loss, in_axes=(0, 0, None))
 
-    def sample_action(actor, obs, key):
+    def sample_action(actor, obs, noise):
         mean, log_std = actor_net.apply(actor, obs)
-        return squashed_gaussian_sample(mean, log_std, key, half_range, center)
+        return squashed_gaussian_sample(mean, log_std, noise, half_range, center)
 
-    def critic_loss(critic, state: SACState, batch: Transition, hparams: SACHParams, key):
-        next_action, next_log_prob = sample_action(state.actor, batch.next_obs, key)
+    def critic_loss(critic, state: SACState, batch: Transition, hparams: SACHParams, noise):
+        next_action, next_log_prob = sample_action(state.actor, batch.next_obs, noise)
         next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
         q = critic_net.apply(critic, batch.obs, batch.action)
         loss = critic_example_loss(
@@ -123,14 +128,14 @@ def make_sac_parts(
         )
         return jnp.mean(loss), jnp.mean(q)
 
-    def actor_loss(actor, critic, log_alpha, obs, key):
-        action, log_prob = sample_action(actor, obs, key)
+    def actor_loss(actor, critic, log_alpha, obs, noise):
+        action, log_prob = sample_action(actor, obs, noise)
         q = critic_net.apply(critic, obs, action)
         return jnp.mean(actor_example_loss(q, log_prob, jnp.exp(log_alpha))), log_prob
 
-    def critic_step(state: SACState, batch: Transition, hparams: SACHParams, key: PRNGKey):
+    def critic_step(state: SACState, batch: Transition, hparams: SACHParams, noise):
         (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic, state, batch, hparams, key
+            state.critic, state, batch, hparams, noise
         )
         critic, critic_opt = adam_step(
             state.critic, grads, state.critic_opt, optimizer, hparams.critic_lr
@@ -138,9 +143,9 @@ def make_sac_parts(
         state = state._replace(critic=critic, critic_opt=critic_opt)
         return state, {"critic_loss": loss, "q_mean": q_mean}
 
-    def actor_and_temperature_step(state: SACState, obs, hparams: SACHParams, key: PRNGKey):
+    def actor_and_temperature_step(state: SACState, obs, hparams: SACHParams, noise):
         (pi_loss, log_prob), grads = jax.value_and_grad(actor_loss, has_aux=True)(
-            state.actor, state.critic, state.log_alpha, obs, key
+            state.actor, state.critic, state.log_alpha, obs, noise
         )
         actor, actor_opt = adam_step(
             state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
@@ -170,9 +175,9 @@ def make_sac_parts(
 def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     if spec.discrete:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
-    actor_net = GaussianActor(spec.action_dim, config.hidden_sizes)
-    critic_net = TwinCritic(config.hidden_sizes)
-    optimizer = optax.scale_by_adam()
+    actor_net = GaussianActor(spec.action_dim, config.hidden_sizes, dtype=config.compute_dtype)
+    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype, config.critic_ensemble)
+    optimizer = moment_optimizer(config)
     parts = make_sac_parts(spec, actor_net, critic_net, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
@@ -207,17 +212,24 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
 
     def act(actor, obs, key, hparams: SACHParams, explore, env_steps=0):
         del hparams, env_steps
-        sampled, _ = parts.sample_action(actor, obs, key)
-        mean, _ = actor_net.apply(actor, obs)
+        mean, log_std = actor_net.apply(actor, obs)
+        noise = jax.random.normal(key, mean.shape)
+        sampled, _ = squashed_gaussian_sample(mean, log_std, noise, half_range, center)
         return jnp.where(explore, sampled, jnp.tanh(mean) * half_range + center)
 
-    def update(state: SACState, batch: Transition, hparams: SACHParams, key: PRNGKey):
-        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
+    def draw(key: PRNGKey) -> tuple[jax.Array, jax.Array]:
+        """The noise of one update's next actions (critic step) and new actions (actor step)."""
+        shape = (config.batch_size, spec.action_dim)
         critic_key, actor_key = jax.random.split(key)
-        state, critic_metrics = parts.critic_step(state, batch, hparams, critic_key)
+        return jax.random.normal(critic_key, shape), jax.random.normal(actor_key, shape)
+
+    def update_drawn(state: SACState, batch: Transition, hparams: SACHParams, drawn):
+        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
+        critic_noise, actor_noise = drawn
+        state, critic_metrics = parts.critic_step(state, batch, hparams, critic_noise)
         # The actor is trained against the critic just updated, then the targets follow it.
         state, actor_metrics = parts.actor_and_temperature_step(
-            state, batch.obs, hparams, actor_key
+            state, batch.obs, hparams, actor_noise
         )
         state = state._replace(
             target_critic=polyak(state.target_critic, state.critic, hparams.tau),
@@ -229,7 +241,9 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         name="sac",
         init=init,
         act=act,
-        update=update,
+        update=keyed_update(draw, update_drawn),
+        draw=draw,
+        update_drawn=update_drawn,
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,

@@ -19,6 +19,8 @@ from fastpop.agents.base import (
     adam_step,
     hparams_from_values,
     init_actor_critic,
+    keyed_update,
+    moment_optimizer,
     polyak,
     select_tree,
 )
@@ -69,11 +71,12 @@ class TD3State(NamedTuple):
 class TD3Parts(NamedTuple):
     """The two halves of a TD3 update, for strategies that recombine them (CEM-RL, DvD).
 
-    critic_step(state, batch, hparams, key) -> (state, metrics)
+    critic_step(state, batch, hparams, noise) -> (state, metrics)
     actor_step(state, obs, hparams, due) -> (state, actor_loss): actor step and Polyak
     targets where `due`, the state unchanged elsewhere.
-    critic_loss(critic, state, batch, hparams, key) -> (loss, mean q): the targets come from
-    state.target_actor and state.target_critic.
+    critic_loss(critic, state, batch, hparams, noise) -> (loss, mean q): the targets come from
+    state.target_actor and state.target_critic, smoothed by `noise`, standard normal of the
+    batch's action shape (`jax.random.normal(key, batch.action.shape)`).
     actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)).
     actor_apply(actor, obs) -> deterministic actions.
     optimizer: the moment-only optimizer of `adam_step`.
@@ -101,10 +104,10 @@ def make_td3_parts(
     smoothed_action = jax.vmap(bounded, in_axes=(0, 0, None, None))
     critic_example_loss = jax.vmap(losses.td3_critic_loss, in_axes=(0, 0, None, 0, 0))
 
-    def critic_loss(critic, state: TD3State, batch: Transition, hparams: TD3HParams, key):
+    def critic_loss(critic, state: TD3State, batch: Transition, hparams: TD3HParams, noise):
         next_action = smoothed_action(
             actor_net.apply(state.target_actor, batch.next_obs),
-            jax.random.normal(key, batch.action.shape),
+            noise,
             hparams.policy_noise,
             hparams.noise_clip,
         )
@@ -131,10 +134,10 @@ def make_td3_parts(
         # Inside a population some members may not be due this step: they keep their state.
         return select_tree(due, stepped, state), jnp.where(due, loss, jnp.nan)
 
-    def critic_step(state: TD3State, batch: Transition, hparams: TD3HParams, key: PRNGKey):
+    def critic_step(state: TD3State, batch: Transition, hparams: TD3HParams, noise):
         chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
         (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic, state, batch, hparams, key
+            state.critic, state, batch, hparams, noise
         )
         critic, critic_opt = adam_step(
             state.critic, grads, state.critic_opt, optimizer, hparams.critic_lr
@@ -151,10 +154,14 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
     if spec.discrete:
         raise ValueError("TD3 needs a continuous action space; use DQN for discrete actions")
     actor_net = DeterministicActor(
-        spec.action_dim, config.hidden_sizes, spec.action_low, spec.action_high
+        spec.action_dim,
+        config.hidden_sizes,
+        spec.action_low,
+        spec.action_high,
+        config.compute_dtype,
     )
-    critic_net = TwinCritic(config.hidden_sizes)
-    optimizer = optax.scale_by_adam()
+    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype, config.critic_ensemble)
+    optimizer = moment_optimizer(config)
     parts = make_td3_parts(spec, actor_net, critic_net, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
 
@@ -181,8 +188,12 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         noise = noise_std * jax.random.normal(key, action.shape)
         return jnp.clip(action + noise, spec.action_low, spec.action_high)
 
-    def update(state: TD3State, batch: Transition, hparams: TD3HParams, key: PRNGKey):
-        state, metrics = parts.critic_step(state, batch, hparams, key)
+    def draw(key: PRNGKey) -> jax.Array:
+        """The target smoothing noise of one update."""
+        return jax.random.normal(key, (config.batch_size, spec.action_dim))
+
+    def update_drawn(state: TD3State, batch: Transition, hparams: TD3HParams, noise):
+        state, metrics = parts.critic_step(state, batch, hparams, noise)
         due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0
         # One branch for the whole population: skip the actor pass when no member is due,
         # rather than vmap turning the cond into a select that always runs both branches.
@@ -198,7 +209,9 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         name="td3",
         init=init,
         act=act,
-        update=update,
+        update=keyed_update(draw, update_drawn),
+        draw=draw,
+        update_drawn=update_drawn,
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,

@@ -6,7 +6,9 @@ op that is not a view or control flow; loops counted by their known trip counts,
 by its larger branch; kernels XLA outlines into a command buffer, a CUDA graph launched at
 once, are counted inside its `call`) and the measured seconds per kernel; with XLA's FLOPs and
 bytes of one member's update, the floors a population step cannot go below: its FLOPs at the
-matmul rate and its bytes at the memory bandwidth, both measured in the same run.
+matmul rate and its bytes at the memory bandwidth, both measured in the same run. A
+conditional that runs on a known fraction of steps (TD3's delayed actor step: 1/policy_delay)
+is counted as it runs: that fraction of its larger branch, the rest of its smaller.
 """
 
 from __future__ import annotations
@@ -67,8 +69,10 @@ def parse_hlo(text: str) -> tuple[dict[str, list[tuple[str, str]]], str]:
     return computations, entry
 
 
-def kernels_per_call(text: str) -> int:
-    """Kernel launches of one call of the compiled program whose HLO `text` is."""
+def kernels_per_call(text: str, taken: float | None = None) -> float:
+    """Kernel launches of one call of the compiled program whose HLO `text` is. A conditional
+    counts as its larger branch, or with `taken` (the fraction of its runs that take the larger
+    branch) as that mix of its larger and smaller branch."""
     computations, entry = parse_hlo(text)
 
     @functools.cache
@@ -78,7 +82,11 @@ def kernels_per_call(text: str) -> int:
             if op == "conditional":
                 names = [n for group in _BRANCHES.findall(rest) for n in group if n]
                 branches = [b.strip().lstrip("%") for n in names for b in n.split(",")]
-                total += max((launches(b) for b in branches if b), default=0)
+                counts = [launches(b) for b in branches if b] or [0]
+                if taken is None:
+                    total += max(counts)
+                else:
+                    total += taken * max(counts) + (1 - taken) * min(counts)
             elif op in _CALLED:
                 trip = _TRIP_COUNT.search(rest)
                 called = sum(launches(n) for n in _CALLED[op].findall(rest))
@@ -90,26 +98,28 @@ def kernels_per_call(text: str) -> int:
     return launches(entry)
 
 
-def update_anatomy(plan: population.UpdatePlan, update, states, replay, hparams, seconds_per_call):
+def update_anatomy(
+    plan: population.UpdatePlan, update, states, replay, hparams, seconds_per_call, taken=None
+):
     """Kernels per update step of `plan`'s whole-population program at this population size,
     and the measured seconds per kernel (`seconds_per_call`: one call of `plan.num_updates`
     steps). `update`: the executor's, whose compiled program is read where it is one (an
     accelerator's: no second compile); a CPU's runs chunks, so the whole-population program
-    (`population.vectorized`'s) is compiled here."""
+    (`population.vectorized`'s) is compiled here. `taken`: see `kernels_per_call`."""
     program = update if hasattr(update, "lower") else population.vectorized(plan).update
     compiled = program.lower(states, replay, hparams, jax.random.key(0)).compile()
-    kernels = kernels_per_call(compiled.as_text())
+    kernels = kernels_per_call(compiled.as_text(), taken)
     return {
         "kernels_per_update_step": kernels / plan.num_updates,
         "seconds_per_kernel": seconds_per_call / kernels if kernels else None,
     }
 
 
-def read_safely(plan, update, states, replay, hparams, seconds_per_call) -> dict:
+def read_safely(plan, update, states, replay, hparams, seconds_per_call, taken=None) -> dict:
     """`update_anatomy`, or why it could not be read: a benchmark's timings are kept whatever
     an HLO text this parser has not met looks like."""
     try:
-        return update_anatomy(plan, update, states, replay, hparams, seconds_per_call)
+        return update_anatomy(plan, update, states, replay, hparams, seconds_per_call, taken)
     except Exception as error:  # recorded in the row; the sweep goes on
         return {"anatomy_error": f"{type(error).__name__}: {error}"}
 
@@ -123,15 +133,29 @@ def memory_gbps(megabytes: float | None = None, repeats: int = 5) -> float:
     return 2 * array.nbytes / seconds / 1e9
 
 
-def add_floors(rows: list[dict], flops: float, bytes_accessed: float, rates: dict, steps: int):
+def add_floors(rows: list[dict], rates: dict, steps: int):
     """Each anatomised row's measured seconds per population step (`steps`: update steps per
-    timed call) beside two floors it cannot go below: its FLOPs (`flops` per member update) at
-    `rates["matmul_gflops_per_s"]` and its bytes at `rates["memory_gbps"]`. Far above both,
-    with few microseconds per kernel, a step is bound by its kernels' launches."""
+    timed call) beside two floors it cannot go below: its FLOPs (the row's `flops_per_update`
+    per member) at `rates["matmul_gflops_per_s"]` and its bytes (`bytes_per_update`) at
+    `rates["memory_gbps"]`. Far above both, with few microseconds per kernel, a step is bound
+    by its kernels' launches."""
     for row in rows:
         if "kernels_per_update_step" not in row:
             continue
         size = row["population"]
-        row["seconds_per_update_step"] = row["seconds_per_call"] / steps
-        row["compute_floor_seconds"] = size * flops / (rates["matmul_gflops_per_s"] * 1e9)
-        row["memory_floor_seconds"] = size * bytes_accessed / (rates["memory_gbps"] * 1e9)
+        step = row["seconds_per_update_step"] = row["seconds_per_call"] / steps
+        compute = size * row["flops_per_update"] / (rates["matmul_gflops_per_s"] * 1e9)
+        memory = size * row["bytes_per_update"] / (rates["memory_gbps"] * 1e9)
+        row["compute_floor_seconds"], row["memory_floor_seconds"] = compute, memory
+        row["times_floor"] = step / max(compute, memory)
+
+
+def floor_line(algo: str, row: dict) -> str:
+    """A vectorized row's step against its floors, as the console shows it."""
+    return (
+        f"{algo} {row['impl']} P={row['population']}: step "
+        f"{1e6 * row['seconds_per_update_step']:.0f} us; floors: FLOPs "
+        f"{1e6 * row['compute_floor_seconds']:.0f} us at the matmul rate, bytes "
+        f"{1e6 * row['memory_floor_seconds']:.0f} us at the memory bandwidth: "
+        f"{row['times_floor']:.2f}x the larger; {row['kernels_per_update_step']:.0f} kernels"
+    )

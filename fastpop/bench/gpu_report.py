@@ -1,5 +1,5 @@
 """README.md of a `fastpop bench gpu` directory: the machine, each phase's status and files,
-the GPU targets of issue 24 judged met or missed, and the main numbers of each phase."""
+the GPU targets of issues 24 and 47 judged met or missed, and the main numbers of each phase."""
 
 from __future__ import annotations
 
@@ -38,33 +38,28 @@ def verdict(value: float | None, threshold: float, at_most: bool = False, why: s
 
 
 def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, str]]:
-    """TD3 at P=80: vectorized >= 50x sequential JAX and >= 100x PyTorch; >= 50% of the
-    measured default-precision matmul rate at every measured P >= 80."""
-    names = ("TD3 P=80: vectorized / sequential JAX", "TD3 P=80: vectorized / PyTorch")
-    flops_name = "TD3 P>=80: update GFLOP/s / matmul (default precision), lowest P"
-    td3 = update_rows(out_dir, ((record or {}).get("algos") or {}).get("td3", {}))
-    if not td3:
-        missing = verdict(None, 0, why="no TD3 update results")
-        return [(name, "-", missing) for name in (*names, flops_name)]
-    rate = {(r["impl"], r["population"]): r for r in td3}
-    vectorized = rate.get(("vectorized", 80))
+    """Issue 47's: TD3 and SAC at P = 80 and 256, the vectorized step within 1.5x of its
+    floor; at P = 80 the vectorized update >= 10x the best sequential JAX row and >= 10x the
+    best PyTorch row."""
     rows = []
-    for name, baseline, threshold in ((names[0], "sequential", 50), (names[1], "torch", 100)):
-        other = rate.get((baseline, 80))
-        value = (
-            vectorized["agent_updates_per_s"] / other["agent_updates_per_s"]
-            if vectorized and other
-            else None
-        )
-        why = f"no {baseline} row at P=80"
-        shown = "-" if value is None else f"{value:.1f}x"
-        rows.append((f"{name} >= {threshold}x", shown, verdict(value, threshold, why=why)))
-    matmul = record["matmul_gflops_per_s"][TIGHT_DEFAULT]
-    big = [r for r in td3 if r["impl"] == "vectorized" and r["population"] >= 80]
-    fractions = {r["population"]: r["gflops_per_s"] / matmul for r in big}
-    value = min(fractions.values()) if fractions else None
-    shown = ", ".join(f"P={p}: {f:.0%}" for p, f in sorted(fractions.items())) or "-"
-    rows.append((f"{flops_name} >= 50%", shown, verdict(value, 0.5, why="no P >= 80")))
+    for algo in ("td3", "sac"):
+        found = update_rows(out_dir, ((record or {}).get("algos") or {}).get(algo, {}))
+        by_key = {(r["impl"], r["population"]): r for r in found}
+        for size in (80, 256):
+            row = by_key.get(("vectorized", size)) or {}
+            value = row.get("times_floor")
+            shown = "-" if value is None else f"{value:.2f}x"
+            name = f"{algo.upper()} P={size}: vectorized step / its floor <= 1.5x"
+            rows.append((name, shown, verdict(value, 1.5, True, f"no {algo} floor at P={size}")))
+        at_80 = by_key.get(("vectorized", 80)) or {}
+        for field, what in (
+            ("speedup_over_best_sequential", "the best sequential JAX row"),
+            ("speedup_over_best_torch", "the best PyTorch row"),
+        ):
+            value = at_80.get(field)
+            shown = "-" if value is None else f"{value:.1f}x"
+            name = f"{algo.upper()} P=80: vectorized / {what} >= 10x"
+            rows.append((name, shown, verdict(value, 10, why=f"no {algo} rows at P=80")))
     return rows
 
 
@@ -76,7 +71,8 @@ def update_rows(out_dir: Path, entry: dict) -> list[dict]:
 
 def pbt_target(record: dict | None) -> tuple[str, str, str]:
     """Device-mode SAC PBT, 256 members on brax/ant: an EvoRL-sized iteration in <= 5 s."""
-    name = "SAC PBT, 256 members, brax/ant: seconds per EvoRL iteration <= 5"
+    name = "SAC PBT, 256 members, brax/ant: seconds per EvoRL iteration, evaluation pauses "
+    name += "included, <= 5"
     name += f" (EvoRL: {EVORL_SECONDS:g} on an RTX 3090)"
     run = ((record or {}).get("runs") or {}).get("sac_pbt_brax_ant") or {}
     if run.get("population") != 256 or run.get("env") != "brax/ant":
@@ -85,7 +81,11 @@ def pbt_target(record: dict | None) -> tuple[str, str, str]:
     if not rate:
         return name, "-", verdict(None, 5, why="no update ran")
     seconds = EVORL_ITERATION["updates"] / rate
-    return name, f"{seconds:.2f} s ({rate:.0f} updates/member/s)", verdict(seconds, 5, True)
+    shown = f"{seconds:.2f} s ({rate:.0f} updates/member/s)"
+    if training := run.get("updates_per_member_per_s_without_evaluations"):
+        without = EVORL_ITERATION["updates"] / training
+        shown += f"; without evaluation pauses {without:.2f} s (not judged)"
+    return name, shown, verdict(seconds, 5, True)
 
 
 def pipeline_target(out_dir: Path, record: dict | None) -> tuple[str, str, str]:
@@ -100,7 +100,7 @@ def pipeline_target(out_dir: Path, record: dict | None) -> tuple[str, str, str]:
 
 
 def judge_targets(out_dir: Path, records: dict) -> list[tuple[str, str, str]]:
-    """(target, what was measured, met / missed / not measured) for each of issue 24's."""
+    """(target, what was measured, met / missed / not measured) for each of issue 47's."""
     targets = update_targets(out_dir, records.get("update"))
     targets.append(pbt_target(records.get("pbt")))
     return [*targets, pipeline_target(out_dir, records.get("pipeline"))]
@@ -139,13 +139,24 @@ def update_lines(out_dir: Path, record: dict) -> list[str]:
             continue
         where = f"`{files['json']}`, `{files['png']}`" if "json" in files else "when it stopped"
         lines += ["", f"{algo.upper()} ({where}):", ""]
-        lines += ["| impl | P | agent-updates/s | x sequential | GFLOP/s | compile s |"]
-        lines += ["|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| impl | P | agent-updates/s | x sequential | x best sequential | x best PyTorch "
+            "| x floor | GFLOP/s | compile s |"
+        ]
+        lines += ["|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        shown = lambda value, unit="": "-" if value is None else f"{value:.{2 if unit else 1}f}"
         for r in rows:
-            speedup = r.get("speedup_over_sequential")
+            ratios = " | ".join(
+                shown(r.get(field))
+                for field in (
+                    "speedup_over_sequential",
+                    "speedup_over_best_sequential",
+                    "speedup_over_best_torch",
+                )
+            )
             lines.append(
                 f"| {r['impl']} | {r['population']} | {r['agent_updates_per_s']:,.0f} | "
-                f"{'-' if speedup is None else f'{speedup:.1f}'} | {r['gflops_per_s']:,.1f} | "
+                f"{ratios} | {shown(r.get('times_floor'), 'x')} | {r['gflops_per_s']:,.1f} | "
                 f"{r['compile_seconds']:.1f} |"
             )
         lines += anatomy_lines(rows)
@@ -232,9 +243,21 @@ def pbt_lines(record: dict) -> list[str]:
             f"mode), {run['wall_seconds']:.0f} s, {run['member_env_steps']:,} env steps and "
             f"{run['updates_per_member']:,} updates per member"
             + (f", {rate:.1f} updates/member/s ({run['rates_measured']})" if rate else "")
+            + evaluation_pauses(run)
             + f"; plots: {', '.join(f'`{p}`' for p in run['plots']) or run.get('no_plot')}"
         )
     return lines
+
+
+def evaluation_pauses(run: dict) -> str:
+    """A pbt run's rate with the window's evaluation pauses taken out, beside the one with."""
+    training = run.get("updates_per_member_per_s_without_evaluations")
+    if not training:
+        return ""
+    return (
+        f", {training:.1f} updates/member/s without the "
+        f"{run['evaluation_seconds_in_window']:.1f} s spent evaluating in that window"
+    )
 
 
 def write_readme(out_dir: Path, manifest: dict) -> Path:
@@ -260,7 +283,7 @@ def write_readme(out_dir: Path, manifest: dict) -> Path:
             f"| {phase} | {status} | {entry.get('seconds', 0):.0f} | {entry['cap_seconds']:.0f} | "
             f"{files} |"
         )
-    lines += ["", "## Targets (issue 24)", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += ["", "## Targets (issue 47)", "", "| target | measured | verdict |", "|---|---|---|"]
     targets = judge_targets(out_dir, records)
     lines += [f"| {name} | {measured} | {judged} |" for name, measured, judged in targets]
     lines += ["", "## Results", ""]

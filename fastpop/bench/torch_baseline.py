@@ -3,7 +3,9 @@
 The paper's point of comparison: a Python loop over agents, each an ordinary PyTorch agent
 doing one update step on a batch sampled from its own replay buffer. Nothing is vectorized
 across agents. The updates mirror fastpop's JAX TD3, SAC and (double) DQN agents. They run on
-the GPU where PyTorch sees one (the paper's baseline), else on the CPU.
+the GPU where PyTorch sees one (the paper's baseline), else on the CPU. `variant` picks how
+PyTorch runs them: "eager" (this loop as written), or the two ways a PyTorch user would make it
+fast, "compile" and "func"; `torch_variants.torch_update_benchmark` times any of them.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import copy
 import itertools
 import math
-import time
 from typing import NamedTuple
 
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 ALGOS = ("td3", "sac", "dqn")
+VARIANTS = ("eager", "compile", "func")
 
 # HalfCheetah shapes for TD3/SAC, Atari shapes for DQN.
 OBS_DIM, ACTION_DIM = 17, 6
@@ -117,10 +119,11 @@ class TD3Agent:
         noise_clip: float = 0.5,
         policy_delay: int = 2,
         device: torch.device = CPU,
+        hidden: int = 256,
     ):
         torch.manual_seed(seed)
-        self.actor = nn.Sequential(mlp(OBS_DIM, 256, 256, ACTION_DIM), nn.Tanh()).to(device)
-        self.critic = TwinCritic().to(device)
+        self.actor = nn.Sequential(mlp(OBS_DIM, hidden, hidden, ACTION_DIM), nn.Tanh()).to(device)
+        self.critic = TwinCritic(hidden).to(device)
         self.target_actor, self.target_critic = frozen_copy(self.actor), frozen_copy(self.critic)
         self.actor_params = list(self.actor.parameters())
         self.actor_opt = torch.optim.Adam(self.actor_params, lr=lr)
@@ -167,10 +170,11 @@ class SACAgent:
         lr: float = 3e-4,
         reward_scale: float = 1.0,
         device: torch.device = CPU,
+        hidden: int = 256,
     ):
         torch.manual_seed(seed)
-        self.actor = mlp(OBS_DIM, 256, 256, 2 * ACTION_DIM).to(device)
-        self.critic = TwinCritic().to(device)
+        self.actor = mlp(OBS_DIM, hidden, hidden, 2 * ACTION_DIM).to(device)
+        self.critic = TwinCritic(hidden).to(device)
         self.target_critic = frozen_copy(self.critic)
         self.log_alpha = torch.zeros((), device=device, requires_grad=True)
         self.actor_params = list(self.actor.parameters())
@@ -280,12 +284,12 @@ class DQNAgent:
         return {"loss": loss.detach()}
 
 
-def make_td3_agent(seed: int = 0, device: torch.device = CPU) -> TD3Agent:
-    return TD3Agent(seed, device=device)
+def make_td3_agent(seed: int = 0, device: torch.device = CPU, hidden: int = 256) -> TD3Agent:
+    return TD3Agent(seed, device=device, hidden=hidden)
 
 
-def make_sac_agent(seed: int = 0, device: torch.device = CPU) -> SACAgent:
-    return SACAgent(seed, device=device)
+def make_sac_agent(seed: int = 0, device: torch.device = CPU, hidden: int = 256) -> SACAgent:
+    return SACAgent(seed, device=device, hidden=hidden)
 
 
 def make_dqn_agent(seed: int = 0, device: torch.device = CPU) -> DQNAgent:
@@ -304,44 +308,24 @@ def default_buffer_size(algo: str, population_size: int) -> int:
     return max(DQN_MIN_BUFFER_SIZE, min(DQN_BUFFER_SIZE, fits))
 
 
-def torch_update_benchmark(
-    algo: str,
-    population_size: int,
-    num_steps: int,
-    warmup_steps: int = 3,
-    seed: int = 0,
-    buffer_size: int | None = None,
-) -> dict:
-    """Time `num_steps` population steps: a Python loop of one sample + update per agent."""
-    if algo not in AGENT_FACTORIES:
-        raise ValueError(f"unknown algo {algo!r}; expected one of {', '.join(ALGOS)}")
-    if population_size < 1 or num_steps < 1 or warmup_steps < 0:
-        raise ValueError("population_size and num_steps must be >= 1, warmup_steps >= 0")
-    if buffer_size is None:
-        buffer_size = default_buffer_size(algo, population_size)
-    # Placed explicitly (not under `with device:`, a torch-function mode that adds Python work
-    # to every operation and would slow the baseline down).
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    agents = [AGENT_FACTORIES[algo](seed + i, device) for i in range(population_size)]
-    buffers = [ReplayBuffer(algo, buffer_size, seed + i, device) for i in range(population_size)]
+def make_agents(
+    algo: str, seeds: range, device: torch.device, hidden: int | None, batch_size: int | None
+) -> list:
+    """One agent per seed; `hidden` (TD3's and SAC's MLP width) and `batch_size` shrink them."""
+    if hidden is not None and algo == "dqn":
+        raise ValueError("hidden sets TD3's and SAC's MLP width; DQN's Nature CNN is fixed")
+    options = {} if hidden is None else {"hidden": hidden}
+    agents = [AGENT_FACTORIES[algo](seed, device, **options) for seed in seeds]
+    for agent in agents if batch_size is not None else ():
+        agent.batch_size = batch_size
+    return agents
 
-    def population_step() -> None:
+
+def eager_population_step(agents: list, buffers: list[ReplayBuffer]):
+    """The baseline: each agent samples its own buffer and updates, one after another."""
+
+    def step() -> None:
         for agent, buffer in zip(agents, buffers, strict=True):
             agent.update(buffer.sample(agent.batch_size))
-        if device.type == "cuda":  # kernels run asynchronously: time them, not their launch
-            torch.cuda.synchronize()
 
-    for _ in range(warmup_steps):
-        population_step()
-    start = time.perf_counter()
-    for _ in range(num_steps):
-        population_step()
-    seconds_per_step = (time.perf_counter() - start) / num_steps
-    return {
-        "seconds_per_step": seconds_per_step,
-        "agent_updates_per_s": population_size / seconds_per_step,
-        "device": str(device),
-        "threads": torch.get_num_threads(),
-        "torch_version": torch.__version__,
-        "buffer_size": buffer_size,
-    }
+    return step

@@ -2,14 +2,15 @@
 
 Each implementation performs the same TD3 / SAC / DQN update for every member of a
 population, on random data of the paper's shapes held in a device replay buffer:
-  vectorized  one jit(vmap(scan)) program for the whole population
-  sequential  the single-member jitted program called per member from Python
-  torch       a plain sequential PyTorch implementation (the paper's baseline)
+  vectorized                 one jit(vmap(scan)) program for the whole population
+  vectorized+LEVER           the same with a lever of levers.py turned on
+  sequential                 the single-member jitted program called per member from Python
+  sequential-in-one-program  every member's K updates in one program, members in turn
+  torch, torch-compile, torch-func   PyTorch: eager (the paper's baseline), compiled, vmapped
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from functools import partial
@@ -22,7 +23,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import Agent, make_agent
-from fastpop.bench import anatomy
+from fastpop.bench import anatomy, levers
 from fastpop.bench.common import best_seconds, device_label, two_panel_figure, write_json
 from fastpop.population import replay
 from fastpop.types import EnvSpec, Transition, stored_obs
@@ -94,7 +95,7 @@ def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
     state = agent.init(jax.random.key(0), hparams)
     key = jax.random.key(1)
     if agent.name == "td3":
-        critic = cost(agent.parts.critic_step, state, batch, hparams, key)
+        critic = cost(agent.parts.critic_step, state, batch, hparams, agent.draw(key))
         actor = cost(agent.parts.actor_step, state, batch.obs, hparams, jnp.bool_(True))
         return critic + actor / float(hparams.policy_delay)
     return cost(agent.update, state, batch, hparams, key)
@@ -115,7 +116,7 @@ ROUNDS = 3  # timed rounds per measurement, alternating between implementations
 
 
 def time_executors(
-    executors: dict[str, population.Executor], states, buffers, hparams, min_seconds: float
+    executors: dict[str, population.Executor], states: dict, buffers, hparams, min_seconds: float
 ) -> dict[str, dict]:
     """Per implementation: compile time and the median steady-state seconds per call.
 
@@ -126,7 +127,8 @@ def time_executors(
     """
     runs, timings = {}, {}
     for name, executor in executors.items():
-        run = [executor.adopt(tree) for tree in (population.copy_tree(states), buffers, hparams)]
+        trees = (population.copy_tree(states[name]), buffers, hparams)
+        run = [executor.adopt(tree) for tree in trees]
         start = time.perf_counter()
         run[0], _ = executor.update(*run, jax.random.key(0))
         jax.block_until_ready(run[0])
@@ -171,6 +173,31 @@ class UpdateBenchSettings(NamedTuple):
     memory_megabytes: float | None = None  # of the bandwidth measurement; None: its default
 
 
+class Setup(NamedTuple):
+    """One JAX implementation at the benchmark's shapes: its executor, plan and agent, and one
+    member update's [FLOPs, bytes] from XLA's cost analysis."""
+
+    executor: population.Executor
+    plan: population.UpdatePlan
+    agent: Agent
+    cost: tuple[float, float]
+
+
+def make_setups(settings, implementations, spec, buffers) -> dict[str, Setup]:
+    """A `Setup` per JAX implementation (its levers' agent and plan)."""
+    setups = {}
+    for impl in implementations:
+        config = dict(settings.agent or {}) | impl.agent
+        if settings.batch_size is not None:
+            config["batch_size"] = settings.batch_size
+        agent = make_agent(settings.algo, BENCH_SPECS[settings.algo], **config)
+        executor, plan = make_executor(impl, agent, spec, settings.updates_per_call)
+        batch = plan.sample_batch(population.member(buffers, 0), jax.random.key(0))
+        cost = tuple(map(float, update_cost(agent, agent.default_hparams(), batch)))
+        setups[impl.name] = Setup(executor, plan, agent, cost)
+    return setups
+
+
 def bench_update(
     settings: UpdateBenchSettings,
     populations: Sequence[int],
@@ -178,71 +205,100 @@ def bench_update(
     log=print,
     on_row=None,
 ) -> dict:
-    """Agent-updates/s per implementation and population size, plus FLOP accounting.
+    """Agent-updates/s per implementation (`levers.parse`'s names) and population size, plus
+    FLOP accounting and, for vectorized rows, what bounds them (`anatomy`).
     `on_row(rows)`: called with the rows so far after each population size (a caller under a
     time cap keeps them)."""
     algo, updates_per_call = settings.algo, settings.updates_per_call
-    config = dict(settings.agent or {})
-    if settings.batch_size is not None:
-        config["batch_size"] = settings.batch_size
-    agent = make_agent(algo, BENCH_SPECS[algo], **config)
-    hparams_one = agent.default_hparams()
-    torch_bench = torch_benchmark(log) if "torch" in implementations else None
-    jax_implementations = [name for name in implementations if name != "torch"]
-    executors, rows = None, []
+    impls = [levers.parse(name) for name in implementations]
+    torch_impls = [i.base for i in impls if i.base in levers.TORCH_IMPLEMENTATIONS]
+    torch_bench = levers.torch_benchmark(log) if torch_impls else None
+    jax_impls = [i for i in impls if i.base in levers.JAX_IMPLEMENTATIONS]
+    # The rates the floors need, measured first: a sweep cut short keeps its rows' floors.
+    rates = {"matmul_gflops_per_s": matmul_gflops(settings.matmul_size)}
+    anatomy_from = settings.anatomy_from or 1
+    if any(i.base == "vectorized" for i in jax_impls) and max(populations) >= anatomy_from:
+        rates["memory_gbps"] = anatomy.memory_gbps(settings.memory_megabytes)
+    setups, rows = None, []
     for size in populations:
         key = jax.random.key(settings.seed + size)
         spec, buffers = random_replay(algo, size, key)
-        if executors is None:  # the replay's layout is the same at every population size
-            executors, plan = make_executors(agent, spec, jax_implementations, updates_per_call)
-            batch = plan.sample_batch(population.member(buffers, 0), jax.random.key(0))
-            flops, bytes_accessed = map(float, update_cost(agent, hparams_one, batch))
-        hparams = population.broadcast_hparams(hparams_one, size)
-        states = population.init_population(agent, key, hparams)
+        if setups is None:  # the replay's layout is the same at every population size
+            setups = make_setups(settings, jax_impls, spec, buffers)
+        states, hparams = {}, None
+        for name, setup in setups.items():
+            hparams = population.broadcast_hparams(setup.agent.default_hparams(), size)
+            states[name] = population.init_population(setup.agent, key, hparams)
+        executors = {name: setup.executor for name, setup in setups.items()}
         timings = time_executors(executors, states, buffers, hparams, settings.min_seconds)
-        for name, timing in timings.items():
-            rate = size * updates_per_call / timing["seconds_per_call"]
-            chunks = members_per_chunk(executors[name], size)
-            row = {
-                "impl": name,
-                "population": size,
-                "agent_updates_per_s": rate,
-                **timing,
-                "gflops_per_s": rate * flops / 1e9,
-                **chunks,
-            }
-            if name == "vectorized" and size >= (settings.anatomy_from or math.inf):
-                per_program = timing["seconds_per_call"] * plan.num_updates / updates_per_call
-                update = executors[name].update
-                row |= anatomy.read_safely(plan, update, states, buffers, hparams, per_program)
+        for impl in jax_impls:
+            row = jax_row(settings, impl, setups[impl.name], timings[impl.name], size)
+            if impl.base == "vectorized" and size >= anatomy_from:
+                setup = setups[impl.name]
+                per_program = row["seconds_per_call"] * setup.plan.num_updates / updates_per_call
+                row |= anatomy.read_safely(
+                    setup.plan,
+                    setup.executor.update,
+                    states[impl.name],
+                    buffers,
+                    hparams,
+                    per_program,
+                    taken=actor_step_fraction(setup.agent),
+                )
+                anatomy.add_floors([row], rates, updates_per_call)
             rows.append(row)
             log(row_line(algo, row))
-        del buffers
-        if torch_bench is not None:
-            rows.append(torch_row(torch_bench, algo, size, flops, log))
+            if "times_floor" in row:
+                log(anatomy.floor_line(algo, row))
+        del buffers, states
+        flops = next(iter(setups.values())).cost[0] if setups else float("nan")
+        for variant in torch_impls if torch_bench is not None else ():
+            rows.append(levers.torch_row(torch_bench, algo, variant, size, flops, log))
         if on_row is not None:
+            levers.add_speedups(rows)  # the ratios so far: a capped sweep keeps them
             on_row(list(rows))
-    add_speedups(rows)
-    rates = {"matmul_gflops_per_s": matmul_gflops(settings.matmul_size)}
-    if any("kernels_per_update_step" in row for row in rows):
-        rates["memory_gbps"] = anatomy.memory_gbps(settings.memory_megabytes)
-        anatomy.add_floors(rows, flops, bytes_accessed, rates, updates_per_call)
+    levers.add_speedups(rows)
+    base = next(iter(setups.values())) if setups else None
     return {
         "algo": algo,
         "device": device_label(),
         "jax_version": jax.__version__,
         "shapes": {
             "obs": list(BENCH_SPECS[algo].obs_shape),
-            "batch_size": agent.batch_size,
+            "batch_size": base.agent.batch_size if base else None,
             "actions": BENCH_SPECS[algo].num_actions or BENCH_SPECS[algo].action_dim,
         },
         "agent_overrides": dict(settings.agent or {}),
         "updates_per_call": updates_per_call,
-        "flops_per_update": flops,
-        "bytes_per_update": bytes_accessed,
+        "flops_per_update": base.cost[0] if base else None,
+        "bytes_per_update": base.cost[1] if base else None,
         **rates,
         "rows": rows,
     }
+
+
+def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
+    """A JAX implementation's row at population `size`."""
+    rate = size * settings.updates_per_call / timing["seconds_per_call"]
+    flops, bytes_accessed = setup.cost
+    return {
+        "impl": impl.name,
+        "population": size,
+        "agent_updates_per_s": rate,
+        **timing,
+        "gflops_per_s": rate * flops / 1e9,
+        "flops_per_update": flops,
+        "bytes_per_update": bytes_accessed,
+        **members_per_chunk(setup.executor, size),
+    }
+
+
+def actor_step_fraction(agent: Agent) -> float | None:
+    """The fraction of update steps that take the update's conditional branch (TD3's delayed
+    actor step: 1 / policy_delay), for counting its kernels as they run; None: no such branch."""
+    if agent.name != "td3":
+        return None
+    return 1.0 / max(int(agent.default_hparams().policy_delay), 1)
 
 
 def row_line(algo: str, row: dict) -> str:
@@ -271,68 +327,17 @@ def members_per_chunk(executor: population.Executor, size: int) -> dict:
     return {"members_per_chunk": chosen[size], "how_chunked": how[size]}
 
 
-def torch_benchmark(log):
-    """`torch_baseline.torch_update_benchmark`, or None (logged) without PyTorch."""
-    try:
-        from fastpop.bench.torch_baseline import torch_update_benchmark
-    except ImportError:
-        log("torch: skipped (PyTorch is not installed; pip install 'fastpop[torch]')")
-        return None
-    return torch_update_benchmark
-
-
-def make_executors(
-    agent: Agent, spec: replay.ReplaySpec, implementations, updates_per_call: int
-) -> tuple[dict[str, population.Executor], population.UpdatePlan]:
-    """The executors of `implementations` sampling from `spec`'s buffers, and their plan (the
-    updates of one program call)."""
-    sample_batch = partial(replay.sample, spec, batch_size=agent.batch_size)
+def make_executor(
+    impl: levers.Implementation, agent: Agent, spec: replay.ReplaySpec, updates_per_call: int
+) -> tuple[population.Executor, population.UpdatePlan]:
+    """The executor of `impl` sampling from `spec`'s buffers, and its plan (the updates of one
+    program call)."""
+    sample_batch = replay.Sampler(spec, agent.batch_size)
     per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates_per_call)
-    plan = population.UpdatePlan(agent, sample_batch, per_program)
+    plan = population.UpdatePlan(agent, sample_batch, per_program)._replace(**impl.plan)
+    executor = population.make_executor(impl.base, plan)
     calls = updates_per_call // per_program
-    executors = {}
-    for name in implementations:
-        executor = population.make_executor(name, plan)
-        executors[name] = executor._replace(update=population.repeated(executor.update, calls))
-    return executors, plan
-
-
-def torch_row(torch_bench, algo: str, size: int, flops: float, log) -> dict:
-    """The PyTorch baseline's row at population `size`."""
-    # one warm-up population step: every agent makes its first update (allocations) there
-    result = torch_bench(algo, size, num_steps=max(3, 40 // size), warmup_steps=1)
-    rate = result["agent_updates_per_s"]
-    log(
-        f"{algo} {'torch':10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
-        f"{rate * flops / 1e9:7.1f} GFLOP/s"
-    )
-    return {
-        "impl": "torch",
-        "population": size,
-        "agent_updates_per_s": rate,
-        "seconds_per_call": result["seconds_per_step"],
-        "compile_seconds": 0.0,
-        "gflops_per_s": rate * flops / 1e9,
-        "torch_version": result["torch_version"],
-        "torch_device": result["device"],
-    }
-
-
-def add_speedups(rows: list[dict]) -> None:
-    """speedup_over_sequential: agent-updates/s relative to `sequential` at the same P."""
-    sequential = {
-        r["population"]: r["agent_updates_per_s"] for r in rows if r["impl"] == "sequential"
-    }
-    for row in rows:
-        baseline = sequential.get(row["population"])
-        row["speedup_over_sequential"] = row["agent_updates_per_s"] / baseline if baseline else None
-    # The same in CPU seconds per call (less sensitive to other load on a shared machine).
-    cpu = {r["population"]: r["cpu_seconds_per_call"] for r in rows if r["impl"] == "sequential"}
-    for row in rows:
-        if row.get("cpu_seconds_per_call") and cpu.get(row["population"]):
-            row["cpu_speedup_over_sequential"] = (
-                cpu[row["population"]] / row["cpu_seconds_per_call"]
-            )
+    return executor._replace(update=population.repeated(executor.update, calls)), plan
 
 
 def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
@@ -344,11 +349,11 @@ def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
         rows = [r for r in result["rows"] if r["impl"] == impl]
         sizes = [r["population"] for r in rows]
         rate_ax.plot(sizes, [r["agent_updates_per_s"] for r in rows], marker="o", label=impl)
-        if all(r["speedup_over_sequential"] for r in rows):
-            speed_ax.plot(
-                sizes, [r["speedup_over_sequential"] for r in rows], marker="o", label=impl
-            )
-    for ax, label in ((rate_ax, "agent updates / s"), (speed_ax, "speedup over sequential")):
+        speedups = [r["speedup_over_best_sequential"] for r in rows]
+        if all(speedups):
+            speed_ax.plot(sizes, speedups, marker="o", label=impl)
+    axes = ((rate_ax, "agent updates / s"), (speed_ax, "speedup over the best sequential JAX"))
+    for ax, label in axes:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("population size")

@@ -12,14 +12,18 @@ import time
 from pathlib import Path
 
 from fastpop.agents import ALGORITHMS
-from fastpop.bench import checkpoint
+from fastpop.bench import checkpoint, levers
 from fastpop.bench.checkpoint_timing import fill_replay, tree_bytes
 from fastpop.bench.common import build_learner
 from fastpop.commands.args import comma_list, fail, one_of, positive_int, positive_int_arg
 from fastpop.commands.bench_gpu import add_gpu_parser, run_gpu
 from fastpop.population import chunking
 
-IMPLEMENTATIONS = ("vectorized", "sequential", "torch")
+
+def implementation_name(text: str) -> str:
+    """An implementation of `fastpop bench update` (ValueError naming what is allowed)."""
+    levers.parse(text)
+    return text
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -56,9 +60,10 @@ def add_update_parser(benchmarks) -> None:
     )
     update.add_argument(
         "--impl",
-        type=comma_list(str, "implementation", IMPLEMENTATIONS),
-        default=list(IMPLEMENTATIONS),
-        help=f"implementations, comma-separated from {','.join(IMPLEMENTATIONS)} (default all)",
+        type=comma_list(implementation_name, "implementation"),
+        default=list(levers.IMPLEMENTATIONS),
+        help=f"implementations, comma-separated from {','.join(levers.IMPLEMENTATIONS)} "
+        f"(default all), or vectorized+LEVER[+LEVER] with levers {','.join(levers.LEVERS)}",
     )
     update.add_argument(
         "--batch-size",
@@ -78,10 +83,11 @@ def add_update_parser(benchmarks) -> None:
     update.add_argument(
         "--anatomy-from",
         type=positive_int_arg("population size"),
-        default=None,
-        help="from this population size on, each vectorized row also gets what bounds it: "
-        "the kernels per update step of XLA's program, and its FLOPs and bytes at the "
-        "measured matmul rate and memory bandwidth (one more compile per size)",
+        default=1,
+        help="from this population size on (default 1: every row), each vectorized row also "
+        "gets what bounds it: the kernels per update step of XLA's program, and its FLOPs and "
+        "bytes at the measured matmul rate and memory bandwidth (on a CPU one more compile "
+        "per size)",
     )
     update.add_argument("--out", type=Path, default=Path("results/bench"))
 

@@ -55,10 +55,10 @@ def add_gpu_parser(benchmarks) -> None:
     programme.add_argument(
         "--short",
         action="store_true",
-        help="the targets first, in about 9 minutes: TD3 at P 1-256 and SAC at 80, the "
-        "256-member SAC PBT on brax/ant for 2 minutes, the 80-member learner with 14 "
-        "collectors, one device-mode row on gymnax and brax/ant (caps: update 130 s, device "
-        "120 s, pipeline 125 s, pbt 135 s)",
+        help="issue 47's targets in about 9 minutes: TD3 and SAC at P 80 and 256 against "
+        "their floors, the best sequential JAX and PyTorch rows and each lever, brax/ant at 16 "
+        "envs per member, the 80-member learner with 14 collectors, the 256-member SAC PBT on "
+        "brax/ant (caps: update 260 s, device 60 s, pipeline 80 s, pbt 110 s)",
     )
     programme.add_argument(
         "--smoke",

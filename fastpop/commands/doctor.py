@@ -190,15 +190,17 @@ def report_update(seconds: float) -> None:
     import jax
 
     from fastpop.agents import make_agent
-    from fastpop.bench.update import BENCH_SPECS, make_executors, random_replay, time_executors
+    from fastpop.bench import levers
+    from fastpop.bench.update import BENCH_SPECS, make_executor, random_replay, time_executors
     from fastpop.population import broadcast_hparams, init_population
 
     agent = make_agent(SMOKE_ALGO, BENCH_SPECS[SMOKE_ALGO], **SMOKE_AGENT)
     key = jax.random.key(0)
     spec, buffers = random_replay(SMOKE_ALGO, SMOKE_POPULATION, key)
-    executors, _ = make_executors(agent, spec, ["vectorized"], updates_per_call=10)
+    executor, _ = make_executor(levers.parse("vectorized"), agent, spec, updates_per_call=10)
     hparams = broadcast_hparams(agent.default_hparams(), SMOKE_POPULATION)
-    states = init_population(agent, key, hparams)
+    states = {"vectorized": init_population(agent, key, hparams)}
+    executors = {"vectorized": executor}
     timing = time_executors(executors, states, buffers, hparams, seconds)["vectorized"]
     rate = SMOKE_POPULATION * 10 / timing["seconds_per_call"]
     print(

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from fastpop.agents import ALGORITHMS, DQNConfig, SACConfig, TD3Config
-from fastpop.agents.networks import TORSOS
+from fastpop.agents.networks import COMPUTE_DTYPES, TORSOS
 from fastpop.config.env import (
     COLLECTION_MODES,
     EnvConfig,
@@ -229,7 +229,12 @@ _AGENT_CONFIGS = {"td3": TD3Config, "sac": SACConfig, "dqn": DQNConfig}
 _SCALARS = ("name", "seed", "algo", "strategy")
 _TABLES = ("agent", "hparams")  # sections whose keys depend on the algo
 _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
-_AGENT_RANGES = {"hidden_sizes": {"min": 1}, "batch_size": {"min": 1}, "torso": {"choices": TORSOS}}
+_AGENT_RANGES = {
+    "hidden_sizes": {"min": 1},
+    "batch_size": {"min": 1},
+    "torso": {"choices": TORSOS},
+    "compute_dtype": {"choices": COMPUTE_DTYPES},
+}
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
 

@@ -271,16 +271,14 @@ class ReplayStore:
         self._layout = make_layout(spec, layout, size, mesh)
         self.spec, self.layout, self.size = spec, layout, size
         self.batch_size = batch_size
-        self._sample = jax.jit(self.sample_batch)
+        # One training batch from one buffer, inside jit (what the executors call).
+        self.sample_batch = replay.Sampler(spec, batch_size)
+        self._sample = jax.jit(lambda buffer, key: self.sample_batch(buffer, key))
         self.buffers = self._layout.empty()
         self.add_rows = rows_adder(self._layout, size)  # `insert` for a program making rows
         # Members whose next inserted row starts a new stream (their buffer was just copied).
         self.joins = np.zeros(size, bool)
         self._ready = False  # every buffer holds a transition (two rows per lane)
-
-    def sample_batch(self, buffer: replay.ReplayState, key: PRNGKey) -> Transition:
-        """One training batch from one buffer, inside jit (what the executors call)."""
-        return replay.sample(self.spec, buffer, key, self.batch_size)
 
     def sample(self, key: PRNGKey) -> Transition:
         """A batch from the shared buffer, or from member 0's (DvD's embedding states)."""

@@ -55,6 +55,20 @@ def whole_population(member_loop, replay_axis):
     return jax.jit(update, donate_argnums=0)
 
 
+def members_in_turn(member_loop, replay_axis):
+    """jit(lax.map): every member's K updates in ONE program, members one after another (the
+    strongest sequential baseline: no Python dispatch per member, no batching across them)."""
+
+    def update(states, replay, hparams, key):
+        keys = jax.random.split(key, population_size(hparams))
+        if replay_axis is None:
+            one_member = lambda args: member_loop(args[0], replay, args[1], args[2])
+            return jax.lax.map(one_member, (states, hparams, keys))
+        return jax.lax.map(lambda args: member_loop(*args), (states, replay, hparams, keys))
+
+    return jax.jit(update, donate_argnums=0)
+
+
 def chunk_program(member_loop, replay_axis, chunk: int):
     """jit: members [index * chunk, (index + 1) * chunk) updated in place (states donated)."""
     batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)

@@ -41,6 +41,8 @@ class UpdatePlan(NamedTuple):
     shared_replay: bool = False
     fresh_wait: int = 0  # rows a member's own buffer must hold before it updates (halving's
     # fresh trials start with an empty one); 0: members update whenever the run does
+    draws_once: bool = True  # draw the K steps' random numbers before the loop (same numbers)
+    unroll: int = 1  # steps per iteration of the scan over K (XLA unrolls that many)
 
 
 def stack(members: Sequence[PyTree]) -> PyTree:
@@ -209,21 +211,38 @@ def repeated(update: Callable, calls: int) -> Callable:
 
 
 def member_update_loop(plan: UpdatePlan):
-    """K consecutive (sample, update) steps of one member: one scan, or one step with no loop."""
+    """K consecutive (sample, update) steps of one member: one scan, or one step with no loop.
+
+    Step i's random numbers come from split(split(key, K)[i]): (replay positions, the agent's
+    draws). With `plan.draws_once` they are drawn for all K steps before the loop, one
+    vectorized random-number program instead of one per step: the same numbers (the buffer
+    does not change during a call), far fewer kernels (XLA:CPU rolls each threefry into a
+    loop of its own)."""
     agent, sample_batch, num_updates = plan.agent, plan.sample_batch, plan.num_updates
+    draws_once = plan.draws_once and hasattr(sample_batch, "positions")
 
     def run(state, buffer, hparams, key):
-        def one_update(state, step_key):
-            sample_key, update_key = jax.random.split(step_key)
-            batch = sample_batch(buffer, sample_key)
-            return agent.update(state, batch, hparams, update_key)
+        step_keys = jax.vmap(jax.random.split)(jax.random.split(key, num_updates))
+        if draws_once:
+            positions = jax.vmap(sample_batch.positions, in_axes=(None, 0))(buffer, step_keys[:, 0])
+            steps = (positions, jax.vmap(agent.draw)(step_keys[:, 1]))
 
-        keys = jax.random.split(key, num_updates)
+            def one_update(state, step):
+                positions, drawn = step
+                batch = sample_batch.gather(buffer, positions)
+                return agent.update_drawn(state, batch, hparams, drawn)
+        else:
+            steps = step_keys
+
+            def one_update(state, step_key):
+                batch = sample_batch(buffer, step_key[0])
+                return agent.update(state, batch, hparams, step_key[1])
+
         if num_updates == 1:  # no loop: see `updates_per_program`
-            updated, metrics = one_update(state, keys[0])
+            updated, metrics = one_update(state, jax.tree.map(lambda x: x[0], steps))
             metrics = jax.tree.map(lambda m: m[None], metrics)
         else:
-            updated, metrics = jax.lax.scan(one_update, state, keys)
+            updated, metrics = jax.lax.scan(one_update, state, steps, unroll=plan.unroll)
         if not plan.fresh_wait:
             return updated, metrics
         waits = ~replay.can_sample(buffer, plan.fresh_wait)
@@ -304,6 +323,14 @@ def sequential(plan: UpdatePlan) -> Executor:
     return Executor("sequential", update, unstack, stack_in_one_program)
 
 
+def sequential_in_one_program(plan: UpdatePlan) -> Executor:
+    """Members one after another inside one compiled program (`chunked.members_in_turn`): the
+    sequential executor without its Python loop; the same keys, the same numbers."""
+    update = chunked.members_in_turn(member_update_loop(plan), None if plan.shared_replay else 0)
+    identity = lambda tree: tree
+    return Executor("sequential-in-one-program", update, identity, identity)
+
+
 def tuned(plan: UpdatePlan) -> Executor:
     """The vectorized executor with its members per chunk chosen for this CPU, per population
     size on first use (measured, cached; see chunking.py). Same numbers as `vectorized`."""
@@ -334,4 +361,6 @@ def make_executor(execution: str, plan: UpdatePlan) -> Executor:
         return tuned(plan)
     if execution == "sequential":
         return sequential(plan)
+    if execution == "sequential-in-one-program":
+        return sequential_in_one_program(plan)
     raise ValueError(f"unknown execution {execution!r}; choose one of {', '.join(EXECUTIONS)}")

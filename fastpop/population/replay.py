@@ -10,6 +10,7 @@ following autoreset row). All functions are pure over a `ReplayState` pytree; ca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import NamedTuple
@@ -185,18 +186,17 @@ def _stack_frames(spec: ReplaySpec, rows: Rows, lane: jax.Array, row: jax.Array)
     return stack_ending_at(stack - 1), stack_ending_at(stack)
 
 
-def sample(spec: ReplaySpec, state: ReplayState, key: PRNGKey, batch_size: int) -> Transition:
-    """Draws `batch_size` transitions uniformly over valid starts, all on device.
+class Positions(NamedTuple):
+    """Where a batch's transitions start: lane and row of each, (batch_size,) int32."""
 
-    A valid start is a written row that is not the newest of its lane (no successor yet), not an
-    autoreset row, and, once the ring has wrapped, not among the frame_stack-1 oldest rows (their
-    earlier frames are overwritten). Autoreset rows are rejected by drawing NUM_CANDIDATES
-    (lane, row) pairs per element and keeping the first valid one: that is exactly uniform over
-    valid starts unless all candidates are autoreset rows (probability p**NUM_CANDIDATES for a
-    fraction p of autoreset rows, ~1e-12 for 1000-step episodes); then the row before the first
-    candidate (the transition that ended that episode) is used, a negligible bias towards
-    episode ends. Sampling an empty buffer returns zeros (gate with `can_sample`).
-    """
+    lane: jax.Array
+    row: jax.Array
+
+
+def sample_positions(
+    spec: ReplaySpec, state: ReplayState, key: PRNGKey, batch_size: int
+) -> Positions:
+    """Draws `batch_size` transition starts uniformly over valid starts (see `sample`)."""
     chex.assert_shape([state.position, state.size], ())
     cap = spec.lane_capacity
     skip = jnp.where(state.size == cap, spec.frame_stack - 1, 0)
@@ -220,9 +220,12 @@ def sample(spec: ReplaySpec, state: ReplayState, key: PRNGKey, batch_size: int) 
     fallback = jnp.clip(fallback, skip, skip + count - 1)
     lane = jnp.where(any_valid, jnp.take_along_axis(lanes, first, 1)[:, 0], lanes[:, 0])
     offset = jnp.where(any_valid, jnp.take_along_axis(offsets, first, 1)[:, 0], fallback)
-    row = (oldest + offset) % cap
+    return Positions(lane=lane, row=(oldest + offset) % cap)
 
-    rows = state.rows
+
+def gather_transitions(spec: ReplaySpec, state: ReplayState, positions: Positions) -> Transition:
+    """The transitions starting at `positions`."""
+    rows, lane, row = state.rows, positions.lane, positions.row
     obs, next_obs = _stack_frames(spec, rows, lane, row)
     return Transition(
         obs=obs,
@@ -232,6 +235,40 @@ def sample(spec: ReplaySpec, state: ReplayState, key: PRNGKey, batch_size: int) 
         terminated=rows.terminated[lane, row],
         truncated=rows.truncated[lane, row],
     )
+
+
+def sample(spec: ReplaySpec, state: ReplayState, key: PRNGKey, batch_size: int) -> Transition:
+    """Draws `batch_size` transitions uniformly over valid starts, all on device.
+
+    A valid start is a written row that is not the newest of its lane (no successor yet), not an
+    autoreset row, and, once the ring has wrapped, not among the frame_stack-1 oldest rows (their
+    earlier frames are overwritten). Autoreset rows are rejected by drawing NUM_CANDIDATES
+    (lane, row) pairs per element and keeping the first valid one: that is exactly uniform over
+    valid starts unless all candidates are autoreset rows (probability p**NUM_CANDIDATES for a
+    fraction p of autoreset rows, ~1e-12 for 1000-step episodes); then the row before the first
+    candidate (the transition that ended that episode) is used, a negligible bias towards
+    episode ends. Sampling an empty buffer returns zeros (gate with `can_sample`).
+    """
+    return gather_transitions(spec, state, sample_positions(spec, state, key, batch_size))
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampler:
+    """One training batch of `batch_size` from one buffer, inside jit: what the executors call
+    (`sampler(buffer, key)`), in two halves for a loop that draws every step's positions at
+    once (`population.member_update_loop`): the buffer does not change during an update call."""
+
+    spec: ReplaySpec
+    batch_size: int
+
+    def __call__(self, state: ReplayState, key: PRNGKey) -> Transition:
+        return sample(self.spec, state, key, self.batch_size)
+
+    def positions(self, state: ReplayState, key: PRNGKey) -> Positions:
+        return sample_positions(self.spec, state, key, self.batch_size)
+
+    def gather(self, state: ReplayState, positions: Positions) -> Transition:
+        return gather_transitions(self.spec, state, positions)
 
 
 # --- memory planning (host side) ---

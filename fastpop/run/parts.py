@@ -137,7 +137,8 @@ def _build_run(config: config_lib.Config) -> RunParts:
     replay_spec = build_replay_spec(config, spec)
     strategy = strategies.make_strategy(config)
     mesh = sharding.mesh_for(config)
-    training = make_training(config, spec, agent, strategy, _sampler(replay_spec, agent), mesh)
+    sampler = replay.Sampler(replay_spec, agent.batch_size)
+    training = make_training(config, spec, agent, strategy, sampler, mesh)
     limiter = make_limiter(config, agent, mode)
     return RunParts(
         config, mode, spec, device_env, agent, replay_spec, strategy, training, limiter, mesh
@@ -235,11 +236,6 @@ def _check_memory(config: config_lib.Config, spec: EnvSpec, device_env) -> None:
             f"{env_bytes / 2**20:,.1f} MiB more: lower population.size or "
             "collect.envs_per_member"
         )
-
-
-def _sampler(replay_spec: replay.ReplaySpec, agent: Agent):
-    """One training batch from one buffer, inside jit (what the executors call)."""
-    return lambda buffer, key: replay.sample(replay_spec, buffer, key, agent.batch_size)
 
 
 def initial_hparams(config: config_lib.Config, agent):

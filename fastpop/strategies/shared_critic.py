@@ -111,7 +111,8 @@ def make_update(
     def critic_loss(critic, state: SharedCriticState, batches: Transition, hparams, keys):
         def member_loss(target_actor, batch, key):
             view = TD3State(None, critic, target_actor, state.target_critic, None, None, None)
-            return parts.critic_loss(critic, view, batch, hparams, key)
+            noise = jax.random.normal(key, batch.action.shape)
+            return parts.critic_loss(critic, view, batch, hparams, noise)
 
         losses, q_means = jax.vmap(member_loss)(state.target_actors, batches, keys)
         return trained_mean(state.trained, losses), trained_mean(state.trained, q_means)

@@ -1,0 +1,138 @@
+"""The implementations `fastpop bench update` times, and the levers of the vectorized update.
+
+An implementation is a JAX executor (`vectorized`, `sequential`, `sequential-in-one-program`),
+a PyTorch baseline (`torch`, `torch-compile`, `torch-func`: `torch_variants.py`), or the
+vectorized update with levers turned on: `vectorized+LEVER[+LEVER...]`. A lever changes how
+the update is computed, never what: the agent's config fields or the update plan's (issue 47,
+"Levers"; each is tested for equivalence in tests/test_update_levers.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+JAX_IMPLEMENTATIONS = ("vectorized", "sequential", "sequential-in-one-program")
+TORCH_IMPLEMENTATIONS = ("torch", "torch-compile", "torch-func")
+IMPLEMENTATIONS = (*JAX_IMPLEMENTATIONS, *TORCH_IMPLEMENTATIONS)
+SEQUENTIAL = ("sequential", "sequential-in-one-program")
+
+
+class Lever(NamedTuple):
+    """What a lever sets: fields of the agent's config and of `population.UpdatePlan`."""
+
+    agent: dict
+    plan: dict
+    why: str
+
+
+LEVERS = {
+    "draws-per-step": Lever(
+        {}, {"draws_once": False}, "each step draws its random numbers (before issue 47)"
+    ),
+    "unroll-2": Lever({}, {"unroll": 2}, "the scan over K unrolled 2 steps per iteration"),
+    "unroll-5": Lever({}, {"unroll": 5}, "the scan over K unrolled 5 steps per iteration"),
+    "bf16": Lever({"compute_dtype": "bfloat16"}, {}, "bfloat16 matmuls, float32 parameters"),
+    "critic-ensemble": Lever(
+        {"critic_ensemble": True}, {}, "twin critics as one 2-member ensemble"
+    ),
+    "flat-adam": Lever({"flat_optimizer": True}, {}, "Adam over one flat buffer per network"),
+}
+
+
+class Implementation(NamedTuple):
+    """A parsed implementation name."""
+
+    name: str  # as given
+    base: str  # one of IMPLEMENTATIONS
+    agent: dict  # config fields the levers set
+    plan: dict  # UpdatePlan fields the levers set
+
+
+def parse(name: str) -> Implementation:
+    """`name` -> its base implementation and levers; ValueError naming what is allowed."""
+    base, *levers = name.split("+")
+    if base not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"unknown implementation {base!r}; choose from {', '.join(IMPLEMENTATIONS)}, or "
+            f"vectorized+LEVER with levers {', '.join(LEVERS)}"
+        )
+    if levers and base != "vectorized":
+        raise ValueError(f"levers apply to the vectorized update only, not to {base!r}")
+    agent, plan = {}, {}
+    for lever in levers:
+        if lever not in LEVERS:
+            choices = ", ".join(LEVERS)
+            raise ValueError(f"unknown lever {lever!r} in {name!r}; choose from {choices}")
+        agent |= LEVERS[lever].agent
+        plan |= LEVERS[lever].plan
+    return Implementation(name, base, agent, plan)
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each row's agent-updates/s against the same population's sequential row, the best
+    sequential JAX row and the best PyTorch row (the headline ratios), and in CPU seconds per
+    call against sequential (less sensitive to other load on a shared machine)."""
+
+    def best(impls) -> dict[int, float]:
+        rates: dict[int, float] = {}
+        for row in rows:
+            if row["impl"] in impls:
+                size = row["population"]
+                rates[size] = max(rates.get(size, 0.0), row["agent_updates_per_s"])
+        return rates
+
+    baselines = {
+        "speedup_over_sequential": best(("sequential",)),
+        "speedup_over_best_sequential": best(SEQUENTIAL),
+        "speedup_over_best_torch": best(TORCH_IMPLEMENTATIONS),
+    }
+    cpu = {
+        r["population"]: r.get("cpu_seconds_per_call") for r in rows if r["impl"] == "sequential"
+    }
+    for row in rows:
+        for field, rates in baselines.items():
+            baseline = rates.get(row["population"])
+            row[field] = row["agent_updates_per_s"] / baseline if baseline else None
+        if row.get("cpu_seconds_per_call") and cpu.get(row["population"]):
+            row["cpu_speedup_over_sequential"] = (
+                cpu[row["population"]] / row["cpu_seconds_per_call"]
+            )
+
+
+def torch_benchmark(log):
+    """`torch_variants.torch_update_benchmark`, or None (logged) without PyTorch."""
+    try:
+        from fastpop.bench.torch_variants import torch_update_benchmark
+    except ImportError:
+        log("torch: skipped (PyTorch is not installed; pip install 'fastpop[torch]')")
+        return None
+    return torch_update_benchmark
+
+
+# `fastpop bench update`'s PyTorch rows -> torch_baseline's variants.
+TORCH_VARIANTS = {"torch": "eager", "torch-compile": "compile", "torch-func": "func"}
+
+
+def torch_row(torch_bench, algo: str, impl: str, size: int, flops: float, log) -> dict:
+    """A PyTorch baseline's row at population `size`."""
+    variant = TORCH_VARIANTS[impl]
+    # Warm-up population steps: every agent's first update allocates; a compiled one also
+    # compiles and records its CUDA graphs there.
+    warmup = 1 if variant == "eager" else 3
+    steps = max(3, 40 // size) if variant != "func" else 20
+    result = torch_bench(algo, size, num_steps=steps, warmup_steps=warmup, variant=variant)
+    rate = result["agent_updates_per_s"]
+    log(
+        f"{algo} {impl:10s} P={size:3d}  {rate:9.1f} agent-updates/s  "
+        f"{rate * flops / 1e9:7.1f} GFLOP/s"
+    )
+    return {
+        "impl": impl,
+        "population": size,
+        "agent_updates_per_s": rate,
+        "seconds_per_call": result["seconds_per_step"],
+        "compile_seconds": result.get("compile_seconds", 0.0),
+        "gflops_per_s": rate * flops / 1e9,
+        "torch_version": result["torch_version"],
+        "torch_device": result["device"],
+    }

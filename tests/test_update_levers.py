@@ -1,0 +1,247 @@
+"""Issue 47's levers of the population update and the strongest sequential baseline: each
+computes the same update as today's, from the same state and the same random draws."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import optax
+import pytest
+from jax.flatten_util import ravel_pytree
+
+from fastpop import population
+from fastpop.agents import make_agent
+from fastpop.agents.networks import TwinCritic, ensemble_params
+from fastpop.bench import anatomy, levers
+from fastpop.population import UpdatePlan
+from tests.helpers import TINY_SPECS, random_buffers, sampler, stacked_hparams
+
+SIZE, UPDATES = 3, 4
+
+
+def leaves_allclose(a, b, atol=1e-5) -> bool:
+    """Every leaf equal up to float rounding; NaN where the other has NaN (TD3's actor loss of
+    a member whose actor step was not due)."""
+    return all(
+        np.allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol, 1e-5, True)
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    )
+
+
+def lever_agent(name: str, **fields):
+    algo = "dqn" if name.startswith("dqn") else name
+    return make_agent(algo, TINY_SPECS[name], hidden_sizes=(16, 16), batch_size=8, **fields)
+
+
+def run_update(agent, states, plan_fields=None, execution="vectorized", key=3):
+    """One call of UPDATES updates per member from `states` (copied) on the tiny buffers."""
+    name = "dqn" if agent.name == "dqn" else agent.name
+    spec, buffers = random_buffers(name, SIZE)
+    plan = UpdatePlan(agent, sampler(spec, agent.batch_size), UPDATES)._replace(
+        **(plan_fields or {})
+    )
+    executor = population.make_executor(execution, plan)
+    hparams = stacked_hparams(agent, SIZE, **member_delays(agent))
+    trees = [executor.adopt(t) for t in (population.copy_tree(states), buffers, hparams)]
+    new_states, metrics = executor.update(*trees, jax.random.key(key))
+    return executor.release(new_states), metrics
+
+
+def member_delays(agent) -> dict:
+    # members with different actor schedules: the conditional's both outcomes are exercised
+    return {"policy_delay": [1, 2, 3]} if agent.name == "td3" else {}
+
+
+def initial_states(agent):
+    return population.init_population(agent, jax.random.key(0), stacked_hparams(agent, SIZE))
+
+
+@pytest.mark.parametrize("name", ["td3", "sac", "dqn"])
+def test_drawing_every_steps_numbers_at_once_changes_no_number(name):
+    agent = lever_agent(name)
+    states = initial_states(agent)
+    once, metrics_once = run_update(agent, states)
+    per_step, metrics_per_step = run_update(agent, states, {"draws_once": False})
+    assert leaves_allclose(once, per_step, atol=1e-5)
+    assert leaves_allclose(metrics_once, metrics_per_step, atol=1e-5)
+    # and the update did something: the states moved
+    assert not leaves_allclose(once, states, atol=1e-6)
+
+
+def test_the_draws_are_the_very_numbers_each_step_drew():
+    agent = lever_agent("sac")
+    step_keys = jax.vmap(jax.random.split)(jax.random.split(jax.random.key(5), UPDATES))
+    at_once = jax.vmap(agent.draw)(step_keys[:, 1])
+    for step in range(UPDATES):
+        one = agent.draw(step_keys[step, 1])
+        assert all(np.array_equal(a[step], b) for a, b in zip(at_once, one, strict=True))
+
+
+@pytest.mark.parametrize("name", ["td3", "sac"])
+def test_an_unrolled_scan_computes_the_same_updates(name):
+    agent = lever_agent(name)
+    states = initial_states(agent)
+    rolled, _ = run_update(agent, states)
+    unrolled, _ = run_update(agent, states, {"unroll": 2})
+    assert leaves_allclose(rolled, unrolled, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["td3", "sac"])
+def test_members_in_turn_in_one_program_equal_the_sequential_and_vectorized_updates(name):
+    agent = lever_agent(name)
+    states = initial_states(agent)
+    in_one, _ = run_update(agent, states, execution="sequential-in-one-program")
+    sequential, _ = run_update(agent, states, execution="sequential")
+    vectorized, _ = run_update(agent, states, execution="vectorized")
+    assert leaves_allclose(in_one, sequential, atol=1e-5)
+    assert leaves_allclose(in_one, vectorized, atol=1e-5)
+
+
+def test_the_ensemble_critic_gives_the_twins_values_from_the_same_parameters():
+    obs, action = (
+        jax.random.normal(jax.random.key(1), (7, 5)),
+        jax.random.normal(jax.random.key(2), (7, 2)),
+    )
+    twins = TwinCritic((16, 16))
+    params = twins.init(jax.random.key(0), obs, action)
+    ensemble = TwinCritic((16, 16), ensemble=True)
+    expected = twins.apply(params, obs, action)
+    assert expected.shape == (7, 2)
+    np.testing.assert_allclose(
+        ensemble.apply(ensemble_params(params), obs, action), expected, atol=1e-6
+    )
+
+
+def ensemble_state(state):
+    """A member state (stacked) of the twin layout converted to the ensemble layout."""
+    convert = jax.vmap(ensemble_params)
+    moments = state.critic_opt  # optax's ScaleByAdamState: moments laid out as the parameters
+    return state._replace(
+        critic=convert(state.critic),
+        target_critic=convert(state.target_critic),
+        critic_opt=moments._replace(mu=convert(moments.mu), nu=convert(moments.nu)),
+    )
+
+
+@pytest.mark.parametrize("name", ["td3", "sac"])
+def test_the_ensemble_critic_lever_computes_the_same_update(name):
+    twin_agent, ensemble_agent = lever_agent(name), lever_agent(name, critic_ensemble=True)
+    states = initial_states(twin_agent)
+    twin, twin_metrics = run_update(twin_agent, states)
+    ensemble, ensemble_metrics = run_update(ensemble_agent, ensemble_state(states))
+    assert leaves_allclose(ensemble, ensemble_state(twin), atol=2e-5)
+    assert leaves_allclose(ensemble_metrics, twin_metrics, atol=2e-5)
+
+
+def flat_moments(moments):
+    """Stacked ScaleByAdamState moments, each member's raveled into one vector."""
+    flat = lambda tree: jax.vmap(lambda t: ravel_pytree(t)[0])(tree)
+    return moments._replace(mu=flat(moments.mu), nu=flat(moments.nu))
+
+
+@pytest.mark.parametrize("name", ["td3", "sac"])
+def test_adam_over_one_flat_buffer_computes_the_same_update(name):
+    agent, flat_agent = lever_agent(name), lever_agent(name, flat_optimizer=True)
+    states = initial_states(agent)
+    opt_fields = [f for f in states._fields if f.endswith("_opt")]
+    as_flat = lambda s: s._replace(**{f: flat_moments(getattr(s, f)) for f in opt_fields})
+    flat_state = as_flat(states)
+    template = initial_states(flat_agent)
+    assert jax.tree.structure(flat_state) == jax.tree.structure(template)
+    per_leaf, _ = run_update(agent, states)
+    flat, _ = run_update(flat_agent, flat_state)
+    assert leaves_allclose(flat, as_flat(per_leaf), atol=1e-5)
+
+
+def test_flat_adam_is_optax_flatten_of_adam():
+    # the lever is optax's own transformation, not a second Adam
+    params = {"a": np.ones((2, 3), np.float32), "b": np.zeros(4, np.float32)}
+    state = optax.flatten(optax.scale_by_adam()).init(params)
+    assert state.mu.shape == (10,)
+
+
+@pytest.mark.parametrize("name", ["td3", "sac"])
+def test_bfloat16_matmuls_stay_near_float32_with_float32_parameters(name):
+    agent, bf16 = lever_agent(name), lever_agent(name, compute_dtype="bfloat16")
+    states = initial_states(agent)
+    full, full_metrics = run_update(agent, states)
+    half, half_metrics = run_update(bf16, states)
+    assert all(leaf.dtype != jax.numpy.bfloat16 for leaf in jax.tree.leaves(half))
+    assert not leaves_allclose(full, half, atol=1e-7)  # it does compute differently
+    np.testing.assert_allclose(
+        half_metrics["critic_loss"], full_metrics["critic_loss"], rtol=0.05, atol=1e-3
+    )
+
+
+def test_a_lever_name_is_checked_and_applies_to_the_vectorized_update_only():
+    impl = levers.parse("vectorized+critic-ensemble+unroll-2")
+    assert impl.agent == {"critic_ensemble": True} and impl.plan == {"unroll": 2}
+    with pytest.raises(ValueError, match=r"unknown lever 'fast'.*draws-per-step"):
+        levers.parse("vectorized+fast")
+    with pytest.raises(ValueError, match="vectorized update only"):
+        levers.parse("sequential+bf16")
+    with pytest.raises(ValueError, match="unknown implementation 'jax'"):
+        levers.parse("jax")
+
+
+def test_headline_ratios_are_against_the_best_sequential_and_the_best_pytorch_row():
+    rows = [
+        {"impl": "vectorized", "population": 8, "agent_updates_per_s": 800.0},
+        {"impl": "sequential", "population": 8, "agent_updates_per_s": 50.0},
+        {"impl": "sequential-in-one-program", "population": 8, "agent_updates_per_s": 100.0},
+        {"impl": "torch", "population": 8, "agent_updates_per_s": 10.0},
+        {"impl": "torch-func", "population": 8, "agent_updates_per_s": 200.0},
+    ]
+    levers.add_speedups(rows)
+    assert rows[0]["speedup_over_sequential"] == 16.0
+    assert rows[0]["speedup_over_best_sequential"] == 8.0
+    assert rows[0]["speedup_over_best_torch"] == 4.0
+
+
+def test_drawing_once_per_call_halves_the_kernels_of_a_population_update_step():
+    """XLA:CPU rolls every threefry draw into a loop of its own: drawn at every step, a TD3
+    update step launched over three times the kernels (the acceptance's count at P = 80 is in
+    results/bench/README.md; here the same program at a tiny size)."""
+    agent = lever_agent("td3")
+    spec, buffers = random_buffers("td3", SIZE)
+    hparams = stacked_hparams(agent, SIZE)
+    states = initial_states(agent)
+    counts = {}
+    for once in (True, False):
+        plan = UpdatePlan(agent, sampler(spec, 8), UPDATES, draws_once=once)
+        program = population.vectorized(plan).update
+        text = program.lower(states, buffers, hparams, jax.random.key(0)).compile().as_text()
+        counts[once] = anatomy.kernels_per_call(text, taken=0.5) / UPDATES
+    assert counts[True] <= counts[False] / 2
+
+
+def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_floor():
+    from fastpop.bench.update import UpdateBenchSettings, bench_update
+
+    settings = UpdateBenchSettings(
+        "td3",
+        updates_per_call=2,
+        batch_size=8,
+        min_seconds=0.01,
+        matmul_size=64,
+        agent={"hidden_sizes": (16, 16)},
+        memory_megabytes=1,
+    )
+    impls = [
+        "vectorized",
+        "sequential",
+        "sequential-in-one-program",
+        "vectorized+critic-ensemble+flat-adam",
+    ]
+    lines = []
+    result = bench_update(settings, [2], impls, log=lines.append)
+    rows = {row["impl"]: row for row in result["rows"]}
+    assert set(rows) == set(impls)
+    for name in impls:
+        assert rows[name]["agent_updates_per_s"] > 0
+        assert rows[name]["speedup_over_best_sequential"] > 0
+    for name in ("vectorized", "vectorized+critic-ensemble+flat-adam"):
+        row = rows[name]
+        assert row["times_floor"] > 0 and row["kernels_per_update_step"] > 0
+        assert any(line.startswith(f"td3 {name} P=2: step") for line in lines)
+    assert "times_floor" not in rows["sequential"]
