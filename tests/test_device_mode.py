@@ -52,9 +52,12 @@ def run(tmp_path: Path, name: str, *overrides: str, preset: Path = PRESET) -> Pa
     return run_dir
 
 
+TIMINGS = ("wall_time", "learner_evaluation_seconds")  # differ from run to run
+
+
 def rows(run_dir: Path) -> list[dict]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k != "wall_time"} for line in lines]
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS} for line in lines]
 
 
 PRESETS = {"td3": PRESET, "dqn": DQN_PRESET}
@@ -174,6 +177,10 @@ def test_every_strategy_runs_in_device_mode(tmp_path, algo, strategy):
     size = len({r["member"] for r in evaluated})
     assert len(evaluated) == 2 * size  # every (evaluation, member) row once
     assert all(np.isfinite(r["return_mean"]) for r in evaluated)
+    # The learner's evaluation seconds before each snapshot: none before the first
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    seconds = [json.loads(line)["learner_evaluation_seconds"] for line in lines]
+    assert seconds == sorted(seconds) and seconds[0] == 0.0 < seconds[-1]
     lineage = (run_dir / "lineage.jsonl").read_text().splitlines()
     if strategy in ("pbt", "branch_merge"):  # a decision at the first round moved members
         assert lineage

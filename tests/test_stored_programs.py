@@ -294,7 +294,7 @@ DEVICE_PROGRAMS = {"collect_chunk", "chunk_updates", "_evaluate_members"}
 
 def rows(run) -> list[dict]:
     return [
-        {k: v for k, v in row.items() if k != "wall_time"}
+        {k: v for k, v in row.items() if k not in ("wall_time", "learner_evaluation_seconds")}
         for row in read_jsonl(run.run_dir / "metrics.jsonl")
     ]
 

@@ -52,25 +52,34 @@ def learning_rates(run_dir: Path, summary: dict) -> dict:
     """Updates and env steps per member per second while learning: between the first and the
     last evaluation rows that follow the first update (the loop's own pace, without start-up,
     the final evaluation or the stop checkpoint), else over the whole time since the first
-    update (an underestimate)."""
+    update (an underestimate). The `..._without_evaluations` rates take out of that window the
+    seconds the learner spent evaluating in it (rows' `learner_evaluation_seconds`: device mode
+    evaluates in the loop, training paused); None where the rows lack them."""
     from fastpop.run.metrics import read_metrics
 
+    rates = dict.fromkeys(["updates_per_member_per_s", "member_env_steps_per_s"])
+    rates |= dict.fromkeys([f"{name}_without_evaluations" for name in rates])
     start = summary["learning_started_at"]
     if start is None:
-        return {"updates_per_member_per_s": None, "member_env_steps_per_s": None}
+        return rates
     rows = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
-    times = sorted({(r["wall_time"], r["updates"], r["member_env_steps"]) for r in rows})
+    fields = ("wall_time", "updates", "member_env_steps")
+    times = {(*(r[f] for f in fields), r.get("learner_evaluation_seconds")) for r in rows}
+    times = sorted(times, key=lambda t: t[:3])
     times = [t for t in times if t[0] > start and t[1] > 0]
     if len(times) >= 2 and times[-1][0] > times[0][0]:
-        (t0, u0, s0), (t1, u1, s1) = times[0], times[-1]
+        (t0, u0, s0, e0), (t1, u1, s1, e1) = times[0], times[-1]
         how = "between evaluation rows"
     else:
-        (t0, u0, s0) = (start, 0, 0)
-        (t1, u1, s1) = (summary["wall_time"], summary["updates_per_member"], 0)
+        (t0, u0, s0, e0) = (start, 0, 0, None)
+        (t1, u1, s1, e1) = (summary["wall_time"], summary["updates_per_member"], 0, None)
         how = "since the first update, final evaluation included"
-    seconds = t1 - t0
-    return {
-        "updates_per_member_per_s": (u1 - u0) / seconds,
-        "member_env_steps_per_s": (s1 - s0) / seconds if s1 else None,
-        "rates_measured": how,
-    }
+    rates["rates_measured"] = how
+    windows = {"": t1 - t0}
+    if e0 is not None and e1 is not None:
+        windows["_without_evaluations"] = t1 - t0 - (e1 - e0)
+        rates["evaluation_seconds_in_window"] = e1 - e0
+    for suffix, seconds in windows.items():
+        rates[f"updates_per_member_per_s{suffix}"] = (u1 - u0) / seconds
+        rates[f"member_env_steps_per_s{suffix}"] = (s1 - s0) / seconds if s1 else None
+    return rates

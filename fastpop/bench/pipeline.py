@@ -143,6 +143,8 @@ def learner_utilisation(
             "member): give it more seconds or fewer warm-up steps"
         )
     learning_seconds = summary["wall_time"] - summary["learning_started_at"]
+    seconds = summary["learner_seconds"]
+    updating = seconds.get("update_dispatch", 0.0) + seconds.get("update_wait", 0.0)
     run_rate = summary["updates_per_member"] * config.population.size / learning_seconds
     print(
         f"learner: {run_rate:,.0f} agent-updates/s in the run vs {update_rate:,.0f} in the "
@@ -159,9 +161,12 @@ def learner_utilisation(
         "samples_per_insert_achieved": summary["samples_per_insert_achieved"],
         # an upper bound of the idle share after learning began: the loop's idle seconds
         # include those of the warm-up before it
-        "idle_fraction_of_learning": summary["learner_seconds"].get("idle", 0.0) / learning_seconds,
-        # the learner's busy share: its updates' seconds, their compute waited for
-        "update_fraction_of_learning": summary["learner_seconds"]["update"] / learning_seconds,
+        "idle_fraction_of_learning": seconds.get("idle", 0.0) / learning_seconds,
+        # the host's share in the updates: dispatching them and waiting for the device (with
+        # one update in flight while the host publishes, the device computes for longer)
+        "update_fraction_of_learning": updating / learning_seconds,
+        # what no phase of the loop covered (the breakdown's `other`)
+        "unaccounted_fraction_of_learning": seconds["other"] / learning_seconds,
         "time_breakdown": {
             "learner_seconds": summary["learner_seconds"],
             "workers": summary["workers"],

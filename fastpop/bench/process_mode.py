@@ -9,7 +9,8 @@ The simulators differ (brax's pipelines are not MuJoCo), so the two rows compare
 throughput on one task at one set of shapes, not one physics.
 
 The learner is fed as the run loop feeds it (chunks in while the rate limiter allows, one update
-call when it allows, parameters published after it), without evaluations or metrics; a timed
+call when it allows, the policies of the call before it published while it runs:
+fastpop.run.update_pipeline), without evaluations or metrics; a timed
 round runs from just after one insert to just after another, as the device rows' do. Collector
 processes run beside the learner, so these rounds cannot alternate with the device-mode rounds
 (the collectors would fill their rings during them): they follow them.
@@ -59,6 +60,7 @@ class RunLoopPasses:
 
     def __init__(self, learner, workers):
         self.learner, self.workers = learner, workers
+        self.latest = None  # the newest update call's `PolicyCopy`
 
     def warm_up(self) -> float:
         """Seconds until the second update call is done (the first compiled)."""
@@ -78,11 +80,19 @@ class RunLoopPasses:
         while learner.limiter.can_insert() and workers.feed(learner) is not None:
             moved = True
         if learner.can_update():
+            previous = self.latest  # of the states this call starts from (and donates)
             learner.update()
-            workers.publish_from(learner)
+            self.latest = learner.policy_copy()
+            self._publish(previous)  # while this call runs
+        elif self.latest is not None and self.latest.ready():
+            self._publish(self.latest)
         elif not moved:
             time.sleep(0.0005)
         return moved
+
+    def _publish(self, copy) -> None:
+        if copy is not None and copy.version != self.workers.published_version:
+            self.workers.publish_from(self.learner, copy)
 
     def until_insert(self) -> None:
         while not self.one_pass():

@@ -151,8 +151,11 @@ class DeviceCollection:
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
 
-    def publish(self, learner: Learner) -> None:
-        pass  # the chunk's program acts with the learner's own states
+    def publishes_to(self, version: int) -> bool:
+        return False  # the chunk's program acts with the learner's own states
+
+    def publish(self, learner: Learner, copy) -> None:
+        pass
 
     def feed(self, learner: Learner) -> list:
         """One chunk of every lane, inserted, and the updates it allows, as two compiled calls

@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from fastpop.learn.learner import Learner
+from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.population import replay
 
 
@@ -29,10 +30,10 @@ class Collection(Protocol):
 
     `running` is the context in which it works (processes started, programs compiling); the
     learner is the one it feeds, already restored, and it acts with that learner's policies as
-    `publish` hands them over. `feed`, `publish` and `evaluations` are called on every pass of
-    the loop (`publish` when no update is running on the device): a collection
-    that can fail (a worker process dying) raises there. What it holds for a checkpoint is
-    `saved()` (an empty dict: nothing), put back by `restore` before it runs."""
+    `publish` hands them over. `feed` and `evaluations` are called on every pass of the loop,
+    `publish` whenever `publishes_to` a new version: a collection that can fail (a worker process
+    dying) raises there. What it holds for a checkpoint is `saved()` (an empty dict: nothing),
+    put back by `restore` before it runs."""
 
     chunks_per_pass: int | None  # chunks the loop moves per pass (None: every one ready)
 
@@ -46,9 +47,13 @@ class Collection(Protocol):
     def feed(self, learner: Learner) -> list | None:
         """One chunk into the learner: its finished episodes, or None when none was ready."""
 
-    def publish(self, learner: Learner) -> None:
-        """The learner's policies to whatever acts with copies of them, if they changed since
-        (the run loop calls it once the update it started has finished)."""
+    def publishes_to(self, version: int) -> bool:
+        """Whether something acts with copies of the policies, of another version than
+        `version` (a `Learner.policy_version`): what `publish` would send them."""
+
+    def publish(self, learner: Learner, copy: PolicyCopy) -> None:
+        """`copy` (a `Learner.policy_copy`, its update done) to whatever acts with copies of the
+        policies (fastpop.run.update_pipeline: while the next update runs)."""
 
     def evaluate(self, arrays: dict) -> None:
         """Evaluate an encoded snapshot (fastpop.collect.snapshot) of the members' policies."""
@@ -138,8 +143,11 @@ class ProcessCollection:
         self._keep_up()
         return self.workers.feed(learner)
 
-    def publish(self, learner: Learner) -> None:
-        self.workers.publish_if_changed(learner)
+    def publishes_to(self, version: int) -> bool:
+        return self.workers.published_version != version
+
+    def publish(self, learner: Learner, copy: PolicyCopy) -> None:
+        self.workers.publish_if_changed(learner, copy)
 
     def waiting_on(self) -> str | None:
         """What start-up waits for: collectors not yet sending rows (None once all are)."""

@@ -249,19 +249,17 @@ class Workers:
             self.results.close()
         self.results = receive
 
-    def publish(self, leaves) -> None:
-        self.params.publish(leaves)
+    def publish_from(self, learner, copy=None) -> None:
+        """`copy` (a `Learner.policy_copy`; None: of the current policies) to the collectors."""
+        copy = learner.policy_copy() if copy is None else copy
+        self.params.publish(learner.policy_leaves(copy))
+        self.published_version = copy.version
 
-    def publish_from(self, learner) -> None:
-        """The learner's current policies to the collectors (a device-to-host copy)."""
-        self.publish(learner.policy_leaves())
-        self.published_version = learner.policy_version
-
-    def publish_if_changed(self, learner) -> None:
-        """`publish_from` unless the collectors already act with the learner's policies; the
-        first trained ones also start the evaluator."""
-        if learner.policy_version != self.published_version:
-            self.publish_from(learner)
+    def publish_if_changed(self, learner, copy=None) -> None:
+        """`publish_from` unless the collectors act with that version already; the first
+        trained policies also start the evaluator."""
+        if (learner.policy_version if copy is None else copy.version) != self.published_version:
+            self.publish_from(learner, copy)
         if self.evaluator is None and learner.updates:
             self._start_evaluator()
 

@@ -79,9 +79,10 @@ class HostLearner(Learner):
             return leaf[self.first_member : self.first_member + self.local_size]
         return leaf
 
-    def host_policy_tree(self) -> tuple:
-        """This process's members' policies and hparams (what its collectors act with)."""
-        return jax.tree.map(self._local, self.policy_tree())
+    def host_array(self, leaf) -> np.ndarray:
+        """This process's members' part of a leaf of the policies, hparams and clocks (what its
+        collectors act with)."""
+        return self._local(leaf)
 
     def insert(self, rows, lane_epochs=None) -> None:
         """rows: this process's members' lanes, member-major; `lane_epochs`: every process's
@@ -223,8 +224,11 @@ class LockstepCollection:
             del self.results[want]
             self.expected.pop(0)
 
-    def publish(self, learner) -> None:
-        self.workers.publish_if_changed(learner)
+    def publishes_to(self, version: int) -> bool:
+        return self.workers.published_version != version
+
+    def publish(self, learner, copy) -> None:
+        self.workers.publish_if_changed(learner, copy)
 
     def feed(self, learner) -> list | None:
         if not self.chunk_agreed:

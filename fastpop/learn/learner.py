@@ -2,11 +2,11 @@
 bookkeeping around it (rate limiter, update counter, the strategy's state).
 
 `Run` (fastpop.run.loop) drives it: `insert` collected rows, `update` when `can_update`,
-`host_policy_tree` / `policy_leaves` for the workers, `strategy_step` after each evaluation
-round; device mode's collection runs two programs per chunk over its `device_state`
-(`plan_chunk`, `adopt_chunk`). How members are trained and changed between rounds is the
-strategy's `Training` (fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the
-learner itself does not depend on either's kind. Its parts are built once, by fastpop.run.parts.
+`policy_copy` / `host_policy_tree` for the workers, `strategy_step` after each evaluation round;
+device mode runs two programs per chunk over its `device_state` (`plan_chunk`, `adopt_chunk`).
+How members are trained and changed between rounds is the strategy's `Training`
+(fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the learner depends on
+neither's kind. Its parts are built once, by fastpop.run.parts.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.compilation.background import in_background
-from fastpop.learn import member_clocks, update_protocol
+from fastpop.learn import member_clocks, policy_copy, update_protocol
 from fastpop.learn.member_clocks import MemberClocks
+from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.learn.rate_limiter import RateLimiter
 from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
 from fastpop.population import replay, sharding
@@ -118,8 +119,7 @@ class Learner:
 
     def _replicated(self, key):
         """The learner's key on every device of the mesh, as a program over the mesh returns it
-        (device mode's chunk program takes and returns it: a key placed otherwise at its first
-        call would compile the program a second time)."""
+        (device mode's chunk program returns it: placed otherwise, it would compile twice)."""
         if self.mesh is None:
             return key
         return sharding.place_from_host(key, sharding.replicated(self.mesh))
@@ -193,13 +193,23 @@ class Learner:
         """`policy_tree`'s shapes and dtypes, allocating nothing (what a snapshot decodes to)."""
         return jax.eval_shape(self.policy_tree)
 
-    def host_policy_tree(self) -> tuple:
-        """`policy_tree` as host arrays (what the workers are started with)."""
-        return jax.tree.map(np.asarray, self.policy_tree())
+    def policy_copy(self) -> PolicyCopy:
+        """The current policies, copied by a program of their own (the next update donates the
+        states) and on their way to the host (fastpop.learn.policy_copy)."""
+        policy, hparams, clocks = self.policy_tree()
+        arrays = (policy_copy.owned(policy, self.states), hparams)
+        return PolicyCopy(self.policy_version, arrays, clocks, self.host_array)
 
-    def policy_leaves(self) -> list[np.ndarray]:
+    host_array = staticmethod(np.asarray)  # a device array, read (HostLearner: its members)
+
+    def host_policy_tree(self, copy: PolicyCopy | None = None) -> tuple:
+        """`policy_tree` as host arrays (the workers'): `copy`'s, or a new one's of the current."""
+        copy = self.policy_copy() if copy is None else copy
+        return copy.host(self.clocks.published(self.limiter.inserted))
+
+    def policy_leaves(self, copy: PolicyCopy | None = None) -> list[np.ndarray]:
         """`host_policy_tree`'s leaves, in leaf order (shared memory, snapshots)."""
-        return jax.tree.leaves(self.host_policy_tree())
+        return jax.tree.leaves(self.host_policy_tree(copy))
 
     def insert(self, rows, lane_epochs: np.ndarray | None = None) -> None:
         """rows: (population * envs_per_member, chunk_len, ...) numpy arrays, member-major;
@@ -219,8 +229,7 @@ class Learner:
     def compile_update_ahead(self) -> None:
         """The update's programs compiled in a thread from the shapes of the learner's arrays
         (process mode: while the collectors start and step their warm-up); the first update
-        waits for it. An update over a mesh compiles at its first call, as does one whose
-        compile here failed."""
+        waits for it. One over a mesh, or whose compile here failed, compiles at its call."""
         update = self.training.update
         compile_ahead = getattr(update, "compile_ahead", None)  # the executors' (chunks)
         if compile_ahead is None and hasattr(update, "lower"):  # jitted: CEM-RL's, DvD's
@@ -259,6 +268,7 @@ class Learner:
         return "first population update"
 
     def update(self) -> None:
+        """Dispatches an update call (it runs while the host goes on; the states are donated)."""
         if self._update_ahead is not None:  # its programs are the ones this call runs
             self._update_ahead.exception()  # waits; an error is raised by the call below
             self._update_ahead = None
@@ -270,7 +280,7 @@ class Learner:
         self._metrics = metrics  # read (a device-to-host copy) only when logged
 
     def wait_for_update(self) -> None:
-        """Until the last update's states are computed (calls are dispatched asynchronously)."""
+        """Until the last update's states are computed."""
         jax.block_until_ready(self.states)
 
     def _update_inputs(self) -> tuple:
@@ -308,13 +318,13 @@ class Learner:
 
     def adopt_chunk(self, state: DeviceState, plan: ChunkPlan, metrics: dict) -> None:
         """The learner after a chunk's program: its buffers, states and key, its update calls
-        counted, their metrics (the last call's) kept when there was one."""
+        counted, their metrics (the last call's) kept and a policy version counted if any."""
         self.replay.buffers, self.states, self.key = state.buffers, state.states, state.key
         calls = int(plan.calls)
         self.limiter.record_calls(calls)
         self.updates += calls * self.updates_per_call
         if calls:
-            self._metrics = metrics
+            self._metrics, self.policy_version = metrics, self.policy_version + 1
 
     @property
     def last_metrics(self) -> dict[str, float]:

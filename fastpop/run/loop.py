@@ -1,7 +1,8 @@
 """The training loop: collectors feed the device replay, the learner updates the population.
 
     drain chunks -> replay.add -> rate limiter -> K-step population update -> collectors' params
-    (an update runs on the device while the next pass drains chunks; the pass after waits for it)
+    (an update runs on the device while the host publishes the policies of the one before it
+    and drains the next chunks: run/update_pipeline.py)
     every eval.interval env steps: snapshot -> evaluator process -> metrics.jsonl
     every checkpoint interval and at every stop: the whole run -> checkpoints/ (run/run_state.py)
 
@@ -11,6 +12,7 @@ processes (fastpop.collect) step CPU simulators and talk to it through shared me
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import time
@@ -26,10 +28,11 @@ from fastpop.run import checkpoint, run_state
 from fastpop.run import progress as progress_lib
 from fastpop.run.metrics import MetricsWriter, rewind_logs, write_members
 from fastpop.run.parts import RunParts, RunPieces, local_pieces
-from fastpop.run.phases import PhaseWatch
+from fastpop.run.phases import PhaseClock, PhaseWatch
 from fastpop.run.progress import PendingEvaluations, RunProgress, evaluation_rows
 from fastpop.run.stop_signals import StopRequested
 from fastpop.run.trackers import check_trackers, open_trackers
+from fastpop.run.update_pipeline import UpdatePipeline
 
 CHECKPOINTS_DIR = "checkpoints"
 CONFIG_FILE = "config.yaml"  # the resolved config the run (or its latest resume) started with
@@ -63,9 +66,13 @@ class Run:
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
         self.evaluator_restarts_seen = 0
         self.last_progress = time.monotonic()
-        # Says what a call longer than a progress interval is doing (the first update compiles).
-        self.watch, self.updated = PhaseWatch(log, config.log.progress_interval_seconds), False
-        self.update_running: str | None = None  # its phase's name while the device runs it
+        # Says what a call longer than a progress interval is doing (the first update compiles),
+        # and times every phase of the run for its time breakdown.
+        self.watch = PhaseWatch(log, config.log.progress_interval_seconds)
+        self.clock = PhaseClock(lambda: self.progress.timers)
+        self.updates = UpdatePipeline(
+            self.learner, self.collection, self.clock, self.watch, self.signals.check
+        )
 
     @property
     def member_env_steps(self) -> int:
@@ -79,28 +86,10 @@ class Run:
         return self.progress.elapsed()
 
     def run(self) -> dict:
-        config = self.config
-        config_lib.save_config(config, self.run_dir / CONFIG_FILE)
-        purge_step = None
-        if self.resumed_from is None:
-            hparams = self.learner.all_member_hparams()
-            indices = strategies.member_configurations(config)  # config_index, seed_index
-            labels = self.learner.member_labels() or [{}] * len(hparams)
-            write_members(self.run_dir, config.strategy, hparams, indices, labels)
-        else:  # rows logged after the checkpoint are written again by this run
-            rewind_logs(self.run_dir, self.resumed_from["logs"])
-            purge_step = self.member_env_steps * config.population.size
         stopped_by = "completed"
-        with (
-            self.signals,
-            self.watch,
-            self.open_metrics(purge_step) as metrics,
-            self.collection.running(self.learner, metrics.log_event, self.progress.resumes),
-        ):
-            self.metrics = metrics
-            if hasattr(self.collection, "stop_check"):  # before its workers are checked
-                self.collection.stop_check = self.signals.check
-            self._announce_resume()
+        with contextlib.ExitStack() as running:
+            with self.clock("starting"):
+                self._start(running)
             try:
                 self.signals.in_loop = True
                 self._loop()
@@ -114,8 +103,32 @@ class Run:
             except OSError as error:
                 raise self._write_failed(error) from None
             self._stop_checkpoint(stopped_by)
-            self.worker_stats = self.collection.stop()
+            with self.clock("stopping"):
+                self.worker_stats = self.collection.stop()
             return self._summary(stopped_by)
+
+    def _start(self, running: contextlib.ExitStack) -> None:
+        """Everything before the loop: the config and members written, and the contexts the
+        loop runs in entered into `running` (signals, phase watch, metrics, the collection)."""
+        config = self.config
+        config_lib.save_config(config, self.run_dir / CONFIG_FILE)
+        purge_step = None
+        if self.resumed_from is None:
+            hparams = self.learner.all_member_hparams()
+            indices = strategies.member_configurations(config)  # config_index, seed_index
+            labels = self.learner.member_labels() or [{}] * len(hparams)
+            write_members(self.run_dir, config.strategy, hparams, indices, labels)
+        else:  # rows logged after the checkpoint are written again by this run
+            rewind_logs(self.run_dir, self.resumed_from["logs"])
+            purge_step = self.member_env_steps * config.population.size
+        running.enter_context(self.signals)
+        running.enter_context(self.watch)
+        self.metrics = metrics = running.enter_context(self.open_metrics(purge_step))
+        generation = self.progress.resumes
+        running.enter_context(self.collection.running(self.learner, metrics.log_event, generation))
+        if hasattr(self.collection, "stop_check"):  # before its workers are checked
+            self.collection.stop_check = self.signals.check
+        self._announce_resume()
 
     def open_metrics(self, purge_step: int | None) -> MetricsWriter:
         trackers = open_trackers(self.config, self.run_dir)
@@ -124,14 +137,16 @@ class Run:
     # --- checkpoints ---
 
     def save_checkpoint(self, reason: str) -> Path:
-        """The whole run as it is now: see fastpop.run.run_state for what goes where."""
+        """The whole run as it is now, its updates done: see fastpop.run.run_state for what
+        goes where."""
+        self.updates.wait(check=False)
         start = time.perf_counter()
         with_replay = self.config.checkpoint.replay
-        with self.watch.phase(f"writing a checkpoint ({reason})"):
+        with self.clock("checkpoints"), self.watch.phase(f"writing a checkpoint ({reason})"):
+            self.clock.lap()  # the timers it saves: every second until now
             tree, metadata = run_state.capture(self, reason)
             path = self.checkpoints.save(self.member_env_steps, tree, metadata)
         seconds = time.perf_counter() - start
-        self.timers["checkpoints"] += seconds
         self.progress.last_checkpoint = (self.elapsed(), self.member_env_steps)
         fields, written = self.checkpoints.describe(path)
         self.metrics.log_event(
@@ -206,14 +221,13 @@ class Run:
             self.collection.evaluate(arrays)
 
     def _loop(self) -> None:
-        learner, total = self.learner, self.config.train.total_env_steps
+        total = self.config.train.total_env_steps
         max_seconds = self.config.train.max_wall_seconds or math.inf
         while self.member_env_steps < total and self.elapsed() < max_seconds:
             self.signals.check()
-            busy = self._collect()  # rows move while the update started last pass computes
-            # No update runs from here to the pass's end: the progress line, a strategy step
-            # and a checkpoint see finished updates only.
-            self._finish_update()
+            busy = self._collect()  # rows move while the update in flight computes
+            # What must see finished updates (a strategy step, the progress line, a checkpoint)
+            # waits for the one in flight first.
             waiting = self.strategy.waits_for_evaluation and bool(self.pending)
             self._receive_evaluations(timeout=0.01 if waiting else 0.0)
             self._progress()
@@ -221,43 +235,17 @@ class Run:
             if self.progress.checkpoint_due(every, self.elapsed(), steps):
                 self.save_checkpoint("interval")
             waiting = self.strategy.waits_for_evaluation and bool(self.pending)
-            if learner.can_update() and not waiting:
-                self._start_update()
+            if not waiting and self.updates.can_start():
+                if self.progress.learning_started_at is None:
+                    self.progress.learning_started_at = self.elapsed()
+                self.updates.start()  # then publishes the policies of the update before it
+                busy = True
+            elif self.updates.publish_if_done():
                 busy = True
             if not busy:
-                start = time.perf_counter()
-                time.sleep(0.001)
-                self.timers["idle"] += time.perf_counter() - start
-        self._finish_update()
-
-    def _start_update(self) -> None:
-        """Dispatches a population update (compiled at its first call): the device runs it while
-        the loop moves the next rows; `_finish_update` waits for it (one at a time)."""
-        start = time.perf_counter()
-        if self.progress.learning_started_at is None:
-            self.progress.learning_started_at = self.elapsed()
-        phase = self.learner.update_phase(first=not self.updated)
-        with self.watch.phase(phase):
-            self.learner.update()
-        self.updated, self.update_running = True, phase
-        self.timers["update"] += time.perf_counter() - start
-        # A stop asked for meanwhile (a signal to the whole process group, workers included) is
-        # acted on before a worker is checked (here and `stop_check`): none is restarted.
-        self.signals.check()
-
-    def _finish_update(self) -> None:
-        """Waits for the running update (its compute counts as `update`), then sends changed
-        policies (after an update or a strategy step) to whatever acts with copies of them."""
-        if self.update_running is not None:
-            start = time.perf_counter()
-            with self.watch.phase(self.update_running):
-                self.learner.wait_for_update()
-            self.update_running = None
-            self.timers["update"] += time.perf_counter() - start
-            self.signals.check()  # as after the dispatch: before a worker is checked
-        start = time.perf_counter()
-        self.collection.publish(self.learner)
-        self.timers["publish"] += time.perf_counter() - start
+                with self.clock("idle"):
+                    time.sleep(0.001)
+        self.updates.finish()
 
     def _collect(self) -> bool:
         """Moves complete chunks (one per collector) into the replay while the limiter allows;
@@ -268,9 +256,8 @@ class Run:
             and self.member_env_steps < self.config.train.total_env_steps
             and (limit is None or moved < limit)
         ):
-            start = time.perf_counter()
-            episodes = self.collection.feed(self.learner)
-            self.timers["transport"] += time.perf_counter() - start  # snapshots timed apart
+            with self.clock("transport"):
+                episodes = self.collection.feed(self.learner)
             if episodes is None:
                 break
             self._note_learning_started()
@@ -287,25 +274,23 @@ class Run:
             self.progress.learning_started_at = self.elapsed()
 
     def _snapshot_for_evaluation(self) -> None:
-        self._finish_update()  # the snapshot copies the policies it makes
-        start = time.perf_counter()
-        progress = self.progress
-        meta = snapshot.SnapshotMeta(
-            progress.eval_index,
-            self.member_env_steps * self.config.population.size,
-            self.learner.updates,
-            self.elapsed(),
-        )
-        with self.watch.phase("evaluation snapshot"):
-            arrays = snapshot.encode(self.learner.policy_leaves(), meta)
-            self.collection.evaluate(arrays)
-        learner = self.learner
-        self.pending.add(
-            arrays, learner.all_member_hparams(), learner.member_labels(), learner.snapshot_facts()
-        )
-        progress.snapshot_env_steps = self.member_env_steps
-        progress.eval_index += 1
-        self.timers["evaluation_snapshots"] += time.perf_counter() - start
+        self.updates.finish()  # the snapshot is of the policies the update makes
+        progress, learner = self.progress, self.learner
+        progress.evaluation_seconds_at[progress.eval_index] = self.timers["evaluation_snapshots"]
+        with self.clock("evaluation_snapshots"):
+            meta = snapshot.SnapshotMeta(
+                progress.eval_index,
+                self.member_env_steps * self.config.population.size,
+                learner.updates,
+                self.elapsed(),
+            )
+            with self.watch.phase("evaluation snapshot"):
+                arrays = snapshot.encode(learner.policy_leaves(self.updates.current()), meta)
+                self.collection.evaluate(arrays)
+            hparams, labels = learner.all_member_hparams(), learner.member_labels()
+            self.pending.add(arrays, hparams, labels, learner.snapshot_facts())
+            progress.snapshot_env_steps = self.member_env_steps
+            progress.eval_index += 1
 
     def _resend_lost_snapshots(self) -> None:
         """After an evaluator restart, hand every unanswered snapshot to the new one (those still
@@ -317,18 +302,28 @@ class Run:
             self.collection.evaluate(arrays)
 
     def _receive_evaluations(self, timeout: float = 0.0) -> None:
-        self._resend_lost_snapshots()
-        for result in self.collection.evaluations(timeout):
-            taken = self.pending.take(result["eval_index"])
-            if taken is None:
-                continue  # a duplicate after an evaluator restart
-            self.progress.latest_returns = np.array(result["return_mean"])
-            hparams, labels, facts = taken
-            rows = evaluation_rows(result, hparams, self.config.eval.episodes, labels)
-            self.metrics.log_evaluation(rows)
+        """Results in (waiting up to `timeout` for one), and a strategy step on each during
+        training, its update in flight done and the policies it makes sent."""
+        phase = "final_evaluation" if self.training_done else "evaluation_results"
+        with self.clock(phase):
+            self._resend_lost_snapshots()
+            results = self.collection.evaluations(timeout)
+        for result in results:
+            with self.clock(phase):
+                taken = self.pending.take(result["eval_index"])
+                if taken is None:
+                    continue  # a duplicate after an evaluator restart
+                self.progress.latest_returns = np.array(result["return_mean"])
+                hparams, labels, facts = taken
+                seconds = self.progress.evaluation_seconds_before(result["eval_index"])
+                rows = evaluation_rows(result, hparams, self.config.eval.episodes, labels, seconds)
+                self.metrics.log_evaluation(rows)
             if not self.training_done:
-                with self.watch.phase(f"{self.strategy.name} strategy step"):
+                self.updates.wait()
+                step = f"{self.strategy.name} strategy step"
+                with self.clock("strategies"), self.watch.phase(step):
                     self._strategy_step(result, hparams, facts)
+                self.updates.finish()
 
     def _strategy_step(self, result: dict, hparams: list[dict], facts: dict | None) -> None:
         """Hand the round to the strategy with the members as they were at its snapshot (the
@@ -363,10 +358,17 @@ class Run:
             self.log(line)
 
     def _progress(self) -> None:
+        """The progress line and the learner's metrics, every progress interval (of the update
+        in flight, waited for)."""
         now = time.monotonic()
         if now - self.last_progress < self.config.log.progress_interval_seconds:
             return
         self.last_progress = now
+        self.updates.wait()
+        with self.clock("progress"):
+            self._log_progress()
+
+    def _log_progress(self) -> None:
         learner, size = self.learner, self.config.population.size
         elapsed = self.elapsed()
         env_steps = self.member_env_steps * size
@@ -387,7 +389,8 @@ class Run:
         summary = progress_lib.run_summary(stopped_by, self.elapsed(), self.learner, self.progress)
         summary |= {
             "collect_mode": self.parts.collection_mode,
-            "learner_seconds": self.timers,
+            # this process's seconds per phase, and those no phase covered
+            "learner_seconds": progress_lib.time_breakdown(self.timers, self.progress.elapsed()),
             "workers": self.worker_stats,
         }
         self.log(progress_lib.format_breakdown(summary))

@@ -1,10 +1,11 @@
-"""Say what the learner is doing while one of its calls takes longer than a progress interval.
+"""What the learner is doing: said while one of its calls takes longer than a progress
+interval, and timed for the run's time breakdown.
 
 The training loop prints a progress line between calls; a call that runs for a minute (the first
 population update compiling on a CPU, a checkpoint with a large replay, waiting for the final
 evaluation) would otherwise leave the terminal silent. `PhaseWatch` is a thread that, while a
 named phase runs, logs `<phase> ... 12s` every interval, and `<phase>: done in 61s` at its end
-when it said anything.
+when it said anything. `PhaseClock` adds each phase's seconds to the breakdown.
 """
 
 from __future__ import annotations
@@ -73,3 +74,35 @@ class PhaseWatch:
                     entry[2], entry[3] = now, True
                     # Under the lock, so that it never comes after the phase's "done".
                     self.log(f"{entry[0]} ... {format_seconds(now - entry[1])}")
+
+
+class PhaseClock:
+    """Where a run's wall time goes: each moment counts for the innermost phase open then (a
+    phase opened inside another pauses it), so that no second is counted twice and the phases'
+    sum is the wall time less what no phase covered (`other` in the breakdown)."""
+
+    def __init__(self, seconds: Callable[[], dict], clock: Callable[[], float] = time.monotonic):
+        """`seconds`: the dict of seconds per phase to add to (the run's `RunProgress.timers`,
+        which a resume replaces)."""
+        self.seconds, self.clock = seconds, clock
+        self._open: list[str] = []
+        self._since = clock()
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        self.lap()
+        self._open.append(name)
+        try:
+            yield
+        finally:
+            self.lap()
+            self._open.pop()
+
+    def lap(self) -> None:
+        """The seconds since the last lap to the phase open through them (the seconds are
+        then counted up to now)."""
+        now = self.clock()
+        if self._open:
+            seconds = self.seconds()
+            seconds[self._open[-1]] = seconds.get(self._open[-1], 0.0) + now - self._since
+        self._since = now

@@ -16,7 +16,24 @@ from fastpop.run.metrics import median
 from fastpop.strategies.base import Evaluation
 
 TRAINING_RETURNS_KEPT = 10  # recent training episodes per member, for the progress line
-TIMERS = ("transport", "update", "publish", "evaluation_snapshots", "checkpoints", "idle")
+# The run's time breakdown (`PhaseClock`): where its wall time went, each second counted once.
+TIMERS = (
+    "starting",  # from the run's start to its loop: workers started, programs compiled ahead
+    "transport",  # rows from the collectors' rings into the replay
+    "update_dispatch",  # deciding on an update and handing it to the device (the first: its
+    # compile; until learning starts, the replay's sizes read from the device)
+    "update_wait",  # the host waiting for the device to finish an update
+    "publish_copy",  # the new policies' device-to-host copy (once their update is done)
+    "publish_write",  # their write into shared memory, for the collectors
+    "evaluation_snapshots",  # policies handed to the evaluator
+    "evaluation_results",  # its results received and logged (waited for, where a strategy waits)
+    "strategies",  # strategy steps
+    "progress",  # progress lines and the learner's metrics
+    "checkpoints",
+    "idle",  # nothing to do: no rows to move, no update the rate limiter allows
+    "final_evaluation",  # waiting for the final evaluation after training
+    "stopping",  # the workers stopped
+)
 
 
 @dataclasses.dataclass
@@ -35,6 +52,8 @@ class RunProgress:
     latest_returns: np.ndarray = None  # (P,) latest evaluation's mean returns
     training_returns: list = None  # per member, the recent training episodes' returns
     last_checkpoint: tuple[float, int] = (0.0, 0)  # (elapsed, member env steps) at the last save
+    # eval index -> the evaluation timer when its snapshot was taken (not saved: see below)
+    evaluation_seconds_at: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.latest_returns is None:
@@ -44,6 +63,14 @@ class RunProgress:
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
+
+    def evaluation_seconds_before(self, eval_index: int) -> float:
+        """The learner's seconds on evaluations before snapshot `eval_index` was taken, at its
+        rows' wall_time (device mode evaluates in the loop, each right after its snapshot: the
+        window between two rows holds the evaluations of those taken in it); for a snapshot of
+        an earlier process of the run (a resume), its seconds so far."""
+        now = self.timers["evaluation_snapshots"]
+        return self.evaluation_seconds_at.pop(eval_index, now)
 
     def checkpoint_due(self, every, elapsed: float, member_env_steps: int) -> bool:
         """`every` (config.checkpoint)'s interval in seconds or env steps has passed (`elapsed`:
@@ -157,10 +184,18 @@ def round_evaluation(
 
 
 def evaluation_rows(
-    result: dict, hparams: list[dict], episodes: int, labels: list[dict] | None = None
+    result: dict,
+    hparams: list[dict],
+    episodes: int,
+    labels: list[dict] | None = None,
+    evaluation_seconds: float | None = None,
 ) -> list[dict]:
     """metrics.jsonl rows (one per member) of one evaluation result; `labels`: per member,
-    fields of the strategy's (halving's trial) put beside `member`."""
+    fields of the strategy's (halving's trial) put beside `member`; `evaluation_seconds`:
+    `RunProgress.evaluation_seconds_before`'s, as `learner_evaluation_seconds`."""
+    timing = (
+        {} if evaluation_seconds is None else {"learner_evaluation_seconds": evaluation_seconds}
+    )
     size = len(result["return_mean"])
     labels = labels or [{}] * size
     return [
@@ -176,6 +211,7 @@ def evaluation_rows(
             "return_std": result["return_std"][member],
             "episodes": episodes,
             "hparams": hparams[member],
+            **timing,
         }
         for member in range(size)
     ]
@@ -184,11 +220,9 @@ def evaluation_rows(
 # Device mode's chunk calls (rows and insert; updates) are timed where process mode times the
 # transport of rows, and its evaluations run in the loop; calls are dispatched asynchronously,
 # so device time lands wherever the host next waits for a result.
-DEVICE_TIMER_LABELS = {
-    "transport": "chunk calls",
-    "update": "update (in chunk calls)",
-    "evaluation_snapshots": "evaluations",
-}
+DEVICE_TIMER_LABELS = {"transport": "chunk calls", "evaluation_snapshots": "evaluations"}
+# Device mode updates inside its chunk calls and acts with the learner's own states.
+PROCESS_MODE_TIMERS = ("update_dispatch", "update_wait", "publish_copy", "publish_write")
 
 
 def progress_line(
@@ -204,6 +238,11 @@ def progress_line(
         f"{updates:,} updates/member ({updates * size / elapsed:,.0f} "
         f"agent-updates/s) | return best {best} median {middle} | {left}"
     )
+
+
+def time_breakdown(timers: dict, wall_time: float) -> dict:
+    """Seconds per phase (`timers`), and `other`: the part of `wall_time` no phase covered."""
+    return timers | {"other": wall_time - sum(timers.values())}
 
 
 def run_summary(stopped_by: str, wall_time: float, learner, progress: RunProgress) -> dict:
@@ -227,7 +266,7 @@ def format_breakdown(summary: dict) -> str:
     if device:
         lines.append("  (device mode: calls run asynchronously; time lands where the host waits)")
     for name, seconds in summary["learner_seconds"].items():
-        if device and name == "publish":  # the chunk's program acts with the learner's states
+        if device and name in PROCESS_MODE_TIMERS:
             continue
         label = DEVICE_TIMER_LABELS.get(name, name) if device else name
         lines.append(f"  learner {label:22s} {seconds:8.1f}s  {100 * seconds / wall:5.1f}%")
