@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import optax
 import pytest
-from jax.flatten_util import ravel_pytree
 
 from fastpop import population
 from fastpop.agents import make_agent
-from fastpop.agents.networks import TwinCritic, ensemble_params
 from fastpop.bench import anatomy, levers
 from fastpop.population import UpdatePlan
 from tests.helpers import TINY_SPECS, random_buffers, sampler, stacked_hparams
@@ -97,69 +94,6 @@ def test_members_in_turn_in_one_program_equal_the_sequential_and_vectorized_upda
     assert leaves_allclose(in_one, vectorized, atol=1e-5)
 
 
-def test_the_ensemble_critic_gives_the_twins_values_from_the_same_parameters():
-    obs, action = (
-        jax.random.normal(jax.random.key(1), (7, 5)),
-        jax.random.normal(jax.random.key(2), (7, 2)),
-    )
-    twins = TwinCritic((16, 16))
-    params = twins.init(jax.random.key(0), obs, action)
-    ensemble = TwinCritic((16, 16), ensemble=True)
-    expected = twins.apply(params, obs, action)
-    assert expected.shape == (7, 2)
-    np.testing.assert_allclose(
-        ensemble.apply(ensemble_params(params), obs, action), expected, atol=1e-6
-    )
-
-
-def ensemble_state(state):
-    """A member state (stacked) of the twin layout converted to the ensemble layout."""
-    convert = jax.vmap(ensemble_params)
-    moments = state.critic_opt  # optax's ScaleByAdamState: moments laid out as the parameters
-    return state._replace(
-        critic=convert(state.critic),
-        target_critic=convert(state.target_critic),
-        critic_opt=moments._replace(mu=convert(moments.mu), nu=convert(moments.nu)),
-    )
-
-
-@pytest.mark.parametrize("name", ["td3", "sac"])
-def test_the_ensemble_critic_lever_computes_the_same_update(name):
-    twin_agent, ensemble_agent = lever_agent(name), lever_agent(name, critic_ensemble=True)
-    states = initial_states(twin_agent)
-    twin, twin_metrics = run_update(twin_agent, states)
-    ensemble, ensemble_metrics = run_update(ensemble_agent, ensemble_state(states))
-    assert leaves_allclose(ensemble, ensemble_state(twin), atol=2e-5)
-    assert leaves_allclose(ensemble_metrics, twin_metrics, atol=2e-5)
-
-
-def flat_moments(moments):
-    """Stacked ScaleByAdamState moments, each member's raveled into one vector."""
-    flat = lambda tree: jax.vmap(lambda t: ravel_pytree(t)[0])(tree)
-    return moments._replace(mu=flat(moments.mu), nu=flat(moments.nu))
-
-
-@pytest.mark.parametrize("name", ["td3", "sac"])
-def test_adam_over_one_flat_buffer_computes_the_same_update(name):
-    agent, flat_agent = lever_agent(name), lever_agent(name, flat_optimizer=True)
-    states = initial_states(agent)
-    opt_fields = [f for f in states._fields if f.endswith("_opt")]
-    as_flat = lambda s: s._replace(**{f: flat_moments(getattr(s, f)) for f in opt_fields})
-    flat_state = as_flat(states)
-    template = initial_states(flat_agent)
-    assert jax.tree.structure(flat_state) == jax.tree.structure(template)
-    per_leaf, _ = run_update(agent, states)
-    flat, _ = run_update(flat_agent, flat_state)
-    assert leaves_allclose(flat, as_flat(per_leaf), atol=1e-5)
-
-
-def test_flat_adam_is_optax_flatten_of_adam():
-    # the lever is optax's own transformation, not a second Adam
-    params = {"a": np.ones((2, 3), np.float32), "b": np.zeros(4, np.float32)}
-    state = optax.flatten(optax.scale_by_adam()).init(params)
-    assert state.mu.shape == (10,)
-
-
 @pytest.mark.parametrize("name", ["td3", "sac"])
 def test_bfloat16_matmuls_stay_near_float32_with_float32_parameters(name):
     agent, bf16 = lever_agent(name), lever_agent(name, compute_dtype="bfloat16")
@@ -174,8 +108,8 @@ def test_bfloat16_matmuls_stay_near_float32_with_float32_parameters(name):
 
 
 def test_a_lever_name_is_checked_and_applies_to_the_vectorized_update_only():
-    impl = levers.parse("vectorized+critic-ensemble+unroll-2")
-    assert impl.agent == {"critic_ensemble": True} and impl.plan == {"unroll": 2}
+    impl = levers.parse("vectorized+bf16+unroll-2")
+    assert impl.agent == {"compute_dtype": "bfloat16"} and impl.plan == {"unroll": 2}
     with pytest.raises(ValueError, match=r"unknown lever 'fast'.*draws-per-step"):
         levers.parse("vectorized+fast")
     with pytest.raises(ValueError, match="vectorized update only"):
@@ -231,7 +165,7 @@ def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_
         "vectorized",
         "sequential",
         "sequential-in-one-program",
-        "vectorized+critic-ensemble+flat-adam",
+        "vectorized+draws-per-step+unroll-2",
     ]
     lines = []
     result = bench_update(settings, [2], impls, log=lines.append)
@@ -240,7 +174,7 @@ def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_
     for name in impls:
         assert rows[name]["agent_updates_per_s"] > 0
         assert rows[name]["speedup_over_best_sequential"] > 0
-    for name in ("vectorized", "vectorized+critic-ensemble+flat-adam"):
+    for name in ("vectorized", "vectorized+draws-per-step+unroll-2"):
         row = rows[name]
         assert row["times_floor"] > 0 and row["kernels_per_update_step"] > 0
         assert any(line.startswith(f"td3 {name} P=2: step") for line in lines)

@@ -112,17 +112,6 @@ class ActorCriticConfig:
     compute_dtype: str = "float32"
     """What the networks' matmuls compute in (float32 or bfloat16); parameters and optimizer
     state stay float32."""
-    critic_ensemble: bool = False
-    """The twin critics as one 2-member ensemble: one batched matmul per layer (issue 47)."""
-    flat_optimizer: bool = False
-    """Adam's moments over one flat buffer per network (optax.flatten): one fused update in
-    place of one per parameter leaf (issue 47)."""
-
-
-def moment_optimizer(config: ActorCriticConfig) -> optax.GradientTransformation:
-    """The moment-only Adam of `adam_step`, over per-leaf or flat moments (`flat_optimizer`)."""
-    adam = optax.scale_by_adam()
-    return optax.flatten(adam) if config.flat_optimizer else adam
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -114,37 +114,18 @@ class GaussianActor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """Two independent Q(s, a) networks; returns both values, shape (B, 2). As an `ensemble`
-    the two are one vmapped MLP (parameters stacked on a leading axis of 2: one batched matmul
-    per layer), computing the same values from the same parameters (`ensemble_params`)."""
+    """Two independent Q(s, a) networks; returns both values, shape (B, 2). (As one vmapped
+    2-member ensemble they ran no faster on an H100: results/gpu/README.md.)"""
 
     hidden_sizes: Sequence[int]
     dtype: str = "float32"
-    ensemble: bool = False
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([as_float_observation(obs), action], axis=-1)
-        layers = (*self.hidden_sizes, 1)
-        if self.ensemble:
-            twins = nn.vmap(
-                MLP,
-                variable_axes={"params": 0},
-                split_rngs={"params": True},
-                in_axes=None,
-                axis_size=2,
-            )
-            return jnp.moveaxis(twins(layers, dtype=self.dtype)(x)[..., 0], 0, -1)
-        q1 = MLP(layers, dtype=self.dtype)(x)
-        q2 = MLP(layers, dtype=self.dtype)(x)
+        q1 = MLP((*self.hidden_sizes, 1), dtype=self.dtype)(x)
+        q2 = MLP((*self.hidden_sizes, 1), dtype=self.dtype)(x)
         return jnp.concatenate([q1, q2], axis=-1)
-
-
-def ensemble_params(twin_params: dict) -> dict:
-    """A `TwinCritic`'s parameters in its ensemble layout: the two MLPs' stacked."""
-    params = twin_params["params"]
-    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params["MLP_0"], params["MLP_1"])
-    return {"params": {"VmapMLP_0": stacked}}
 
 
 class QNetwork(nn.Module):

@@ -20,7 +20,6 @@ from fastpop.agents.base import (
     hparams_from_values,
     init_actor_critic,
     keyed_update,
-    moment_optimizer,
     polyak,
 )
 from fastpop.agents.networks import GaussianActor, TwinCritic
@@ -176,8 +175,8 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     if spec.discrete:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
     actor_net = GaussianActor(spec.action_dim, config.hidden_sizes, dtype=config.compute_dtype)
-    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype, config.critic_ensemble)
-    optimizer = moment_optimizer(config)
+    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype)
+    optimizer = optax.scale_by_adam()
     parts = make_sac_parts(spec, actor_net, critic_net, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0

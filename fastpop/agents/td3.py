@@ -20,7 +20,6 @@ from fastpop.agents.base import (
     hparams_from_values,
     init_actor_critic,
     keyed_update,
-    moment_optimizer,
     polyak,
     select_tree,
 )
@@ -160,8 +159,8 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         spec.action_high,
         config.compute_dtype,
     )
-    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype, config.critic_ensemble)
-    optimizer = moment_optimizer(config)
+    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype)
+    optimizer = optax.scale_by_adam()
     parts = make_td3_parts(spec, actor_net, critic_net, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
 

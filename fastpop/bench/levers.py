@@ -32,10 +32,6 @@ LEVERS = {
     "unroll-2": Lever({}, {"unroll": 2}, "the scan over K unrolled 2 steps per iteration"),
     "unroll-5": Lever({}, {"unroll": 5}, "the scan over K unrolled 5 steps per iteration"),
     "bf16": Lever({"compute_dtype": "bfloat16"}, {}, "bfloat16 matmuls, float32 parameters"),
-    "critic-ensemble": Lever(
-        {"critic_ensemble": True}, {}, "twin critics as one 2-member ensemble"
-    ),
-    "flat-adam": Lever({"flat_optimizer": True}, {}, "Adam over one flat buffer per network"),
 }
 
 
