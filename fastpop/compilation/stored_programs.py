@@ -11,13 +11,13 @@ only a wrapper, and XLA's compile of it is a hit in the compilation cache.
 The key is everything the traced program depends on: `identity` (what the caller knows decides
 the function: device mode passes the run's config less the fields no program reads, see
 fastpop.run.parts.program_identity), `name`, the arguments' tree structure, shapes and dtypes,
-fastpop's source code, the versions of JAX and of the env and network libraries, the JAX
-settings that change tracing, and the backend. `identity` None, the compilation cache off
-(or FASTPOP_STORED_PROGRAMS=0), a
-program on several devices or processes, or anything the exporter cannot write (a pytree node it
-cannot name, a host callback) is plain `jax.jit`; a stored file that does not load is exported
-again. The directory is bounded (FASTPOP_PROGRAMS_MAX_BYTES, default 256 MiB, least recently
-used first out).
+fastpop's source code, the versions of JAX, of the network libraries (`LIBRARIES`) and of the
+env families' (each family's adapter names its own; `add_library_source`), the JAX settings that
+change tracing, and the backend. `identity` None, the compilation cache off (or
+FASTPOP_STORED_PROGRAMS=0), a program on several devices or processes, or anything the exporter
+cannot write (a pytree node it cannot name, a host callback) is plain `jax.jit`; a stored file
+that does not load is exported again. The directory is bounded (FASTPOP_PROGRAMS_MAX_BYTES,
+default 256 MiB, least recently used first out).
 """
 
 from __future__ import annotations
@@ -45,11 +45,10 @@ DEFAULT_MAX_BYTES = 256 << 20
 MAGIC = b"fastpop stored program 1\n"
 SUFFIX = ".program"
 PACKAGE = Path(__file__).resolve().parents[1]  # fastpop/: its sources decide the programs
-# Libraries whose code ends up inside device mode's programs.
-LIBRARIES = (
-    "jax", "jaxlib", "flax", "optax", "chex", "numpy", "brax", "mujoco", "mujoco-mjx", "gymnax",
-    "playground",
-)  # fmt: skip
+# Libraries whose code ends up inside every program of device mode's. The env families' own are
+# named by their adapters (fastpop.envs, a layer above this one), which add them through
+# `add_library_source` when a device env is built: this module names no family.
+LIBRARIES = ("jax", "jaxlib", "flax", "optax", "chex", "numpy")
 # JAX settings that change what a function traces or lowers to.
 JAX_SETTINGS = (
     "jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
@@ -61,6 +60,7 @@ BUILTIN_NODES = (tuple, list, dict, type(None))
 _lock = threading.Lock()
 _counts = {"loaded": 0, "written": 0, "not_stored": 0}
 _registered: set[type] = set()
+_library_sources: dict = {}  # functions naming more libraries, as keys (`add_library_source`)
 
 
 def counts() -> dict:
@@ -88,14 +88,31 @@ def source_files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
 
-@functools.cache
+def add_library_source(source) -> None:
+    """Key programs also by the versions of the distributions `source()` names, read whenever
+    the key is made (a layer above adds its libraries so: fastpop.envs.device_envs, the env
+    families'). Adding the same function again changes nothing."""
+    _library_sources[source] = None
+
+
+def libraries() -> tuple[str, ...]:
+    """The distributions whose versions key programs: `LIBRARIES` and those of every source."""
+    added = {name for source in list(_library_sources) for name in source()}
+    return tuple(sorted({*LIBRARIES, *added}))
+
+
 def fingerprint() -> str:
     """This process's code, libraries, JAX settings and backend, as text."""
+    return _fingerprint(libraries())
+
+
+@functools.cache
+def _fingerprint(names: tuple[str, ...]) -> str:
     source = hashlib.sha256()
     for path in source_files():
         source.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes())
     versions = {}
-    for name in LIBRARIES:
+    for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

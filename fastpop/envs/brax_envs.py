@@ -31,6 +31,9 @@ PREFIX = "brax/"
 BACKENDS = ("generalized", "positional", "spring", "mjx")
 EPISODE_LENGTH = 1000  # brax's EpisodeWrapper default
 EXTRA, PACKAGE = "brax", "brax"
+# The distributions whose code brax's programs hold (MJX's: brax loads models with MuJoCo and
+# its mjx pipeline is MJX): their versions key stored programs (device_envs.family_libraries).
+LIBRARIES = ("brax", "mujoco", "mujoco-mjx")
 INSTALL = f"pip install -e '.[{EXTRA}]'"
 PROBE_ID = "brax/inverted_pendulum"  # what `fastpop doctor` builds to check the family
 # brax 0.14's registry, so that ids are recognised and suggested without importing brax; where

@@ -12,8 +12,12 @@ default the family's own) and gymnasium's next-step autoreset itself, so truncat
 real final observation and bootstraps, termination does not. Each family is a small adapter
 module with `PREFIX`, `check_id(env_id) -> canonical id` (UnknownEnvironment with close names,
 MissingExtra), `make(env_id, backend) -> DeviceEnv`, `discrete_actions(env_id)` (without building
-the env where the family knows), `default_episode_length(env_id)` and `counterpart(env_id) ->
-gymnasium id or None`; nothing outside the adapters branches on the family.
+the env where the family knows), `default_episode_length(env_id)`, `counterpart(env_id) ->
+gymnasium id or None`, `LIBRARIES` (the distributions whose code its programs hold: their
+versions key stored programs, compilation/stored_programs.py) and `BACKENDS` (its physics
+pipelines, () for none; with some, `resolve_backend(env_id, backend)`). A family is its adapter
+and its entry in `FAMILIES`: code elsewhere asks this registry, never a family by name
+(tests/test_env_families.py lists the modules that still do).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from fastpop.types import DeviceEnv, EnvSpec
 FAMILIES = (brax_envs, gymnax_envs, playground_envs)
 # For messages: "brax/<name>, gymnax/<name>, playground/<name>"
 ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES)
+# Every family's physics backends (env.backend's choices), and the ids that take one.
+BACKENDS = tuple(dict.fromkeys(name for family in FAMILIES for name in family.BACKENDS))
+BACKEND_ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES if family.BACKENDS)
 
 
 def family(env_id: str):
@@ -37,6 +44,32 @@ def is_device_id(env_id: str) -> bool:
     return family(env_id) is not None
 
 
+def family_libraries() -> tuple[str, ...]:
+    """The distributions every family's programs hold (their `LIBRARIES`), read from `FAMILIES`
+    each time: what stored programs add to their key (`make_device_env`)."""
+    return tuple(sorted({name for family in FAMILIES for name in family.LIBRARIES}))
+
+
+def takes_backend(env_id: str) -> bool:
+    """Whether `env_id` (any id, gymnasium's too) belongs to a family with physics backends."""
+    adapter = family(env_id)
+    return adapter is not None and bool(adapter.BACKENDS)
+
+
+def resolve_backend(env_id: str, backend: str | None = None) -> str | None:
+    """The backend `backend` (None: the family's default) means for a device id, checked
+    (ValueError); None for a family without backends, which refuses one."""
+    adapter = family(env_id)
+    if not adapter.BACKENDS:
+        if backend is not None:
+            raise ValueError(
+                f"backend {backend!r}: only {BACKEND_ID_FORMS} ids have a physics backend, "
+                f"and {env_id} is not one"
+            )
+        return None
+    return adapter.resolve_backend(env_id, backend)
+
+
 def check_device_id(env_id: str) -> str:
     """The canonical id, or the family's user-facing error (UnknownEnvironment, MissingExtra)."""
     return family(env_id).check_id(env_id)
@@ -44,12 +77,16 @@ def check_device_id(env_id: str) -> str:
 
 @functools.cache
 def make_device_env(env_id: str, backend: str | None = None) -> DeviceEnv:
-    """The device env of `env_id`, built once per process (`backend`: brax ids only). Its
+    """The device env of `env_id`, built once per process (`backend`: `takes_backend` ids). Its
     `reset` and `step` are jitted here, once: the programs that step it (the lanes' shapes for
     the memory check, the chunk, the evaluation) then share one trace of each instead of
     tracing the env's Python again (brax's pendulum reset: ~0.5 s each time)."""
     import jax
 
+    from fastpop.compilation import stored_programs  # imports JAX: not at this module's import
+
+    # The programs that step it hold its family's libraries: their versions key stored ones.
+    stored_programs.add_library_source(family_libraries)
     adapter = family(env_id)
     env = adapter.make(adapter.check_id(env_id), backend)
     return env._replace(reset=jax.jit(env.reset), step=jax.jit(env.step))

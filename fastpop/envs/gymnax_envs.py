@@ -23,6 +23,8 @@ from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "gymnax/"
 EXTRA, PACKAGE = "gymnax", "gymnax"
+LIBRARIES = ("gymnax",)  # whose versions key stored programs (device_envs.family_libraries)
+BACKENDS = ()  # one implementation: `backend` is refused (device_envs.resolve_backend)
 INSTALL = f"pip install -e '.[{EXTRA}]'"
 PROBE_ID = "gymnax/CartPole-v1"  # what `fastpop doctor` builds to check the family
 # The ids fastpop trains: classic control and MinAtar (bsuite and misc envs are left out: bandits
@@ -101,7 +103,7 @@ def make(env_id: str, backend: str | None = None) -> DeviceEnv:
     import jax
     import jax.numpy as jnp
 
-    del backend  # config.env.backend is refused for non-brax ids
+    del backend  # BACKENDS is (): config.env.backend is refused for this family
     env, params = _gymnax(env_id)
     episode_length = int(params.max_steps_in_episode)
     params = params.replace(max_steps_in_episode=NO_TIME_LIMIT)

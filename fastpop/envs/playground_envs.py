@@ -28,6 +28,10 @@ from fastpop.types import DeviceEnv, EnvSpec
 
 PREFIX = "playground/"
 EXTRA, PACKAGE = "playground", "mujoco_playground"
+# Whose versions key stored programs (device_envs.family_libraries): the Control Suite's code and
+# MJX's pipeline it steps on.
+LIBRARIES = ("playground", "mujoco", "mujoco-mjx")
+BACKENDS = ()  # MJX's JAX pipeline always: `backend` is refused (device_envs.resolve_backend)
 INSTALL = f"pip install -e '.[{EXTRA}]'"
 PROBE_ID = "playground/CartpoleBalance"  # what `fastpop doctor` builds to check the family
 EPISODE_LENGTH = 1000  # every Control Suite env's default config
@@ -162,7 +166,7 @@ def make(env_id: str, backend: str | None = None) -> DeviceEnv:
     import_mjx()  # before Playground imports it: without Warp, which `impl: jax` never runs
     from mujoco_playground import registry
 
-    del backend  # config.env.backend is refused for non-brax ids
+    del backend  # BACKENDS is (): config.env.backend is refused for this family
     env = registry.load(env_id[len(PREFIX) :], config_overrides={"impl": "jax"})
     spec = EnvSpec((int(env.observation_size),), np.dtype(np.float32), action_dim=env.action_size)
     return DeviceEnv(env.reset, env.step, spec, EPISODE_LENGTH)
