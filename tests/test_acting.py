@@ -134,7 +134,7 @@ def test_image_observations_convolutions_and_large_slot_sets_keep_the_jitted_pol
     normed = {"params": {**params, "MLP_0": {**params["MLP_0"], "LayerNorm_0": {"scale": 0}}}}
     assert numpy_policy_for("td3", SPEC, (normed, *template[1:]), 2, 1) is None
     with pytest.raises(ValueError, match="no numpy policy for ppo"):
-        NumpyActing(plan("td3", SPEC, 2)._replace(algo="ppo"), np.random.default_rng(0))
+        NumpyActing(plan("td3", SPEC, 2)._replace(kind="ppo"), np.random.default_rng(0))
 
 
 def test_dqn_acts_greedily_as_the_jitted_agent_and_explores_at_its_epsilon():

@@ -1,29 +1,25 @@
-"""Agents: factories returning pure per-member functions (see base.Agent)."""
+"""Agents: factories returning pure per-member functions (see base.Agent), found by name in
+`registry` (one `AlgorithmEntry` per algorithm)."""
 
-from fastpop.agents.base import Agent
+from fastpop.agents import registry
+from fastpop.agents.base import Agent, AlgorithmEntry
 from fastpop.agents.dqn import DQNConfig, DQNHParams, make_dqn
 from fastpop.agents.sac import SACConfig, SACHParams, make_sac
 from fastpop.agents.td3 import TD3Config, TD3HParams, make_td3
 
-ALGORITHMS = ("td3", "sac", "dqn")
+ALGORITHMS = registry.NAMES  # live: names registered at run time included
 
 
 def make_agent(algo: str, spec, **config_fields) -> Agent:
     """Build an agent by name; `config_fields` go to that algorithm's config dataclass."""
-    factories = {
-        "td3": (make_td3, TD3Config),
-        "sac": (make_sac, SACConfig),
-        "dqn": (make_dqn, DQNConfig),
-    }
-    if algo not in factories:
-        raise ValueError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}")
-    factory, config_type = factories[algo]
-    return factory(spec, config_type(**config_fields))
+    entry = registry.get(algo)
+    return entry.make(spec, entry.config_type(**config_fields))
 
 
 __all__ = [
     "ALGORITHMS",
     "Agent",
+    "AlgorithmEntry",
     "DQNConfig",
     "DQNHParams",
     "SACConfig",
@@ -34,4 +30,5 @@ __all__ = [
     "make_dqn",
     "make_sac",
     "make_td3",
+    "registry",
 ]

@@ -120,3 +120,28 @@ def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):
     obs = jnp.zeros((1, *spec.obs_shape), spec.obs_dtype)
     action = jnp.zeros((1, spec.action_dim), jnp.float32)
     return actor_net.init(actor_key, obs), critic_net.init(critic_key, obs, action)
+
+
+class AlgorithmEntry(NamedTuple):
+    """Everything fastpop needs to know about one algorithm (`agents/registry.py` lists them):
+    each algorithm's module defines its entry next to its factory."""
+
+    name: str
+    """What `algo:` in a config names it by."""
+    make: Callable[[EnvSpec, Any], Agent]
+    """The agent factory: make(spec, config_type(**config's agent section))."""
+    config_type: type
+    """Frozen dataclass of the static fields a config's `agent:` section sets."""
+    actions: str
+    """The action kind it acts in: "continuous" or "discrete"."""
+    numpy_policy: str | None
+    """How a collector acts for it without JAX: a kind of `collect/numpy_policy.KINDS`
+    ("deterministic", "squashed_gaussian", "epsilon_greedy"); None: the agent's jitted act."""
+    deterministic_action: str
+    """What its act(..., explore=False) is, in words (`fastpop export`'s policy.json)."""
+    shared_critic: bool = False
+    """Its state and `parts` are TD3's (deterministic actor, twin critics and their targets),
+    which the shared-critic strategies (cemrl, dvd) recombine."""
+
+
+ACTION_KINDS = ("continuous", "discrete")

@@ -14,6 +14,7 @@ import optax
 from fastpop.agents import losses, networks
 from fastpop.agents.base import (
     Agent,
+    AlgorithmEntry,
     adam_step,
     hparams_from_values,
     keyed_update,
@@ -155,3 +156,13 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         default_hparams=default_hparams,
         batch_size=config.batch_size,
     )
+
+
+ENTRY = AlgorithmEntry(
+    name="dqn",
+    make=make_dqn,
+    config_type=DQNConfig,
+    actions="discrete",
+    numpy_policy="epsilon_greedy",
+    deterministic_action="argmax Q",
+)

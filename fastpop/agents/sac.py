@@ -16,6 +16,7 @@ from fastpop.agents import losses
 from fastpop.agents.base import (
     ActorCriticConfig,
     Agent,
+    AlgorithmEntry,
     adam_step,
     hparams_from_values,
     init_actor_critic,
@@ -248,3 +249,13 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         batch_size=config.batch_size,
         parts=parts,
     )
+
+
+ENTRY = AlgorithmEntry(
+    name="sac",
+    make=make_sac,
+    config_type=SACConfig,
+    actions="continuous",
+    numpy_policy="squashed_gaussian",
+    deterministic_action="tanh(mean) scaled to the bounds",
+)

@@ -16,6 +16,7 @@ from fastpop.agents import losses
 from fastpop.agents.base import (
     ActorCriticConfig,
     Agent,
+    AlgorithmEntry,
     adam_step,
     hparams_from_values,
     init_actor_critic,
@@ -216,3 +217,14 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         batch_size=config.batch_size,
         parts=parts,
     )
+
+
+ENTRY = AlgorithmEntry(
+    name="td3",
+    make=make_td3,
+    config_type=TD3Config,
+    actions="continuous",
+    numpy_policy="deterministic",
+    deterministic_action="the actor",
+    shared_critic=True,
+)

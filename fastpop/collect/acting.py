@@ -12,8 +12,8 @@ import jax
 import numpy as np
 
 from fastpop import population
+from fastpop.agents import registry
 from fastpop.agents.networks import GaussianActor
-from fastpop.collect import numpy_policy
 from fastpop.collect.numpy_policy import KeyPath, NumpyPolicy
 from fastpop.types import EnvSpec
 
@@ -78,7 +78,8 @@ def numpy_policy_for(
     (stacked policy params, hparams, env steps: arrays or shapes); None where the jitted `act`
     serves it: image observations, networks of other layers than Dense (convolutions), or slots
     whose weights outgrow the cache."""
-    if algo not in numpy_policy.ALGORITHMS or len(spec.obs_shape) != 1:
+    kind = registry.get(algo).numpy_policy
+    if kind is None or len(spec.obs_shape) != 1:
         return None
     paths = leaf_paths(published)
     if not all(_dense_layer_leaf(path[1:]) for path in paths if path[0] == 0):
@@ -89,7 +90,7 @@ def numpy_policy_for(
         return None
     bounds = (GaussianActor.log_std_min, GaussianActor.log_std_max)
     low, high = spec.action_low, spec.action_high
-    return NumpyPolicy(algo, envs_per_member, low, high, bounds, paths)
+    return NumpyPolicy(kind, envs_per_member, low, high, bounds, paths)
 
 
 def _dense_layer_leaf(path: KeyPath) -> bool:

@@ -1,11 +1,11 @@
-"""TD3's, SAC's and DQN's exploring policies in numpy, for a collector that never imports JAX.
+"""Exploring MLP policies in numpy, for a collector that never imports JAX.
 
 A collector's slots act with one batched call per env step. Next to a fast simulator a jitted
 call costs mostly its dispatch, so for MLP networks on vector observations `NumpyActing` does
-the agents' arithmetic (`agents/td3.py`, `agents/sac.py`, `agents/dqn.py`: `act` with
-explore=True) in numpy on the collector's own thread, and draws its exploration's random numbers
-from numpy's generator: importing JAX and building the agent took ~1.2-1.5 s of CPU and ~220
-MiB per collector
+the agents' arithmetic (their `act` with explore=True; an algorithm's registry entry names
+its kind: `AlgorithmEntry.numpy_policy`) in numpy on the collector's own thread, and draws its
+exploration's random numbers from numpy's generator: importing JAX and building the agent
+took ~1.2-1.5 s of CPU and ~220 MiB per collector
 (results/startup/README.md, "Collectors without JAX for good"). What it needs from the learner
 crosses the spawn boundary as plain data (`NumpyPolicy`, made by `collect/acting.py`).
 """
@@ -17,18 +17,22 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-ALGORITHMS = ("td3", "sac", "dqn")
+# How each kind acts: "deterministic" a tanh MLP actor plus Gaussian noise of std
+# exploration_noise (TD3's), "squashed_gaussian" tanh of a sample of mean and log-std heads
+# (SAC's), "epsilon_greedy" a uniform random action with probability epsilon, else argmax Q
+# (DQN's).
+KINDS = ("deterministic", "squashed_gaussian", "epsilon_greedy")
 
 KeyPath = tuple[str | int, ...]
 
 
 class NumpyPolicy(NamedTuple):
-    """How a collector acts without JAX: the algorithm, its envs per member, the action bounds,
-    SAC's log-std bounds, and the key path of every published leaf (`acting.numpy_policy_for`
-    makes it)."""
+    """How a collector acts without JAX: the policy's kind (one of KINDS), its envs per member,
+    the action bounds, a squashed Gaussian's log-std bounds, and the key path of every published
+    leaf (`acting.numpy_policy_for` makes it)."""
 
-    algo: str
-    envs_per_member: int  # DQN's epsilon: a member's env steps = a slot's x this
+    kind: str
+    envs_per_member: int  # epsilon_greedy's epsilon: a member's env steps = a slot's x this
     action_low: float
     action_high: float
     log_std_bounds: tuple[float, float]
@@ -94,12 +98,13 @@ def exploration_generator(seed: int) -> np.random.Generator:
 
 
 class NumpyActing:
-    """TD3's, SAC's or DQN's exploring action for a collector's slots (each slot: its member's
-    policy), in numpy. `rng`: the exploration's random numbers (`exploration_generator`)."""
+    """The exploring action of a policy kind (TD3's, SAC's, DQN's) for a collector's slots (each
+    slot: its member's policy), in numpy. `rng`: the exploration's random numbers
+    (`exploration_generator`)."""
 
     def __init__(self, policy: NumpyPolicy, rng: np.random.Generator):
-        if policy.algo not in ALGORITHMS:
-            raise ValueError(f"no numpy policy for {policy.algo}: only {', '.join(ALGORITHMS)}")
+        if policy.kind not in KINDS:
+            raise ValueError(f"no numpy policy for {policy.kind}: only {', '.join(KINDS)}")
         self.policy, self.rng = policy, rng
         self.half_range = (policy.action_high - policy.action_low) / 2.0
         self.center = (policy.action_high + policy.action_low) / 2.0
@@ -112,7 +117,7 @@ class NumpyActing:
         self._torso = _dense_layers(params["MLP_0"])
         self._heads = _dense_layers(params)  # SAC's mean and log-std, DQN's action values
         self._hparams = {name: np.asarray(value) for name, value in hparams.items()}
-        if self.policy.algo == "td3":  # its acting noise per slot, fixed until the next policy
+        if self.policy.kind == "deterministic":  # its noise per slot, fixed until the next policy
             noise = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
             self._noise_scale = noise[:, None]
 
@@ -120,26 +125,26 @@ class NumpyActing:
         """`env_steps`: per env so far, of each slot's trial (an array, or one for all): DQN's
         epsilon decays over its member's trial's env steps."""
         x = _float_observation(np.asarray(obs)).reshape(len(obs), 1, -1)
-        if self.policy.algo == "td3":  # DeterministicActor: one MLP, its last layer linear
-            return self._td3(x)
+        if self.policy.kind == "deterministic":  # one MLP, its last layer linear
+            return self._deterministic(x)
         x = _mlp(self._torso, x, activate_final=True)
         heads = [np.matmul(x, kernel)[:, 0] + bias for kernel, bias in self._heads]
-        if self.policy.algo == "sac":  # GaussianActor: mean and log-std heads
-            return self._sac(*heads)
-        return self._dqn(heads[0], env_steps * self.policy.envs_per_member)
+        if self.policy.kind == "squashed_gaussian":  # GaussianActor: mean and log-std heads
+            return self._squashed_gaussian(*heads)
+        return self._epsilon_greedy(heads[0], env_steps * self.policy.envs_per_member)
 
-    def _td3(self, x: np.ndarray) -> np.ndarray:
+    def _deterministic(self, x: np.ndarray) -> np.ndarray:
         action = np.tanh(_mlp(self._torso, x, activate_final=False)[:, 0])
         action = action * self.half_range + self.center
         noise = self._noise_scale * self._normals(action.shape)
         return np.clip(action + noise, self.policy.action_low, self.policy.action_high)
 
-    def _sac(self, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+    def _squashed_gaussian(self, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
         log_std = np.clip(log_std, *self.policy.log_std_bounds)
         pre_tanh = mean + np.exp(log_std) * self._normals(mean.shape)
         return np.tanh(pre_tanh) * self.half_range + self.center
 
-    def _dqn(self, values: np.ndarray, member_steps: int) -> np.ndarray:
+    def _epsilon_greedy(self, values: np.ndarray, member_steps: int) -> np.ndarray:
         """agents/dqn.py's `act`: a uniform random action with probability epsilon (decaying
         linearly over the member's env steps), else the greedy one."""
         h = self._hparams

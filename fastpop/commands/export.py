@@ -218,6 +218,7 @@ def describe(config, spec, loaded, member: int, reason: str, run_dir: Path, hpar
     import numpy as np
 
     from fastpop import config as config_lib
+    from fastpop.agents import registry
 
     if spec.discrete:
         action = {
@@ -249,9 +250,7 @@ def describe(config, spec, loaded, member: int, reason: str, run_dir: Path, hpar
         ": weights = dict(np.load('weights.npz', allow_pickle=False)), obs of shape (batch, "
         "*observation.shape) and observation.dtype; actions: (batch, *action.shape)",
         "deterministic": "agent.act(..., explore=False): "
-        + {"td3": "the actor", "sac": "tanh(mean) scaled to the bounds", "dqn": "argmax Q"}[
-            config.algo
-        ],
+        + registry.get(config.algo).deterministic_action,
         "platforms": list(PLATFORMS),
         "run": str(Path(run_dir).resolve()),
         "member": member,

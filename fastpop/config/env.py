@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from fastpop.agents import registry
 from fastpop.envs import device_envs
 from fastpop.envs.brax_envs import BACKENDS, is_brax_id
 from fastpop.schema import Reader, field
@@ -79,17 +80,11 @@ def check_algo_fits_env(r: Reader, algo: str, env_id: str) -> None:
     first complaint). gymnasium ids are checked when the agent is built."""
     if not device_envs.is_device_id(env_id):
         return
-    discrete = device_envs.discrete_actions(env_id)
-    if algo == "dqn" and not discrete:
-        r.fail(
-            "algo",
-            f"dqn needs discrete actions, and {env_id} has continuous ones: use td3 or sac",
-        )
-    if algo != "dqn" and discrete:
-        r.fail(
-            "algo",
-            f"{algo} needs continuous actions, and {env_id} has discrete ones: use dqn",
-        )
+    kind = "discrete" if device_envs.discrete_actions(env_id) else "continuous"
+    needs = registry.get(algo).actions
+    if needs != kind:
+        fits = " or ".join(registry.names_with(actions=kind)) or "none is registered"
+        r.fail("algo", f"{algo} needs {needs} actions, and {env_id} has {kind} ones: use {fits}")
 
 
 def collection_mode(config: Any) -> str:

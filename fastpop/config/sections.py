@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fastpop.agents import ALGORITHMS, DQNConfig, SACConfig, TD3Config
+from fastpop.agents import registry
 from fastpop.agents.networks import COMPUTE_DTYPES, TORSOS
 from fastpop.config.env import (
     COLLECTION_MODES,
@@ -184,7 +184,7 @@ class Config:
     """Run name; outputs go to results/runs/<name> unless --out is given."""
     seed: int = field(0, min=0)
     """Seeds everything: networks, environments, action noise, replay sampling, strategies."""
-    algo: str = field("td3", choices=ALGORITHMS)
+    algo: str = field(registry.DEFAULT, choices=registry.NAMES)
     """Member algorithm."""
     strategy: str = field("independent", choices=STRATEGIES)
     """What happens to members between evaluations: nothing (independent), pbt, pb2,
@@ -225,7 +225,6 @@ class Config:
     """When the whole run is saved for `fastpop resume` and `fastpop eval`."""
 
 
-_AGENT_CONFIGS = {"td3": TD3Config, "sac": SACConfig, "dqn": DQNConfig}
 _SCALARS = ("name", "seed", "algo", "strategy")
 _TABLES = ("agent", "hparams")  # sections whose keys depend on the algo
 _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
@@ -256,13 +255,14 @@ def _table_specs(section: str, algo: str) -> Specs:
     if section == "agent":
         return {
             name: (tp, _AGENT_RANGES.get(name, {"gt": 0.0} if tp is float else {}), default)
-            for name, (tp, _, default) in field_specs(_AGENT_CONFIGS[algo]).items()
+            for name, (tp, _, default) in field_specs(registry.get(algo).config_type).items()
         }
     from fastpop.agents import make_agent
     from fastpop.types import EnvSpec
 
     # Any spec gives the defaults that do not depend on the environment.
-    probe = EnvSpec((1,), num_actions=2) if algo == "dqn" else EnvSpec((1,), action_dim=1)
+    discrete = registry.get(algo).actions == "discrete"
+    probe = EnvSpec((1,), num_actions=2) if discrete else EnvSpec((1,), action_dim=1)
     specs = {}
     for name, value in make_agent(algo, probe).default_hparams()._asdict().items():
         value, allowed = np.asarray(value), _hparam_range(name)

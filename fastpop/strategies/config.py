@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Collection
 from typing import Any, Protocol
 
+from fastpop.agents import registry
 from fastpop.schema import Reader, coerce, field, show
 from fastpop.strategies import SHARED_CRITIC
 
@@ -220,7 +221,9 @@ def population_sizes(r: Reader, population, given: set[str], strategy: str) -> t
 def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
     strategy, size = c.strategy, c.population.size
     checks = (
-        ("algo", c.algo != "td3", f"strategy {strategy} trains TD3 members; got {c.algo!r}"),
+        ("algo", not registry.get(c.algo).shared_critic,
+         f"strategy {strategy} trains members with a deterministic actor and twin critics "
+         f"({' or '.join(registry.names_with(shared_critic=True))}); got {c.algo!r}"),
         ("replay.shared", not c.replay.shared,
          f"strategy {strategy} trains on one shared replay buffer: set replay.shared: true"),
         ("population.execution", c.population.execution != "vectorized",
