@@ -28,7 +28,7 @@ FUNCTIONS = ("check_id", "make", "discrete_actions", "default_episode_length", "
 # Modules outside fastpop/envs that still import a family's adapter by name (its physics
 # backends): each should ask the registry (device_envs.takes_backend / resolve_backend /
 # BACKENDS) instead. Remove a module from here when it does.
-STILL_NAMING_A_FAMILY = {"config/env.py", "commands/bench.py", "bench/device.py"}
+STILL_NAMING_A_FAMILY: set[str] = set()
 
 
 def toy_family(libraries: tuple[str, ...]) -> types.ModuleType:

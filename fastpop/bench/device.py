@@ -313,10 +313,9 @@ def bench_device(
     called with the rows so far after each (P, E)."""
     from fastpop.agents import make_agent
     from fastpop.envs import device_envs
-    from fastpop.envs.brax_envs import is_brax_id, resolve_backend
 
     env_id = device_envs.check_device_id(settings.env_id)
-    backend = resolve_backend(env_id, settings.backend) if is_brax_id(env_id) else None
+    backend = device_envs.resolve_backend(env_id, settings.backend)
     process_env = settings.process_env
     if process_env == AUTO:
         process_env = device_envs.process_counterpart(env_id)

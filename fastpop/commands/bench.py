@@ -251,14 +251,14 @@ def run_device(args: argparse.Namespace) -> int:
     from fastpop.bench.device_report import table, write_results
     from fastpop.config import ConfigError
     from fastpop.envs import device_envs
-    from fastpop.envs.brax_envs import check_backend, is_brax_id
 
     if not device_envs.is_device_id(args.env):
         return fail(
             f"--env {args.env}: device mode steps JAX environments ({device_envs.ID_FORMS})"
         )
-    if args.backend is not None and not is_brax_id(args.env):
-        return fail(f"--backend {args.backend}: only brax environments have a physics backend")
+    if args.backend is not None and not device_envs.takes_backend(args.env):
+        names = device_envs.BACKEND_FAMILY_NAMES
+        return fail(f"--backend {args.backend}: only {names} environments have a physics backend")
     try:
         discrete = device_envs.discrete_actions(args.env)
     except ValueError as error:  # UnknownEnvironment, MissingExtra
@@ -287,7 +287,7 @@ def run_device(args: argparse.Namespace) -> int:
         except (ConfigError, ValueError) as error:
             return fail(f"--process-env {args.process_env}: {error}")
     try:
-        check_backend(args.backend)
+        device_envs.resolve_backend(args.env, args.backend)
         result = bench_device(settings, args.pop, args.envs_per_member, device_command(args))
     except (ConfigError, ValueError) as error:  # MissingExtra, UnknownEnvironment too
         return fail(str(error))

@@ -11,7 +11,6 @@ from typing import Any
 
 from fastpop.agents import registry
 from fastpop.envs import device_envs
-from fastpop.envs.brax_envs import BACKENDS, is_brax_id
 from fastpop.schema import Reader, field
 
 COLLECTION_MODES = ("processes", "device")
@@ -29,7 +28,7 @@ class EnvConfig:
     `playground/CheetahRun`, ...; pip install -e '.[playground]')."""
     atari_terminal_on_life_loss: bool = False
     """Atari training only: a lost life is a terminal step (Mnih et al.; not Machado et al.)."""
-    backend: str | None = field(None, choices=BACKENDS)
+    backend: str | None = field(None, choices=device_envs.BACKENDS)
     """brax ids only: brax's physics pipeline. null: generalized, brax's own default and the
     closest to MuJoCo, for every environment and platform (`brax_envs.default_backend`). spring
     is the choice for speed, 2-5x positional and generalized on a CPU (ant, halfcheetah,
@@ -53,8 +52,9 @@ def check_env(r: Reader, env: EnvConfig) -> EnvConfig:
     except ValueError as error:  # UnknownEnvironment, MissingExtra: their messages say it all
         r.fail("env.id", str(error))
     problems = {}
-    if not is_brax_id(env_id):
-        problems["backend"] = "only brax environments (env.id: brax/<name>) have a physics backend"
+    if not device_envs.takes_backend(env_id):
+        names, forms = device_envs.BACKEND_FAMILY_NAMES, device_envs.BACKEND_ID_FORMS
+        problems["backend"] = f"only {names} environments (env.id: {forms}) have a physics backend"
     if device_envs.is_device_id(env_id):
         length = env.episode_length
         if length is None:

@@ -33,6 +33,7 @@ ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES)
 # Every family's physics backends (env.backend's choices), and the ids that take one.
 BACKENDS = tuple(dict.fromkeys(name for family in FAMILIES for name in family.BACKENDS))
 BACKEND_ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES if family.BACKENDS)
+BACKEND_FAMILY_NAMES = ", ".join(f.PREFIX.rstrip("/") for f in FAMILIES if f.BACKENDS)
 
 
 def family(env_id: str):
