@@ -83,11 +83,12 @@ def test_device_modes_programs_lower_for_cuda(algo, env_id, strategy):
 
     learner, collection = device_learner(algo, env_id, strategy, size=3)
     key = jax.random.key(0)
-    buffers, states, learner_key, hparams, member_hparams = learner.device_state()
+    state = chunk_programs.device_state(learner)
+    buffers, states, learner_key, hparams, member_hparams = state
     programs = chunk_programs.chunk_programs(
-        learner.training, learner.add_rows, collection._rollout_chunk
+        learner.training, learner.replay.add_rows, collection.chunk_rollout
     )
-    plan = learner.plan_chunk(1)
+    plan = chunk_programs.plan_chunk(learner, 1)
     lower_for(programs.collect, collection.lanes, buffers, states, key, hparams, plan)
     lower_for(programs.update, buffers, states, learner_key, member_hparams, plan)
     lanes, states, hparams = collection.lanes, learner.states, learner.hparams

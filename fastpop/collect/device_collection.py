@@ -1,11 +1,14 @@
 """Device mode's collection: P members x E device envs (brax, gymnax, Playground) stepped on
-the device by the policy the learner trains, two compiled calls per chunk
-(fastpop.collect.chunk_programs); rows never leave the device and no worker process is started.
+the device by the policy the learner trains, two compiled calls per chunk (the chunk's plan,
+programs and learner bookkeeping: fastpop.collect.chunk_programs; its rollout of the members'
+lanes: fastpop.collect.device_rollout); rows never leave the device and no worker process is
+started.
 A `Collection` (fastpop.collect.sources)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -20,9 +23,9 @@ from fastpop.collect import chunk_programs, device_rollout, snapshot
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
-from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
+from fastpop.learn.learner import Learner, LearnerParts
 from fastpop.learn.update_protocol import Training
-from fastpop.population import population_act, sharding
+from fastpop.population import sharding
 from fastpop.types import EnvSpec
 from fastpop.xla_defaults import env_stepping_options
 
@@ -80,12 +83,24 @@ class DeviceCollection:
             self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
         elif policy_template is not None or jax.process_count() > 1:
             self.lanes = self._lanes_program(lanes_key)
+        members = device_rollout.MemberLanes(
+            self.env,
+            self.episode_length,
+            parts.agent,
+            parts.env_spec,
+            parts.training.policies,
+            parts.population_size,
+            parts.collect.envs_per_member,
+            parts.collect.warmup_steps,
+            parts.collect.chunk_len,
+        )
+        # The chunk's rollout (the collect program's first half), and it jitted alone.
+        self.chunk_rollout = functools.partial(device_rollout.member_rollout, members)
         stepping = env_stepping_options()  # CPU: a shorter compile of an env's step
-        self._chunk = jax.jit(self._rollout_chunk, donate_argnums=0, compiler_options=stepping)
+        self._chunk = jax.jit(self.chunk_rollout, donate_argnums=0, compiler_options=stepping)
         self._programs = None  # the chunk's programs, made at the first `feed`
         # or by `make_ahead`: (programs, their collect's compile, their update's compile)
         self._programs_ahead: tuple | None = None
-        self._update_compile: Future | None = None  # waited for by the first update call
         self._evaluate = stored_programs.stored_jit(
             self._evaluate_members, self._identity, "evaluate", compiler_options=stepping
         )
@@ -159,23 +174,17 @@ class DeviceCollection:
 
     def feed(self, learner: Learner) -> list:
         """One chunk of every lane, inserted, and the updates it allows, as two compiled calls
-        (fastpop.collect.chunk_programs) over the learner's state; env lanes, buffers and member
-        states are donated. No episodes are reported: their returns would have to cross to the
-        host every chunk."""
-        state = learner.device_state()
+        over the learner's state (fastpop.collect.chunk_programs.run_chunk); env lanes, buffers
+        and member states are donated. No episodes are reported: their returns would have to
+        cross to the host every chunk."""
         if self._programs is None:
             self._programs = self._chunk_programs(learner)
         self.key, key = jax.random.split(self.key)
-        plan = learner.plan_chunk(self.parts.collect.envs_per_member)
-        if plan.calls and self._update_compile is not None:
-            # Compiled ahead (where that failed, the call compiles it again and raises here).
-            self._update_compile.exception()
-            self._update_compile = None
-        args = (self.lanes, state, key, plan)
-        if self._placement is None:  # one device: committed to it, as `make_ahead` compiles
-            args = stored_programs.committed(args)
-        self.lanes, state, metrics = self._programs(*args)
-        learner.adopt_chunk(state, plan, metrics)
+        per_member, commit = self.parts.collect.envs_per_member, self._placement is None
+        # One device: the arguments committed to it, as `make_ahead` compiles the programs.
+        self.lanes = chunk_programs.run_chunk(
+            self._programs, learner, self.lanes, key, per_member, commit
+        )
         if learner.updates:
             self._compile_evaluation_ahead()
         return []
@@ -192,9 +201,9 @@ class DeviceCollection:
         if self._placement is not None or jax.process_count() > 1:
             return None
         self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
-        add_rows, state = chunk_program_inputs(learner_parts)
+        add_rows, state = chunk_programs.chunk_program_inputs(learner_parts)
         learner = in_background(Learner, learner_parts)
-        rollout, identity = self._rollout_chunk, self._identity
+        rollout, identity = self.chunk_rollout, self._identity
         programs = chunk_programs.chunk_programs(
             self.parts.training, add_rows, rollout, None, identity
         )
@@ -214,14 +223,13 @@ class DeviceCollection:
         if self._programs_ahead is not None:
             programs, collect_compile, update_compile = self._programs_ahead
             if collect_compile.exception() is None:
-                self._update_compile = update_compile
-                return programs
+                return programs._replace(update_compile=update_compile)
         placement = None
         if self.parts.mesh is not None:  # as the learner and `init` placed them
             arrays = (self.lanes, learner.replay.buffers, learner.states)
             placement = jax.tree.map(lambda leaf: leaf.sharding, arrays)
         return chunk_programs.chunk_programs(
-            learner.training, learner.add_rows, self._rollout_chunk, placement, self._identity
+            learner.training, learner.replay.add_rows, self.chunk_rollout, placement, self._identity
         )
 
     def next_chunk(self, states, hparams, member_steps: int):
@@ -305,37 +313,6 @@ class DeviceCollection:
         return self._evaluate
 
     # --- compiled programs ---
-
-    def _rollout_chunk(self, lanes, key, states, hparams, member_steps, restarts=None):
-        """`member_steps`: env steps of each member's trial before the chunk ((P,), or one
-        for all), which its warm-up and exploration act at; `restarts`: (P,) bool, members
-        whose fresh trial starts here: their lanes start new episodes first."""
-        parts = self.parts
-        policy = parts.training.policies(states)  # inside the jit: no host work per chunk
-        size, per_member = parts.population_size, parts.collect.envs_per_member
-        act = population_act(parts.agent, env_steps_per_member=True)
-        warmup_env_steps = -(-parts.collect.warmup_steps // per_member)
-        spec = parts.env_spec
-        trial_steps = jnp.broadcast_to(jnp.asarray(member_steps, jnp.int32), (size,))
-        if restarts is not None:
-            lanes = device_rollout.restart(lanes, jnp.repeat(restarts, per_member))
-
-        def lane_act(obs, step_key, index):
-            env_steps = trial_steps // per_member + index  # per env, as collectors count
-            explore_key, random_key = jax.random.split(step_key)
-            member_obs = obs.reshape(size, per_member, *obs.shape[1:])
-            keys = jax.random.split(explore_key, size)
-            actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
-            actions = actions.reshape(size * per_member, *actions.shape[2:])
-            warmup = device_rollout.random_actions(spec, random_key, actions.shape)
-            warming = jnp.repeat(env_steps < warmup_env_steps, per_member)
-            warming = warming.reshape(-1, *(1,) * (actions.ndim - 1))
-            return jnp.where(warming, warmup, actions).astype(warmup.dtype)
-
-        lanes, rows, _ = device_rollout.rollout(
-            self.env, self.episode_length, lanes, lane_act, key, parts.collect.chunk_len
-        )
-        return lanes, rows
 
     def _evaluate_members(self, policy, hparams, key):
         episodes, agent = self.parts.eval_episodes, self.parts.agent

@@ -1,5 +1,6 @@
 """Environments stepped on the device (any DeviceEnv: brax, gymnax, Playground), writing replay
-rows as the collectors do.
+rows as the collectors do: device mode's chunk of every member's lanes (`member_rollout`, in
+its collect program: fastpop.collect.chunk_programs) and its evaluation.
 
 Every lane follows gymnasium's next-step autoreset, exactly as `rollout.RowStream` records a
 vector env: the step after an episode ends is the reset step. Its row holds the episode's
@@ -163,6 +164,52 @@ def rollout(env, episode_length: int, state: LaneState, act: ActFn, key: PRNGKey
     state, (rows, finished) = jax.lax.scan(one, state, inputs)
     time_second = lambda x: jnp.swapaxes(x, 0, 1)
     return state, jax.tree.map(time_second, rows), jax.tree.map(time_second, finished)
+
+
+class MemberLanes(NamedTuple):
+    """P members with E env lanes each, as device mode's chunk steps them (`member_rollout`);
+    the lanes are member-major."""
+
+    env: Any  # the DeviceEnv
+    episode_length: int  # the time limit
+    agent: Any  # its `act`, through `population_act`
+    env_spec: EnvSpec  # the action space the warm-up samples
+    policies: Callable  # the members' states -> their stacked policy params (`Training.policies`)
+    population_size: int
+    envs_per_member: int
+    warmup_steps: int  # per member: its trial's first env steps act at random
+    chunk_len: int  # steps per lane and chunk
+
+
+def member_rollout(members: MemberLanes, lanes, key, states, hparams, member_steps, restarts=None):
+    """One chunk of every member's lanes, acting with the members' `states` and `hparams` ->
+    (lanes, rows (lanes, chunk_len, ...)). `member_steps`: env steps of each member's trial
+    before the chunk ((P,), or one for all), which its warm-up and exploration act at;
+    `restarts`: (P,) bool, members whose fresh trial starts here: their lanes start new episodes
+    first."""
+    policy = members.policies(states)  # inside the jit: no host work per chunk
+    size, per_member = members.population_size, members.envs_per_member
+    act = population_act(members.agent, env_steps_per_member=True)
+    warmup_env_steps = -(-members.warmup_steps // per_member)
+    trial_steps = jnp.broadcast_to(jnp.asarray(member_steps, jnp.int32), (size,))
+    if restarts is not None:
+        lanes = restart(lanes, jnp.repeat(restarts, per_member))
+
+    def lane_act(obs, step_key, index):
+        env_steps = trial_steps // per_member + index  # per env, as collectors count
+        explore_key, random_key = jax.random.split(step_key)
+        member_obs = obs.reshape(size, per_member, *obs.shape[1:])
+        keys = jax.random.split(explore_key, size)
+        actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
+        actions = actions.reshape(size * per_member, *actions.shape[2:])
+        warmup = random_actions(members.env_spec, random_key, actions.shape)
+        warming = jnp.repeat(env_steps < warmup_env_steps, per_member)
+        warming = warming.reshape(-1, *(1,) * (actions.ndim - 1))
+        return jnp.where(warming, warmup, actions).astype(warmup.dtype)
+
+    length = members.chunk_len
+    lanes, rows, _ = rollout(members.env, members.episode_length, lanes, lane_act, key, length)
+    return lanes, rows
 
 
 def evaluate(env, episode_length: int, act: ActFn, key: PRNGKey, lanes: int) -> jax.Array:

@@ -3,7 +3,7 @@ bookkeeping around it (rate limiter, update counter, the strategy's state).
 
 `Run` (fastpop.run.loop) drives it: `insert` collected rows, `update` when `can_update`,
 `policy_copy` / `host_policy_tree` for the workers, `strategy_step` after each evaluation round;
-device mode runs two programs per chunk over its `device_state` (`plan_chunk`, `adopt_chunk`).
+device mode's chunk (fastpop.collect.chunk_programs) reads and sets its arrays and counters.
 How members are trained and changed between rounds is the strategy's `Training`
 (fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the learner depends on
 neither's kind. Its parts are built once, by fastpop.run.parts.
@@ -24,11 +24,11 @@ from fastpop.learn import member_clocks, policy_copy, update_protocol
 from fastpop.learn.member_clocks import MemberClocks
 from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.learn.rate_limiter import RateLimiter
-from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
+from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import replay, sharding
 from fastpop.strategies.base import Evaluation, Strategy
 from fastpop.strategies.codec import join_strategy_state, split_strategy_state
-from fastpop.types import EnvSpec, PRNGKey, PyTree
+from fastpop.types import EnvSpec, PyTree
 
 
 def averaged_metrics(metrics: dict, to_host=np.asarray) -> dict[str, float]:
@@ -57,35 +57,6 @@ class LearnerParts(NamedTuple):
     updates_per_call: int
 
 
-class DeviceState(NamedTuple):
-    """The learner's device arrays compiled programs read and return (device mode's two
-    programs per chunk: fastpop.collect.chunk_programs)."""
-
-    buffers: Any
-    states: Any
-    key: PRNGKey
-    hparams: PyTree
-    member_hparams: Any
-
-
-class ChunkPlan(NamedTuple):
-    """The host's part of one device-mode chunk, fixed before its program runs."""
-
-    env_steps: np.ndarray  # (P,) int32: env steps of each member's trial before the chunk,
-    # what its exploration (warm-up, epsilon) acts at
-    joins: np.ndarray  # (P,) bool: members whose buffer was just copied
-    calls: np.int32  # update calls the chunk's rows allow
-    restarts: np.ndarray  # (P,) bool: members whose fresh trial's rows start with this chunk
-    # (their env lanes start new episodes)
-
-    @classmethod
-    def template(cls, size: int) -> ChunkPlan:
-        """A plan of `size` members (its values unused: what a program is traced for)."""
-        return cls(
-            np.zeros(size, np.int32), np.zeros(size, bool), np.int32(0), np.zeros(size, bool)
-        )
-
-
 class Learner:
     """Device state (member states, replay) and the host-side bookkeeping around it."""
 
@@ -110,7 +81,9 @@ class Learner:
         # Counts changes of the acting policies (updates, selections, restores): a collection
         # whose workers act with copies sends them new ones when it differs from what it sent.
         self.policy_version = 0
-        self._metrics: dict | None = None
+        # The latest update call's metrics, device arrays read only when logged (`last_metrics`);
+        # set by `update`, or by what made the calls elsewhere (device mode's chunk).
+        self.metrics: dict | None = None
         self._update_ahead: Future | None = None  # `compile_update_ahead`'s
 
     @property
@@ -277,7 +250,7 @@ class Learner:
         self.limiter.record_sample()
         self.updates += self.updates_per_call
         self.policy_version += 1
-        self._metrics = metrics  # read (a device-to-host copy) only when logged
+        self.metrics = metrics  # read (a device-to-host copy) only when logged
 
     def wait_for_update(self) -> None:
         """Until the last update's states are computed."""
@@ -287,49 +260,10 @@ class Learner:
         """What `training.update` is called with, its key aside."""
         return self.states, self.replay.buffers, self.member_hparams
 
-    # --- device mode: two programs per chunk (fastpop.collect.chunk_programs) ---
-
-    def plan_chunk(self, lanes_per_member: int) -> ChunkPlan:
-        """Records the insert of the next chunk of rows (made on the device) and fixes what its
-        program needs: the env steps before it, the join marks (cleared here) and the update
-        calls the rows allow (`InProgramLimiter.calls_due`)."""
-        limiter, clocks = self.limiter, self.clocks
-        env_steps = clocks.trial_steps(limiter.inserted).astype(np.int32)
-        restarts = clocks.restarting()
-        joins = self.replay.take_joins()
-        before = limiter.inserted
-        limiter.record_insert()
-        clocks.record_rows(np.ones(self.size, bool), before)  # made for the current trials
-        rows_per_lane = (limiter.inserted - limiter.refill_from) // lanes_per_member
-        calls = limiter.calls_due() if rows_per_lane >= 2 else 0  # a transition is two rows
-        return ChunkPlan(env_steps, joins, np.int32(calls), restarts)
-
-    @property
-    def add_rows(self):
-        """`insert` as a pure function of (buffers, rows, joins), for a program that makes its
-        own rows: `ReplayStore.add_rows`."""
-        return self.replay.add_rows
-
-    def device_state(self) -> DeviceState:
-        """The arrays a chunk's program takes (buffers, states and key are donated to it)."""
-        return DeviceState(
-            self.replay.buffers, self.states, self.key, self.hparams, self.member_hparams
-        )
-
-    def adopt_chunk(self, state: DeviceState, plan: ChunkPlan, metrics: dict) -> None:
-        """The learner after a chunk's program: its buffers, states and key, its update calls
-        counted, their metrics (the last call's) kept and a policy version counted if any."""
-        self.replay.buffers, self.states, self.key = state.buffers, state.states, state.key
-        calls = int(plan.calls)
-        self.limiter.record_calls(calls)
-        self.updates += calls * self.updates_per_call
-        if calls:
-            self._metrics, self.policy_version = metrics, self.policy_version + 1
-
     @property
     def last_metrics(self) -> dict[str, float]:
         """The latest update call's metrics, averaged over members and updates."""
-        return averaged_metrics(self._metrics or {})
+        return averaged_metrics(self.metrics or {})
 
     def all_member_hparams(self) -> list[dict]:
         return update_protocol.member_hparams_list(self.hparams)
@@ -389,12 +323,3 @@ class Learner:
         if result.fresh is not None:
             self.clocks.start_trials(result.fresh)
         return result.events, result.scalars
-
-
-def chunk_program_inputs(parts: LearnerParts) -> tuple:
-    """(add_rows, the `DeviceState`'s shapes) of the learner `parts` make, without making it:
-    nothing allocated or compiled (device mode traces its chunk program from them while the
-    learner initialises, fastpop.collect.sources). One device."""
-    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size)
-    shapes = jax.eval_shape(lambda: Learner(parts).device_state())
-    return rows_adder(layout, parts.population_size), shapes

@@ -25,11 +25,12 @@ from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
-from fastpop.learn.learner import DeviceState, chunk_program_inputs
 from fastpop.run.parts import build_run
 
 
-def lower_as_one(programs: chunk_programs.ChunkPrograms, lanes, learner: DeviceState):
+def lower_as_one(
+    programs: chunk_programs.ChunkPrograms, lanes, learner: chunk_programs.DeviceState
+):
     """Both programs called inside one jit (env lanes, buffers and states donated, as the one
     program was), lowered for `chunk_programs.placed_arguments`, as `lowerings` lowers them."""
 
@@ -53,8 +54,8 @@ def main() -> None:
     config = config_lib.load_config(tree / "configs" / f"{args.preset}.yaml", [])
     parts = build_run(config)
     collection = DeviceCollection(parts.device_parts())
-    add_rows, state = chunk_program_inputs(parts.learner_parts())
-    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection._rollout_chunk)
+    add_rows, state = chunk_programs.chunk_program_inputs(parts.learner_parts())
+    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
     lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
 
     started, cpu_started = time.perf_counter(), time.process_time()

@@ -16,9 +16,10 @@ import jax
 from fastpop import config as config_lib
 from fastpop import xla_defaults
 from fastpop.collect import chunk_programs
+from fastpop.collect.chunk_programs import ChunkPlan, chunk_program_inputs, device_state
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import stored_programs
-from fastpop.learn.learner import ChunkPlan, Learner, chunk_program_inputs
+from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_run
 
 PRESET = Path(__file__).resolve().parents[2] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
@@ -35,7 +36,7 @@ def main() -> None:
     parts = build_run(config)
     collection = DeviceCollection(parts.device_parts())
     add_rows, shapes = chunk_program_inputs(parts.learner_parts())
-    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection._rollout_chunk)
+    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
     lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
     lowered = next(chunk_programs.lowerings(programs, lanes, shapes))
     compiled = {way: lowered.compile(options) for way, options in WAYS.items()}
@@ -45,7 +46,7 @@ def main() -> None:
     for round_ in range(args.rounds):
         for way, program in compiled.items():
             lanes = collection._lanes_program(collection._lanes_key)
-            lanes, state = stored_programs.committed((lanes, learner.device_state()))
+            lanes, state = stored_programs.committed((lanes, device_state(learner)))
             buffers, calls, start = state.buffers, 0, time.perf_counter()
             while time.perf_counter() - start < args.seconds:
                 lanes, buffers = program(

@@ -19,7 +19,6 @@ from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
 from fastpop.compilation import stored_programs
-from fastpop.learn.learner import chunk_program_inputs
 from fastpop.run.parts import build_run
 
 
@@ -37,8 +36,8 @@ def main() -> None:
     learner_parts = parts.learner_parts()
     collection = DeviceCollection(parts.device_parts())
     started = time.perf_counter()
-    add_rows, state = chunk_program_inputs(learner_parts)
-    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection._rollout_chunk)
+    add_rows, state = chunk_programs.chunk_program_inputs(learner_parts)
+    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
     lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
     for _ in chunk_programs.lowerings(programs, lanes, state):
         pass
