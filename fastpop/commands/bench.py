@@ -61,9 +61,10 @@ def add_update_parser(benchmarks) -> None:
     update.add_argument(
         "--impl",
         type=comma_list(implementation_name, "implementation"),
-        default=list(levers.IMPLEMENTATIONS),
+        default=list(levers.DEFAULT_IMPLEMENTATIONS),
         help=f"implementations, comma-separated from {','.join(levers.IMPLEMENTATIONS)} "
-        f"(default all), or vectorized+LEVER[+LEVER] with levers {','.join(levers.LEVERS)}",
+        f"(default all but torch-compile, which compiles every member's step: minutes), or "
+        f"vectorized+LEVER[+LEVER] with levers {','.join(levers.LEVERS)}",
     )
     update.add_argument(
         "--batch-size",
