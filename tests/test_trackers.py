@@ -187,7 +187,8 @@ def test_wandb_problems_exit_2_before_anything_starts(
 
 def read_transaction_log(path: Path) -> list:
     """The records of a W&B transaction log (LevelDB log format: a 7-byte file header, then
-    32 KiB blocks of records: checksum, length, type (full, first, middle, last), data)."""
+    32 KiB blocks of records: checksum, length, type (full, first, middle, last), data), up to
+    the first record its writer has not finished (the log is read while W&B's service writes)."""
     from wandb.proto.wandb_internal_pb2 import Record
 
     data, position, records, pieces = path.read_bytes(), 7, [], b""
@@ -197,7 +198,7 @@ def read_transaction_log(path: Path) -> list:
             position += 32768 - position % 32768
             continue
         _, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        if kind == 0:
+        if kind == 0 or position + 7 + length > len(data):  # the end, or a record being written
             break
         pieces = (b"" if kind in (1, 2) else pieces) + data[position + 7 : position + 7 + length]
         position += 7 + length
