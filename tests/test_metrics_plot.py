@@ -163,9 +163,9 @@ def test_cemrl_runs_get_a_cem_mean_curve(tmp_path):
     write_run(tmp_path / "independent")
     write_run(tmp_path / "cemrl")
     (tmp_path / "cemrl" / "config.yaml").write_text("strategy: cemrl\n")
-    assert load_curve(tmp_path / "independent").cem_mean_return == ()
+    assert load_curve(tmp_path / "independent").mean_member_return == ()
     curve = load_curve(tmp_path / "cemrl")
-    assert curve.cem_mean_return == tuple(100.0 * e for e in range(EVALUATIONS))  # member 0
+    assert curve.mean_member_return == tuple(100.0 * e for e in range(EVALUATIONS))  # member 0
     assert "cemrl" in curve.label
     assert all(p.exists() for p in plot_runs([tmp_path / "cemrl", tmp_path / "independent"]))
 

@@ -35,8 +35,10 @@ class Curve:
     env_steps: list[int]
     best_return: list[float]
     median_return: list[float]
-    # CEM-RL: the return of member 0, which acts with the CEM mean, per round (else empty).
-    cem_mean_return: tuple[float, ...] = ()
+    # The return of the strategy's mean member (`StrategyEntry.mean_member`: cemrl's member 0,
+    # which acts with the CEM mean) per round, and its legend; else empty.
+    mean_member_return: tuple[float, ...] = ()
+    mean_legend: str = ""
     # How long the run ran (or has run so far): past it, a table has no value to show.
     ran_minutes: float = math.inf
 
@@ -79,11 +81,13 @@ def config_value(config: dict, *paths: str):
 
 def run_label(run_dir: Path, config: dict) -> str:
     """The directory name, plus algorithm / env / population size when the config has them."""
+    from fastpop.strategies import registry
+
     strategy = config_value(config, "strategy")
     details = [
         config_value(config, "algo", "algorithm", "agent.algorithm", "agent.name", "agent"),
         config_value(config, "env.id", "env.name", "env"),
-        None if strategy == "independent" else strategy,
+        None if strategy == registry.DEFAULT else strategy,  # the default goes without saying
     ]
     size = config_value(config, "population.size", "population_size")
     if size is not None:
@@ -129,14 +133,19 @@ def load_curve(run_dir: Path) -> Curve:
         best.append(max(returns) if returns else math.nan)
         medians.append(median(returns))
     config = read_run_config(run_dir)
-    cem_mean = ()
-    if config.get("strategy") == "cemrl":
-        cem_mean = tuple(
-            next((r["return_mean"] for r in group if r["member"] == 0), math.nan)
+    from fastpop.strategies import registry
+
+    entry = registry.find(config.get("strategy"))
+    mean, legend = (), ""
+    if entry is not None and entry.mean_member is not None:
+        mean = tuple(
+            next((r["return_mean"] for r in group if r["member"] == entry.mean_member), math.nan)
             for group in rounds
         )
+        legend = f"{entry.mean_label} (member {entry.mean_member})"
     return Curve(
-        cem_mean_return=cem_mean,
+        mean_member_return=mean,
+        mean_legend=legend,
         label=run_label(run_dir, config),
         wall_minutes=[max(r["wall_time"] for r in group) / 60 for group in rounds],
         env_steps=[max(r["env_steps"] for r in group) for group in rounds],
@@ -171,14 +180,14 @@ def _plot(curves: list[Curve], x_field: str, xlabel: str, title: str, path: Path
         x = getattr(curve, x_field)
         axes.plot(x, curve.best_return, color=colour, marker="o", markersize=3, label=curve.label)
         axes.plot(x, curve.median_return, color=colour, linestyle="--", alpha=0.8)
-        if curve.cem_mean_return:
-            axes.plot(x, curve.cem_mean_return, color=colour, linestyle=":", alpha=0.9)
+        if curve.mean_member_return:
+            axes.plot(x, curve.mean_member_return, color=colour, linestyle=":", alpha=0.9)
     style = [
         Line2D([], [], color="black", label="best member"),
         Line2D([], [], color="black", linestyle="--", label="population median"),
     ]
-    if any(curve.cem_mean_return for curve in curves):
-        style.append(Line2D([], [], color="black", linestyle=":", label="CEM mean (member 0)"))
+    for legend in dict.fromkeys(curve.mean_legend for curve in curves if curve.mean_member_return):
+        style.append(Line2D([], [], color="black", linestyle=":", label=legend))
     handles, _ = axes.get_legend_handles_labels()
     axes.legend(handles=handles + style, loc="best", fontsize="small")
     axes.set_xlabel(xlabel)

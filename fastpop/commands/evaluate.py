@@ -154,10 +154,13 @@ def resolve_member(requested: str | int, metadata: dict, config) -> tuple[int, s
 
     if requested != "best":
         return int(requested), ""
-    if config.strategy == "cemrl":
-        # The samples are redrawn after every evaluation round: the latest returns describe
+    from fastpop.strategies import registry
+
+    entry = registry.get(config.strategy)
+    if entry.mean_member is not None:
+        # cemrl's samples are redrawn after every evaluation round: the latest returns describe
         # actors no longer in the checkpoint; the refitted mean is the policy CEM-RL reports.
-        return 0, "best: cemrl's CEM mean"
+        return entry.mean_member, f"best: {entry.name}'s {entry.mean_label}"
     returns = (metadata.get("run") or {}).get("latest_returns") or []
     finite = [
         (value, index)

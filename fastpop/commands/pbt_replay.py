@@ -23,15 +23,9 @@ from typing import Any, NamedTuple
 from fastpop.analysis.lineage import Segment, ancestry, read_lineage
 from fastpop.commands.evaluate import parse_member
 from fastpop.run.metrics import MEMBERS_FILE, read_metrics, summarize
+from fastpop.strategies import registry, schedule
 
 COMPARISON_PLOT = "replay_vs_pbt.png"
-REPLAYABLE = (
-    "pbt",
-    "pb2",
-    "independent",
-    "branch_merge",
-    "schedule",
-)  # members with their own hparams
 
 
 class ReplayError(ValueError):
@@ -161,10 +155,11 @@ def read_run(run_dir: Path):
         config = load_config(run_dir / "config.yaml")
     except ConfigError as error:
         raise ReplayError(f"{run_dir} is not a readable fastpop run: {error}") from None
-    if config.strategy not in REPLAYABLE:
+    if not registry.get(config.strategy).replayable:  # members with their own hparams
+        replayable = ", ".join(registry.names_with(replayable=True))
         raise ReplayError(
             f"{run_dir}: strategy {config.strategy} shares parameters between members; a "
-            f"member's line has no hparam schedule of its own (replayable: {', '.join(REPLAYABLE)})"
+            f"member's line has no hparam schedule of its own (replayable: {replayable})"
         )
     members_file = run_dir / MEMBERS_FILE
     if not members_file.is_file():
@@ -196,11 +191,11 @@ def replay_config(run_dir: Path, member_text: str, overrides=(), out: Path | Non
     start, changes, line = member_schedule(events, initial, member, end, size, config.eval.interval)
     data = config_to_dict(config)
     data["name"] = f"{config.name}_replay_member{member}"
-    data["strategy"] = "schedule"
+    data["strategy"] = schedule.ENTRY.name  # the replay is the schedule strategy's run
     data["population"] = {**data["population"], "size": 1, "grid": {}, "priors": {}}
     data["population"].pop("seeds", None)  # follows population.size (--set it for more seeds)
     data["hparams"] = start
-    data["schedule"] = {"changes": changes, "wait": True}
+    data[schedule.ENTRY.name] = {"changes": changes, "wait": True}  # its section
     lanes = config.collect.envs_per_member
     data["collect"]["num_collectors"] = min(config.collect.num_collectors, lanes)
     data["train"]["total_env_steps"] = max(end // size, 1)

@@ -42,7 +42,7 @@ from fastpop.schema import (
     read_fields,
     read_yaml,
 )
-from fastpop.strategies import STRATEGIES
+from fastpop.strategies import registry as strategies
 from fastpop.strategies.config import (
     BranchMergeConfig,
     CEMRLConfig,
@@ -53,7 +53,7 @@ from fastpop.strategies.config import (
     check_member_hparams,
     check_strategy,
 )
-from fastpop.strategies.schedule import ScheduleConfig, check_schedule
+from fastpop.strategies.schedule import ScheduleConfig
 
 __all__ = ["Config", "ConfigError", "config_from_dict", "load_config", "save_config"]
 
@@ -186,7 +186,7 @@ class Config:
     """Seeds everything: networks, environments, action noise, replay sampling, strategies."""
     algo: str = field(registry.DEFAULT, choices=registry.NAMES)
     """Member algorithm."""
-    strategy: str = field("independent", choices=STRATEGIES)
+    strategy: str = field(strategies.DEFAULT, choices=strategies.NAMES)
     """What happens to members between evaluations: nothing (independent), pbt, pb2,
     halving, branch_merge, cemrl, dvd, schedule."""
     env: EnvConfig = dataclasses.field(default_factory=EnvConfig)
@@ -298,7 +298,14 @@ def _build(raw: dict, r: Reader) -> Config:
     specs = _table_specs("hparams", algo)
     population, strategy = values["population"], values["strategy"]
     values["population"] = check_member_hparams(r, population, specs, set(given), strategy)
-    values["schedule"] = check_schedule(r, values["schedule"], specs, Config(**values))
+    if strategies.get(strategy).config_type is not None and strategy not in _TOP:
+        r.fail(
+            "strategy", f"{strategy}'s config section is no field of Config (config/sections.py)"
+        )
+    for entry in strategies.entries():  # every section is read, whether or not it runs
+        if entry.resolve_section is not None:
+            section = values[entry.name]
+            values[entry.name] = entry.resolve_section(r, section, specs, Config(**values))
     config = Config(**values)
     check_collection(r, config)
     check_strategy(r, config)

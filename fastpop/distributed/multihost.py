@@ -43,6 +43,7 @@ from fastpop.run.loop import CHECKPOINTS_DIR, Run
 from fastpop.run.metrics import MetricsWriter
 from fastpop.run.parts import RunParts, RunPieces
 from fastpop.run.stop_signals import stop_exception
+from fastpop.strategies import registry as strategies
 
 PROCESSES_DIR = "processes"
 
@@ -56,7 +57,7 @@ def local_config(config: config_lib.Config, process: int, count: int) -> config_
     population |= {"grid": {}, "priors": {}, "seeds": size}
     data |= {
         "population": population,
-        "strategy": "independent",
+        "strategy": strategies.DEFAULT,  # members left alone
         "seed": config.seed + 7919 * process,
     }
     return config_lib.config_from_dict(data)

@@ -255,8 +255,8 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     (`population.updates_per_program`)."""
     updates = config.train.updates_per_call
     per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates)
-    # halving's fresh trials wait for replay.min_size rows in their emptied buffers
-    fresh_wait = config.replay.min_size if config.strategy == "halving" else 0
+    # fresh trials (halving's) wait for replay.min_size rows in their emptied buffers
+    fresh_wait = config.replay.min_size if strategies.entry_of(config).fresh_trials else 0
     plan = population.UpdatePlan(agent, sample_batch, per_program, config.replay.shared, fresh_wait)
     execution = run_execution(config, spec, mesh)
     training = update_protocol.make_training(strategy, execution, plan, mesh)

@@ -302,9 +302,12 @@ def samples_per_insert_line(summary: dict) -> str:
 def late_evaluations_line(late: int, strategy: str) -> str | None:
     """What a run says when `late` evaluations taken during training came back after it ended:
     its strategy made no step on them (independent members have none to make)."""
-    if not late or strategy == "independent":
+    from fastpop.strategies import registry
+
+    if not late or not (entry := registry.get(strategy)).acts_on_evaluations:
         return None
-    hint = " (pbt.wait: true makes the learner wait for each)" if strategy in ("pbt", "pb2") else ""
+    wait = entry.wait_option
+    hint = f" ({wait}: true makes the learner wait for each)" if wait else ""
     return (
         f"{late} evaluation(s) taken during training came back after it ended: the {strategy} "
         f"strategy made no step on them{hint}"

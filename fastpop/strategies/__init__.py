@@ -9,6 +9,7 @@
     dvd           TD3 actors coupled by a diversity (log det) term, shared critic, adaptive lambda
     schedule      every member follows one fixed hparam schedule (fastpop pbt-replay)
 
+Each strategy's module defines its `StrategyEntry` (`base.py`) and `registry.py` lists them:
 `make_strategy(config)` builds the one a config names; `member_overrides(config)` gives each
 member's initial hparams that differ from `config.hparams`, `member_configurations(config)` which
 configuration and which seed of it each member is. See `strategies.base` for the interface.
@@ -16,19 +17,16 @@ configuration and which seed of it each member is. See `strategies.base` for the
 
 from __future__ import annotations
 
-STRATEGIES = ("independent", "pbt", "pb2", "halving", "branch_merge", "cemrl", "dvd", "schedule")
-SHARED_CRITIC = ("cemrl", "dvd")  # TD3 members with one shared critic and replay
-
 
 def member_overrides(config) -> list[dict]:
     """Per member, the hparams its strategy starts it with (beyond `config.hparams`)."""
-    from fastpop.strategies import branch_merge, independent
+    from fastpop.strategies import independent, registry
+    from fastpop.strategies.priors import config_priors
 
+    overrides = registry.get(config.strategy).member_overrides
+    if overrides is not None:
+        return overrides(config)
     population = config.population
-    if config.strategy == "branch_merge":
-        multipliers = config.branch_merge.step_size_multipliers
-        multipliers = multipliers or branch_merge.default_step_size_multipliers(population.size)
-        return branch_merge.member_overrides(config.hparams, multipliers)
     return independent.member_overrides(
         population.size, population.grid, config_priors(config), config.seed, population.seeds
     )
@@ -47,57 +45,19 @@ def member_configurations(config) -> list[dict]:
 
 
 def config_priors(config) -> dict:
-    from fastpop.strategies.priors import parse_prior
+    """The config's `population.priors`, parsed (`priors.config_priors`)."""
+    from fastpop.strategies.priors import config_priors as parsed
 
-    return {name: parse_prior(name, spec) for name, spec in config.population.priors.items()}
+    return parsed(config)
+
+
+def entry_of(config):
+    """The registry entry (`base.StrategyEntry`) of the strategy the config names."""
+    from fastpop.strategies import registry
+
+    return registry.get(config.strategy)
 
 
 def make_strategy(config):
-    from fastpop.strategies.branch_merge import make_branch_merge
-    from fastpop.strategies.independent import make_independent
-    from fastpop.strategies.pbt import PBTSettings, make_pbt
-
-    size = config.population.size
-    if config.strategy in ("pbt", "pb2"):
-        pbt = config.pbt
-        settings = PBTSettings(
-            pbt.interval,
-            config.eval.interval,
-            pbt.bottom_fraction,
-            pbt.top_fraction,
-            pbt.perturb_factors,
-            pbt.resample_probability,
-            pbt.fitness_window,
-            copy_replay=pbt.replay == "copy",
-            wait=pbt.wait,
-        )
-        if config.strategy == "pb2":
-            from fastpop.strategies.pb2 import make_pb2
-
-            return make_pb2(size, config_priors(config), config.seed, settings, config.pb2.window)
-        return make_pbt(size, config_priors(config), config.seed, settings)
-    if config.strategy == "halving":
-        from fastpop.strategies import halving as asha
-
-        halving, eta = config.halving, config.halving.reduction_factor
-        rungs = asha.rung_schedule(halving.first_rung, eta, config.train.total_env_steps)
-        bottom = halving.bottom_fraction
-        bottom = asha.asha_bottom_fraction(eta) if bottom is None else bottom
-        settings = asha.HalvingSettings(rungs, bottom, config.eval.interval)
-        return asha.make_halving(size, config_priors(config), config.seed, settings)
-    if config.strategy == "branch_merge":
-        return make_branch_merge(size, config.branch_merge.round_steps)
-    if config.strategy == "cemrl":
-        from fastpop.strategies.cemrl import make_cemrl
-
-        return make_cemrl(size, config.cemrl, config.cemrl.generation_steps)
-    if config.strategy == "dvd":
-        from fastpop.strategies.dvd import make_dvd
-
-        return make_dvd(size, config.dvd, config.seed, config.eval.interval)
-    if config.strategy == "schedule":
-        from fastpop.strategies.schedule import make_schedule
-
-        schedule = config.schedule
-        return make_schedule(size, schedule.changes, config.eval.interval, schedule.wait)
-    return make_independent(config.eval.interval)
+    """The `Strategy` the config names, built by its registry entry."""
+    return entry_of(config).make(config)

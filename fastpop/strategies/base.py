@@ -146,3 +146,54 @@ class Strategy(NamedTuple):
 def no_selection(state, evaluation: Evaluation, hparams: list[dict]):
     """`Strategy.step` of strategies that act through `Learning.step` instead."""
     return state, None
+
+
+class StrategyEntry(NamedTuple):
+    """Everything fastpop needs to know about one strategy (`strategies/registry.py` lists them):
+    each strategy's module defines its entry next to its factory. Code elsewhere reads these
+    fields, never a strategy's name."""
+
+    name: str
+    """What `strategy:` in a config names it by."""
+    make: Callable[[Any], Strategy]
+    """The factory: make(config) builds it from a whole `fastpop.config.Config`."""
+    config_type: type | None = None
+    """Frozen dataclass of its config section, the `Config` field of the same name as the
+    strategy (`pbt:`, `halving:`, ...); None: it has none (it may read another's: pb2 reads
+    `pbt:` too)."""
+    check: Callable[[Any, Any], None] | None = None
+    """check(reader, config): what its section and population need of the rest of the config,
+    run after the checks its flags below imply; reader.fail(dotted, problem) refuses."""
+    resolve_section: Callable[[Any, Any, dict, Any], Any] | None = None
+    """resolve_section(reader, section, hparam_specs, config) -> section, for every config
+    (its section is read whether or not it runs): values typed by the algo's hparams."""
+    member_overrides: Callable[[Any], list[dict]] | None = None
+    """Per member, the hparams it starts with beyond `config.hparams`; None: the grid's
+    combinations or the priors' draws (`independent.member_overrides`)."""
+    independent_members: bool = False
+    """Its members never exchange anything: members with equal hparams are seeds of one
+    configuration (`population.seeds`), and a population of one is allowed."""
+    needs_priors: bool = False
+    """It draws the hparams that have a prior: `population.priors` must declare one."""
+    shared_critic: bool = False
+    """Its members are TD3 actors sharing one critic and one replay buffer, updated in one
+    program (`algo` with a shared-critic entry, replay.shared, vectorized, no grid)."""
+    acts_on_evaluations: bool = True
+    """Its steps do something with an evaluation's results (false: independent members), so a
+    run reports the evaluations that came back too late for a step."""
+    wait_option: str | None = None
+    """The config field that makes the learner wait for each evaluation, named where a run
+    reports evaluations that came back too late for its steps (pbt's `pbt.wait`)."""
+    fresh_trials: bool = False
+    """Members restart as fresh trials with emptied buffers (halving): their updates wait for
+    replay.min_size rows again."""
+    replayable: bool = True
+    """A member's line (lineage.jsonl) has an hparam schedule of its own that `fastpop
+    pbt-replay` can train afresh; false where members share parameters or restart."""
+    mean_member: int | None = None
+    """The member whose evaluations are the population's search mean, not a sample (cemrl's
+    0): `fastpop eval --member best` picks it and `fastpop plot` draws its return."""
+    mean_label: str = ""
+    """What that member is, in words ("CEM mean")."""
+    devices_note: str = ""
+    """Appended to the advice when population.size does not split over the devices."""

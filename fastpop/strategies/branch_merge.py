@@ -8,12 +8,22 @@ large: if the bold members produce degenerate policies, the careful one is promo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
 
-from fastpop.strategies.base import Evaluation, Selection, Strategy
+from fastpop.schema import field
+from fastpop.strategies.base import Evaluation, Selection, Strategy, StrategyEntry
 from fastpop.strategies.pbt import rank
+
+
+@dataclasses.dataclass(frozen=True)
+class BranchMergeConfig:
+    round_steps: int = field(10_000, min=1)
+    """Env steps per member in one round; every round ends with an evaluation of all members."""
+    step_size_multipliers: tuple[float, ...] | None = field(None, min=0)
+    """Per member factor on every learning rate; null: the first member 0.1, the others 1."""
 
 
 def default_step_size_multipliers(size: int) -> tuple[float, ...]:
@@ -70,3 +80,35 @@ def make_branch_merge(size: int, round_steps: int) -> Strategy:
         init=lambda: BranchMergeState(0),
         step=step,
     )
+
+
+def config_overrides(config) -> list[dict]:
+    """Per member, its step sizes times its `branch_merge.step_size_multipliers`."""
+    multipliers = config.branch_merge.step_size_multipliers
+    multipliers = multipliers or default_step_size_multipliers(config.population.size)
+    return member_overrides(config.hparams, multipliers)
+
+
+def check_multipliers(r, c) -> None:
+    """Members differ by their multipliers only: no grid or priors, one multiplier each."""
+    if c.population.grid or c.population.priors:
+        r.fail(
+            "population.grid",
+            "branch_merge members differ by branch_merge.step_size_multipliers; "
+            "population.grid and population.priors are for independent and pbt",
+        )
+    multipliers = c.branch_merge.step_size_multipliers
+    if multipliers is not None and len(multipliers) != c.population.size:
+        r.fail(
+            "branch_merge.step_size_multipliers",
+            f"needs one multiplier per member ({c.population.size}), got {len(multipliers)}",
+        )
+
+
+ENTRY = StrategyEntry(
+    name="branch_merge",
+    make=lambda config: make_branch_merge(config.population.size, config.branch_merge.round_steps),
+    config_type=BranchMergeConfig,
+    check=check_multipliers,
+    member_overrides=config_overrides,
+)

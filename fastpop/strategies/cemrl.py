@@ -18,6 +18,7 @@ sets samples_per_insert = (population.size - 1) * batch_size and policy_delay = 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -28,10 +29,29 @@ from jax.flatten_util import ravel_pytree
 
 from fastpop import population
 from fastpop.compilation.rarely_run import rarely_run_jit
+from fastpop.schema import field
 from fastpop.strategies import cem, shared_critic
-from fastpop.strategies.base import Evaluation
+from fastpop.strategies.base import Evaluation, StrategyEntry
 
 MEAN_MEMBER = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CEMRLConfig:
+    generation_steps: int = field(5_000, min=1)
+    """Env steps per member in one generation; each ends with an evaluation of every member."""
+    trained_fraction: float = field(0.5, min=0, max=1)
+    """Share of the sampled actors that take TD3 actor steps against the shared critic."""
+    elite_fraction: float = field(0.5, gt=0, max=1)
+    """Share of the sampled actors, best first, that the distribution is refitted to."""
+    initial_variance: float = field(1e-3, gt=0)
+    """Variance of every actor parameter in the first generation."""
+    initial_noise: float = field(1e-3, min=0)
+    """Variance added at the first refit (keeps the search from collapsing)."""
+    noise_decay: float = field(0.95, min=0, max=1)
+    """Per generation: noise <- decay * noise + (1 - decay) * noise_floor."""
+    noise_floor: float = field(1e-5, min=0)
+    """What the added variance decays towards."""
 
 
 class CEMRLState(NamedTuple):
@@ -120,3 +140,29 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         return CEMRLState(distribution, state.generation + 1), states, scalars, []
 
     return shared_critic.strategy("cemrl", evaluation_interval, init_states, make_update, step)
+
+
+def check_size(r, c) -> None:
+    """1 (the CEM mean) + an even number of mirrored samples."""
+    size = c.population.size
+    if size < 3 or size % 2 == 0:
+        r.fail(
+            "population.size",
+            f"cemrl needs 1 (the CEM mean) + an even number of mirrored samples, e.g. 11; "
+            f"got {size}",
+        )
+
+
+ENTRY = StrategyEntry(
+    name="cemrl",
+    make=lambda config: make_cemrl(
+        config.population.size, config.cemrl, config.cemrl.generation_steps
+    ),
+    config_type=CEMRLConfig,
+    check=check_size,
+    shared_critic=True,
+    replayable=False,
+    mean_member=MEAN_MEMBER,
+    mean_label="CEM mean",
+    devices_note=" (cemrl's size is 1 + an even number: use an odd device count)",
+)

@@ -11,6 +11,7 @@ next lambda, and the diversity of the population is measured for the logs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import NamedTuple
@@ -21,10 +22,12 @@ import numpy as np
 
 from fastpop import population
 from fastpop.compilation.rarely_run import rarely_run_jit
+from fastpop.schema import field
 from fastpop.strategies import diversity, shared_critic
 from fastpop.strategies.base import (
     DVD_STREAM,
     Evaluation,
+    StrategyEntry,
     reset_events,
     reset_indices,
     stream_rng,
@@ -34,6 +37,23 @@ from fastpop.strategies.base import (
 BASELINE_ROUNDS = 5  # a round's value is judged against the best of 5 earlier ones (line 53)
 WINDOW = 50  # judged rounds the posteriors are made of (lines 10, 59)
 RANDOM_ROUNDS = 5  # rounds whose next arm is drawn uniformly, not by Thompson sampling (12, 28)
+
+
+@dataclasses.dataclass(frozen=True)
+class DvDConfig:
+    coefficients: tuple[float, ...] = field((0.0, 0.5), min=0)
+    """The bandit's arms: values of lambda, the weight of -log det K in the actor loss."""
+    adapt: str = field("bandit", choices=("bandit", "fixed"))
+    """bandit: Thompson sampling over `coefficients` as the authors' code does it (an arm is
+    rewarded when the population's mean return beats the best of 5 earlier rounds; posteriors
+    over the latest 50 judged rounds; the first 5 picks uniform); fixed: lambda = the first
+    coefficient throughout."""
+    embedding_states: int = field(20, min=2)
+    """States in the shared batch whose actions make a member's behavioural embedding."""
+    length_scale: float = field(1.0, gt=0)
+    """RBF kernel length scale, on the mean squared action difference."""
+    jitter: float = field(1e-3, gt=0)
+    """Added to K's diagonal before the log-determinant."""
 
 
 class BanditState(NamedTuple):
@@ -151,3 +171,25 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
         return bandit, states, scalars, events
 
     return shared_critic.strategy("dvd", evaluation_interval, init_states, make_update, step)
+
+
+def check_embedding(r, c) -> None:
+    """The embedding states come from one sampled batch."""
+    if c.dvd.embedding_states > c.agent["batch_size"]:
+        r.fail(
+            "dvd.embedding_states",
+            f"must be <= agent.batch_size ({c.agent['batch_size']}): the embedding states are "
+            f"taken from one sampled batch, got {c.dvd.embedding_states}",
+        )
+
+
+ENTRY = StrategyEntry(
+    name="dvd",
+    make=lambda config: make_dvd(
+        config.population.size, config.dvd, config.seed, config.eval.interval
+    ),
+    config_type=DvDConfig,
+    check=check_embedding,
+    shared_critic=True,
+    replayable=False,
+)

@@ -18,14 +18,35 @@ no other trial's weights). Past the last rung, trials train on.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-from fastpop.strategies.base import HALVING_STREAM, Evaluation, Selection, Strategy, stream_rng
+from fastpop.schema import field
+from fastpop.strategies.base import (
+    HALVING_STREAM,
+    Evaluation,
+    Selection,
+    Strategy,
+    StrategyEntry,
+    stream_rng,
+)
 from fastpop.strategies.pbt import rank
-from fastpop.strategies.priors import Prior
+from fastpop.strategies.priors import Prior, config_priors
+
+
+@dataclasses.dataclass(frozen=True)
+class HalvingConfig:
+    first_rung: int = field(10_000, min=1)
+    """A trial's age (env steps per member since it started) at its first rung."""
+    reduction_factor: float = field(3.0, gt=1)
+    """Each rung is this many times older than the one before."""
+    bottom_fraction: float | None = field(None, gt=0, max=1)
+    """Share of the returns recorded at a rung whose trials are stopped there (in (0, 1));
+    null: ASHA's 1 - 1/reduction_factor (2/3 at 3: the top third goes on to the next rung,
+    which is reduction_factor times older)."""
 
 
 def rung_schedule(
@@ -155,3 +176,41 @@ def make_halving(
     return Strategy(
         "halving", settings.evaluation_interval, False, init, step, member_labels=labels
     )
+
+
+def make_from_config(config) -> Strategy:
+    """Halving with the rungs of the config's `halving:` section over its run length."""
+    halving, eta = config.halving, config.halving.reduction_factor
+    rungs = rung_schedule(halving.first_rung, eta, config.train.total_env_steps)
+    bottom = halving.bottom_fraction
+    bottom = asha_bottom_fraction(eta) if bottom is None else bottom
+    settings = HalvingSettings(rungs, bottom, config.eval.interval)
+    return make_halving(config.population.size, config_priors(config), config.seed, settings)
+
+
+def check_halving(r, c) -> None:
+    """A bottom fraction below 1 and a rung schedule that fits in the run."""
+    halving, total = c.halving, c.train.total_env_steps
+    if halving.bottom_fraction is not None and halving.bottom_fraction >= 1:
+        r.fail(
+            "halving.bottom_fraction",
+            f"must be in (0, 1): the share of a rung's trials stopped there, got "
+            f"{halving.bottom_fraction}",
+        )
+    if not rung_schedule(halving.first_rung, halving.reduction_factor, total):
+        r.fail(
+            "halving.first_rung",
+            f"the rung schedule is empty: the first rung ({halving.first_rung} env steps per "
+            f"member) must be below train.total_env_steps ({total})",
+        )
+
+
+ENTRY = StrategyEntry(
+    name="halving",
+    make=make_from_config,
+    config_type=HalvingConfig,
+    check=check_halving,
+    needs_priors=True,
+    fresh_trials=True,
+    replayable=False,
+)

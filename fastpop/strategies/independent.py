@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from fastpop.strategies.base import PRIOR_STREAM, Strategy, stream_rng
+from fastpop.strategies.base import PRIOR_STREAM, Strategy, StrategyEntry, stream_rng
 from fastpop.strategies.priors import Prior
 
 
@@ -51,3 +51,11 @@ def make_independent(evaluation_interval: int) -> Strategy:
         step=lambda state, evaluation, hparams: (state, None),
         acts_on_evaluations=False,
     )
+
+
+ENTRY = StrategyEntry(
+    name="independent",
+    make=lambda config: make_independent(config.eval.interval),
+    independent_members=True,
+    acts_on_evaluations=False,
+)

@@ -16,15 +16,26 @@ count as pending, so a round's choices spread out. Hparams without a prior are t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
 import numpy as np
 
+from fastpop.schema import field
 from fastpop.strategies import gp
-from fastpop.strategies.base import Evaluation, Strategy
-from fastpop.strategies.pbt import Explorer, PBTSettings, make_pbt
-from fastpop.strategies.priors import Prior
+from fastpop.strategies.base import Evaluation, Strategy, StrategyEntry
+from fastpop.strategies.pbt import Explorer, PBTSettings, check_selection, make_pbt, settings_of
+from fastpop.strategies.priors import Prior, config_priors
+
+
+@dataclasses.dataclass(frozen=True)
+class PB2Config:
+    window: int = field(10, min=1)
+    """Latest evaluations whose observations (hparams, change of return) the GP is fitted to;
+    its time-varying kernel weighs older ones less still. At most the newest 1,000 observations
+    (whole evaluations) are used: a round's time grows with their cube."""
+
 
 CANDIDATES = 1000  # random points of the unit box scored by UCB per choice (d <= ~10 hparams)
 # Observations the GP is fitted to at most (the newest whole evaluations): a round's host time
@@ -181,3 +192,19 @@ def make_pb2(
     """PBT (`settings`: interval, fractions, fitness window, replay) with PB2's explore over
     the observations of the latest `window` evaluations."""
     return make_pbt(size, priors, seed, settings, gp_bandit(size, priors, window))
+
+
+def make_from_config(config) -> Strategy:
+    """PB2 with the config's `pbt:` rounds and selection and its `pb2:` window."""
+    priors, settings = config_priors(config), settings_of(config)
+    return make_pb2(config.population.size, priors, config.seed, settings, config.pb2.window)
+
+
+ENTRY = StrategyEntry(
+    name="pb2",
+    make=make_from_config,
+    config_type=PB2Config,
+    check=check_selection,
+    needs_priors=True,
+    wait_option="pbt.wait",
+)

@@ -7,14 +7,47 @@ optimizer moments, step counters), so a copied member is the source member, not 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpop.strategies.base import PBT_STREAM, Evaluation, Selection, Strategy, stream_rng
-from fastpop.strategies.priors import Prior
+from fastpop.schema import field
+from fastpop.strategies.base import (
+    PBT_STREAM,
+    Evaluation,
+    Selection,
+    Strategy,
+    StrategyEntry,
+    stream_rng,
+)
+from fastpop.strategies.priors import Prior, config_priors
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTConfig:
+    interval: int = field(50_000, min=1)
+    """Env steps per member between exploit/explore rounds (each on the next evaluation)."""
+    bottom_fraction: float = field(0.25, gt=0, max=1)
+    """Share of members (ranked by fitness) that copy a member from the top."""
+    top_fraction: float = field(0.25, gt=0, max=1)
+    """Share of members the copied-from member is drawn from."""
+    perturb_factors: tuple[float, ...] = field((0.8, 1.2), gt=0)
+    """Explore multiplies each copied hparam by one of these, drawn uniformly."""
+    resample_probability: float = field(0.25, min=0, max=1)
+    """Chance that explore resamples an hparam from its prior instead of perturbing it."""
+    fitness_window: int = field(1, min=1)
+    """Evaluations averaged into a member's fitness (its latest ones since it last copied,
+    after its last NaN return: a member reset after a NaN is judged on what it did since)."""
+    replay: str = field("keep", choices=("keep", "copy"))
+    """keep: a copying member keeps its own buffer; copy: it takes the source's buffer too."""
+    wait: bool = False
+    """The learner makes no update while an evaluation is pending, so a round acts on the
+    policies it ranked, not on ones trained further meanwhile (Ray Tune's synchronous PBT);
+    false: updates go on while the evaluator works and a round lands when its result arrives
+    (asynchronous: no waiting, but the last rounds of a short run may come after training ends)."""
 
 
 class Exploit(NamedTuple):
@@ -226,3 +259,39 @@ def make_pbt(
         return new_state, Selection(sources, new_hparams, events, settings.copy_replay)
 
     return Strategy(explorer.name, settings.evaluation_interval, settings.wait, init, step)
+
+
+def settings_of(config) -> PBTSettings:
+    """The `PBTSettings` of a config's `pbt:` section and evaluation interval."""
+    pbt = config.pbt
+    return PBTSettings(
+        pbt.interval,
+        config.eval.interval,
+        pbt.bottom_fraction,
+        pbt.top_fraction,
+        pbt.perturb_factors,
+        pbt.resample_probability,
+        pbt.fitness_window,
+        copy_replay=pbt.replay == "copy",
+        wait=pbt.wait,
+    )
+
+
+def check_selection(r, config) -> None:
+    """`pbt:`'s fractions select at least one member to copy and one to copy from."""
+    try:
+        selection_sizes(config.population.size, config.pbt.bottom_fraction, config.pbt.top_fraction)
+    except ValueError as error:
+        r.fail("pbt", str(error))
+
+
+ENTRY = StrategyEntry(
+    name="pbt",
+    make=lambda config: make_pbt(
+        config.population.size, config_priors(config), config.seed, settings_of(config)
+    ),
+    config_type=PBTConfig,
+    check=check_selection,
+    needs_priors=True,
+    wait_option="pbt.wait",
+)

@@ -68,3 +68,8 @@ def parse_prior(name: str, spec: dict) -> Prior:
             f"low < high, got [{low}, {high}]"
         )
     return Prior(kind, low, high)
+
+
+def config_priors(config) -> dict[str, Prior]:
+    """The priors of a config's `population.priors`, parsed."""
+    return {name: parse_prior(name, spec) for name, spec in config.population.priors.items()}

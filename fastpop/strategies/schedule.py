@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastpop.schema import Reader, coerce, show
-from fastpop.strategies.base import Evaluation, Selection, Strategy
+from fastpop.strategies.base import Evaluation, Selection, Strategy, StrategyEntry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,3 +123,17 @@ def make_schedule(
         return ScheduleState(state.applied + len(due)), selection
 
     return Strategy("schedule", evaluation_interval, wait, init, step)
+
+
+ENTRY = StrategyEntry(
+    name="schedule",
+    make=lambda config: make_schedule(
+        config.population.size,
+        config.schedule.changes,
+        config.eval.interval,
+        config.schedule.wait,
+    ),
+    config_type=ScheduleConfig,
+    resolve_section=check_schedule,
+    independent_members=True,
+)

@@ -1,0 +1,137 @@
+"""One registry of strategies (`fastpop/strategies/registry.py`): code outside fastpop/strategies/
+reads an entry's fields and never names a strategy, so a strategy registered at run time is a
+first-class one."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastpop import config as config_lib
+from fastpop import strategies
+from fastpop.config import ConfigError, load_config
+from fastpop.strategies import registry
+from fastpop.strategies.base import Selection, Strategy, StrategyEntry
+from tests.helpers import QUIET, train_here
+from tests.runs import FAST, TD3_PENDULUM
+
+PACKAGE = Path(__file__).resolve().parents[1] / "fastpop"
+BUILT_IN = {"independent", "pbt", "pb2", "halving", "branch_merge", "cemrl", "dvd", "schedule"}
+# Where naming a strategy is allowed: the strategies' own package (each module, its entry, the
+# registry, their config checks), and the GPU benchmark, whose "pbt" is the name of one of its
+# measured phases (fastpop/bench/, its command line commands/bench_gpu.py), not a strategy.
+ALLOWED = ("strategies/", "bench/", "commands/bench_gpu.py")
+
+
+def strategy_literals(path: Path) -> list[str]:
+    """Each string constant of `path` that is exactly a built-in strategy's name, with its line:
+    docstrings, comments and longer strings (help texts, messages) are not names in code."""
+    return [
+        f"{path}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in BUILT_IN
+    ]
+
+
+def test_no_code_outside_the_registry_names_a_strategy():
+    found = [
+        hit
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not path.relative_to(PACKAGE).as_posix().startswith(ALLOWED)
+        for hit in strategy_literals(path)
+    ]
+    assert not found, "ask fastpop.strategies.registry instead:\n" + "\n".join(found)
+
+
+def test_the_scan_sees_a_strategy_named_in_code(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""About pbt."""\n\ndef f(s):\n    return s in ("pb2", "dvd x")  # "cemrl"\n')
+    assert strategy_literals(probe) == [f"{probe}:4: 'pb2'"]
+
+
+def test_the_built_ins_are_registered_with_their_sections():
+    assert list(registry.NAMES) == sorted(BUILT_IN, key=list(registry.NAMES).index)
+    assert set(registry.NAMES) == BUILT_IN and registry.DEFAULT == "independent"
+    sections = {f.name: f.type for f in dataclasses.fields(config_lib.Config)}
+    for entry in registry.entries():  # a section is the Config field named after its strategy
+        if entry.config_type is not None:
+            assert sections[entry.name] in (entry.config_type, entry.config_type.__name__)
+    with pytest.raises(ValueError, match="unknown strategy 'ppo'; choose one of independent, pbt"):
+        registry.get("ppo")
+    with pytest.raises(ValueError, match="registered already"):
+        registry.register(registry.get("pbt"))
+    assert registry.find("ppo") is None and registry.find(None) is None
+
+
+def make_toy(config) -> Strategy:
+    """Every round the worst member continues from the best one's state: a tiny PBT without
+    explore, whose rounds the test counts."""
+    size = config.population.size
+    rounds = []
+
+    def step(state, evaluation, hparams):
+        rounds.append(evaluation.eval_index)
+        returns = np.nan_to_num(np.asarray(evaluation.returns, float), nan=-np.inf)
+        sources = np.arange(size)
+        sources[int(np.argmin(returns))] = int(np.argmax(returns))
+        return state + 1, Selection(sources, hparams, [])
+
+    TOY_ROUNDS[:] = [rounds]
+    return Strategy("toy", config.eval.interval, True, lambda: 0, step)
+
+
+TOY_ROUNDS: list = []
+TOY = StrategyEntry(name="toy", make=make_toy, replayable=False)
+
+
+@pytest.fixture
+def toy():
+    registry.register(TOY)
+    yield TOY
+    registry.unregister(TOY.name)
+
+
+def test_a_strategy_registered_at_run_time_is_configured_and_built(toy):
+    config = load_config(None, ["strategy=toy", "population.size=3"])
+    assert config.strategy == "toy" and strategies.entry_of(config) is toy
+    built = strategies.make_strategy(config)
+    assert built.name == "toy" and built.waits_for_evaluation
+    assert strategies.member_overrides(config) == [{}, {}, {}]
+    with pytest.raises(ConfigError, match=r"population\.size: strategy toy needs at least 2"):
+        load_config(None, ["strategy=toy", "population.size=1"])
+    registry.unregister(toy.name)
+    with pytest.raises(ConfigError, match=r"strategy: must be one of independent, pbt, .*'toy'"):
+        load_config(None, ["strategy=toy"])
+
+
+def test_a_registered_strategy_is_checked_as_its_entry_says(toy):
+    registry.register(toy._replace(needs_priors=True, devices_note=" (toy note)"), replace=True)
+    with pytest.raises(ConfigError, match=r"population\.priors: strategy toy draws the hparams"):
+        load_config(None, ["strategy=toy"])
+    priors = "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}"
+    with pytest.raises(ConfigError, match=r"a divisor of 4 \(toy note\)"):
+        load_config(None, ["strategy=toy", priors, "population.devices=3"])
+
+    @dataclasses.dataclass(frozen=True)
+    class ToySection:
+        width: int = 1
+
+    registry.register(toy._replace(config_type=ToySection), replace=True)
+    with pytest.raises(ConfigError, match="strategy: toy's config section is no field of Config"):
+        load_config(None, ["strategy=toy"])
+
+
+def test_a_registered_strategy_trains_in_process(toy, tmp_path):
+    """On the device (gymnax): collector processes, spawned, would not know the toy (a plugin's
+    strategy must be registered by a module every process imports)."""
+    pytest.importorskip("gymnax")
+    short = ["train.total_env_steps=512", "eval.interval=256", "population.size=2"]
+    device = ["env.id=gymnax/Pendulum-v1", "strategy=toy", *short]
+    trained = train_here(tmp_path, TD3_PENDULUM, *QUIET, *FAST, *device)
+    (rounds,) = TOY_ROUNDS
+    assert rounds and trained.learner.strategy.name == "toy"
+    assert (trained.run_dir / "metrics.jsonl").is_file()
