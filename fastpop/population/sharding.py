@@ -46,10 +46,11 @@ from fastpop.types import POP_AXIS
 MESH_AXIS = "devices"
 
 
-def device_count(config) -> int:
-    """The devices the population is split over; ConfigError when the machine has too few or
-    the population does not split evenly (the config's own checks come first)."""
-    setting, size = config.population.devices, config.population.size
+def device_count(population_section) -> int:
+    """The devices the population is split over (the config's `population` section: its
+    `devices` and `size`); ConfigError when the machine has too few or the population does not
+    split evenly (the config's own checks come first)."""
+    setting, size = population_section.devices, population_section.size
     available = jax.devices()
     count = len(available) if setting == "all" else int(setting)
     if count > len(available):
@@ -76,8 +77,9 @@ def make_mesh(count: int) -> Mesh | None:
     return Mesh(np.array(devices[:count]), (MESH_AXIS,))
 
 
-def mesh_for(config) -> Mesh | None:
-    return make_mesh(device_count(config))
+def mesh_for(population_section) -> Mesh | None:
+    """The mesh of the config's `population` section (None: one device)."""
+    return make_mesh(device_count(population_section))
 
 
 def members(mesh: Mesh) -> NamedSharding:

@@ -110,7 +110,7 @@ def program_identity(config: config_lib.Config) -> str:
 def stored_identity(config: config_lib.Config) -> str | None:
     """`program_identity` where the run's device programs may be stored: on one device (on a
     mesh their placement decides them too); None elsewhere."""
-    return program_identity(config) if sharding.device_count(config) == 1 else None
+    return program_identity(config) if sharding.device_count(config.population) == 1 else None
 
 
 def build_run(config: config_lib.Config) -> RunParts:
@@ -133,10 +133,10 @@ def _build_run(config: config_lib.Config) -> RunParts:
     spec = build_env_spec(config)
     agent = build_agent(config, spec)
     _check_memory(config, spec, device_env)
-    sharding.device_count(config)  # population.devices: enough devices, an even split
+    sharding.device_count(config.population)  # enough devices, an even split
     replay_spec = build_replay_spec(config, spec)
     strategy = strategies.make_strategy(config)
-    mesh = sharding.mesh_for(config)
+    mesh = sharding.mesh_for(config.population)
     sampler = replay.Sampler(replay_spec, agent.batch_size)
     training = make_training(config, spec, agent, strategy, sampler, mesh)
     limiter = make_limiter(config, agent, mode)
