@@ -100,6 +100,11 @@ def coerce(r: Reader, dotted: str, value: Any, tp: Any, allowed: Any) -> Any:
         if value is None:
             return None
         tp = next(arg for arg in typing.get_args(tp) if arg is not type(None))
+    if typing.get_origin(tp) is tuple and typing.get_args(tp)[0] is str:  # names: may be none
+        if not isinstance(value, list | tuple):
+            example = '["my_package.module"]'
+            r.fail(dotted, f"expected a list of names like {example}, got {show(value)}")
+        return tuple(coerce(r, dotted, item, str, allowed) for item in value)
     if typing.get_origin(tp) is tuple:  # tuple[int, ...] or tuple[float, ...]
         item_type = typing.get_args(tp)[0]
         example = "[256, 256]" if item_type is int else "[0.8, 1.2]"

@@ -298,7 +298,8 @@ def test_memory_estimate_shared_buffer_holds_every_members_capacity():
 
 
 def test_schema_conventions():
-    assert dataclasses.fields(sections.Config)[2].metadata["choices"] is agents.registry.NAMES
+    fields = {field.name: field for field in dataclasses.fields(sections.Config)}
+    assert fields["algo"].metadata["choices"] is agents.registry.NAMES
     # Every field of every config dataclass has a docstring right under it.
     tree = ast.parse(inspect.getsource(sections))
     for node in tree.body:

@@ -32,6 +32,7 @@ from fastpop.config.env import (
     check_env,
     collection_mode,
 )
+from fastpop.config.plugins import import_plugins
 from fastpop.schema import (
     ConfigError,
     Loader,
@@ -180,6 +181,9 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
+    plugins: tuple[str, ...] = ()
+    """Python modules imported before the rest of the config is read, in every process of the
+    run: each may register an algorithm, strategy or env family (config/plugins.py)."""
     name: str = "run"
     """Run name; outputs go to results/runs/<name> unless --out is given."""
     seed: int = field(0, min=0)
@@ -225,7 +229,7 @@ class Config:
     """When the whole run is saved for `fastpop resume` and `fastpop eval`."""
 
 
-_SCALARS = ("name", "seed", "algo", "strategy")
+_SCALARS = ("plugins", "name", "seed", "algo", "strategy")
 _TABLES = ("agent", "hparams")  # sections whose keys depend on the algo
 _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
 _AGENT_RANGES = {
@@ -279,7 +283,13 @@ def _build(raw: dict, r: Reader) -> Config:
     for key in raw:
         if key not in _TOP:
             r.unknown(str(key), list(_TOP))
-    scalars = {name: spec for name, spec in field_specs(Config).items() if name in _SCALARS}
+    specs = field_specs(Config)
+    # The plugins first: what they register is what `algo` and `strategy` may name.
+    plugins = read_fields(
+        r, "", {k: v for k, v in raw.items() if k == "plugins"}, {"plugins": specs["plugins"]}
+    )["plugins"]
+    import_plugins(r, plugins)
+    scalars = {name: spec for name, spec in specs.items() if name in _SCALARS}
     values = read_fields(r, "", {k: v for k, v in raw.items() if k in _SCALARS}, scalars)
     if "/" in values["name"] or values["name"] in ("", ".", ".."):
         r.fail("name", f"must be a non-empty name without '/', got {values['name']!r}")
