@@ -74,18 +74,17 @@ def test_the_draws_are_the_very_numbers_each_step_drew():
         assert all(np.array_equal(a[step], b) for a, b in zip(at_once, one, strict=True))
 
 
-@pytest.mark.parametrize("name", ["td3", "sac"])
-def test_an_unrolled_scan_computes_the_same_updates(name):
-    agent = lever_agent(name)
+def test_an_unrolled_scan_computes_the_same_updates():
+    # the executor's loop, whatever the agent: TD3's conditional actor step is the harder case
+    agent = lever_agent("td3")
     states = initial_states(agent)
     rolled, _ = run_update(agent, states)
     unrolled, _ = run_update(agent, states, {"unroll": 2})
     assert leaves_allclose(rolled, unrolled, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["td3", "sac"])
-def test_members_in_turn_in_one_program_equal_the_sequential_and_vectorized_updates(name):
-    agent = lever_agent(name)
+def test_members_in_turn_in_one_program_equal_the_sequential_and_vectorized_updates():
+    agent = lever_agent("td3")  # members with different actor schedules (member_delays)
     states = initial_states(agent)
     in_one, _ = run_update(agent, states, execution="sequential-in-one-program")
     sequential, _ = run_update(agent, states, execution="sequential")
@@ -163,7 +162,6 @@ def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_
     )
     impls = [
         "vectorized",
-        "sequential",
         "sequential-in-one-program",
         "vectorized+draws-per-step+unroll-2",
     ]
@@ -178,4 +176,4 @@ def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_
         row = rows[name]
         assert row["times_floor"] > 0 and row["kernels_per_update_step"] > 0
         assert any(line.startswith(f"td3 {name} P=2: step") for line in lines)
-    assert "times_floor" not in rows["sequential"]
+    assert "times_floor" not in rows["sequential-in-one-program"]
