@@ -1,6 +1,7 @@
 """`plugins:` a config names the modules that register what fastpop does not have, and every
-process of the run imports them: an algorithm defined only in tests/toy_plugin.py trains in
-process mode (its collectors read the same config), is resumed and exported."""
+process of the run imports them: an algorithm and a strategy defined only in
+tests/toy_plugin.py train in process mode (its collectors read the same config), and the
+algorithm is exported."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from fastpop.agents import registry
 from fastpop.commands import cli
 from fastpop.config import ConfigError, load_config
+from fastpop.strategies import registry as strategies
 from tests.runs import FAST, TD3_PENDULUM, read_jsonl
 
 PLUGIN = "tests.toy_plugin"
@@ -19,6 +21,7 @@ SHORT = [
     *FAST,
     f"plugins=[{PLUGIN}]",
     "algo=plugin_toy",
+    "strategy=plugin_toy_strategy",
     "agent.toy_width=12",
     "population.size=2",
     "collect.num_collectors=1",
@@ -35,6 +38,8 @@ def plugin():
     sys.modules.pop(PLUGIN, None)
     if "plugin_toy" in registry.NAMES:
         registry.unregister("plugin_toy")
+    if "plugin_toy_strategy" in strategies.NAMES:
+        strategies.unregister("plugin_toy_strategy")
 
 
 def test_a_plugin_that_cannot_be_imported_is_refused_with_exit_2(tmp_path, capsys):
@@ -47,15 +52,17 @@ def test_a_plugin_that_cannot_be_imported_is_refused_with_exit_2(tmp_path, capsy
         load_config(TD3_PENDULUM, ["algo=plugin_toy"])  # without the plugin: unknown
 
 
-def test_a_plugin_algorithm_trains_with_collector_processes_and_is_exported(tmp_path, plugin):
+def test_a_plugin_algorithm_and_strategy_train_with_collector_processes(tmp_path, plugin):
     run_dir = tmp_path / "run"
     sets = [arg for override in SHORT for arg in ("--set", override)]
     assert cli.main(["train", str(TD3_PENDULUM), *sets, "--out", str(run_dir)]) == 0
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert {row["member"] for row in rows} == {0, 1}
+    assert len({row["eval_index"] for row in rows}) >= 2  # the strategy's rounds
     assert max(row["member_env_steps"] for row in rows) >= 640
     config = load_config(run_dir / "config.yaml")
-    assert (config.algo, config.plugins, config.agent["toy_width"]) == ("plugin_toy", (PLUGIN,), 12)
+    assert (config.algo, config.strategy) == ("plugin_toy", "plugin_toy_strategy")
+    assert (config.plugins, config.agent["toy_width"]) == ((PLUGIN,), 12)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates_per_member"] > 0
     out = tmp_path / "export"

@@ -1,13 +1,18 @@
 """A plugin as a user would write one: a module of its own, named in a config's `plugins:`, that
-registers an algorithm fastpop does not have (`plugin_toy`: TD3 under another name, with its
-own config field). Importing it registers it; tests/test_plugins.py takes it out again."""
+registers an algorithm and a strategy fastpop does not have (`plugin_toy`: TD3 under another
+name, with its own config field; `plugin_toy_strategy`: the worst member continues from the
+best). Importing it registers them; tests/test_plugins.py takes them out again."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from fastpop.agents import TD3Config, make_td3, registry
 from fastpop.agents.base import AlgorithmEntry
+from fastpop.strategies import registry as strategies
+from fastpop.strategies.base import Selection, Strategy, StrategyEntry
 from fastpop.types import EnvSpec
 
 NAME = "plugin_toy"
@@ -36,3 +41,24 @@ ENTRY = AlgorithmEntry(
 )
 if NAME not in registry.NAMES:
     registry.register(ENTRY)
+
+
+STRATEGY = "plugin_toy_strategy"
+
+
+def make_plugin_toy_strategy(config) -> Strategy:
+    """Every round the worst member continues from the best one's state: PBT without explore."""
+    size = config.population.size
+
+    def step(state, evaluation, hparams):
+        returns = np.nan_to_num(np.asarray(evaluation.returns, float), nan=-np.inf)
+        sources = np.arange(size)
+        sources[int(np.argmin(returns))] = int(np.argmax(returns))
+        return state + 1, Selection(sources, hparams, [])
+
+    return Strategy(STRATEGY, config.eval.interval, True, lambda: 0, step)
+
+
+STRATEGY_ENTRY = StrategyEntry(name=STRATEGY, make=make_plugin_toy_strategy, replayable=False)
+if STRATEGY not in strategies.NAMES:
+    strategies.register(STRATEGY_ENTRY)
