@@ -100,6 +100,18 @@ def pytest_make_collect_report(collector):
     _fail_unlisted_skip(outcome.get_result())
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for PyTorch's tiny ops: robust to other test processes sharing the
+    cores (the PyTorch baselines' tests use it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def members_per_chunk_measured_as_a_run_measures(monkeypatch):
     """Each test starts with a run's members-per-chunk rule (measured after the first update

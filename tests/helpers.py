@@ -46,6 +46,22 @@ def sampler(spec, batch_size: int):
     return replay.Sampler(spec, batch_size)
 
 
+def tiny_update_bench():
+    """`fastpop bench update`'s settings at tiny sizes: TD3 on 16-16 networks, batches of 8, two
+    updates per call, a few calls, a small reference matmul and bandwidth pass."""
+    from fastpop.bench.update import UpdateBenchSettings
+
+    return UpdateBenchSettings(
+        "td3",
+        updates_per_call=2,
+        batch_size=8,
+        min_seconds=0.01,
+        matmul_size=64,
+        agent={"hidden_sizes": (16, 16)},
+        memory_megabytes=1,
+    )
+
+
 def leaves_allclose(a, b, atol=1e-5) -> bool:
     return all(
         np.allclose(np.asarray(x, np.float64), np.asarray(y, np.float64), atol=atol, rtol=1e-5)

@@ -45,6 +45,16 @@ FAST = [
     "eval.episodes=1",
     "log.progress_interval_seconds=0.2",
 ]
+# A learner fed by hand (no collectors): tiny networks and replay, chunks of 8 rows.
+SMALL = [
+    "agent.hidden_sizes=[8,8]",
+    "agent.batch_size=4",
+    "replay.capacity=256",
+    "replay.min_size=16",
+    "collect.chunk_len=8",
+    "train.updates_per_call=2",
+    "replay.samples_per_insert=1",
+]
 # Long enough to still be training whenever a test interrupts it.
 ENDLESS = ["train.total_env_steps=10_000_000", "eval.interval=1_000_000", "log.tensorboard=false"]
 START_SECONDS = 120  # until a run is training (imports and compilation on a busy 2-core CPU)

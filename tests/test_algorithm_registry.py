@@ -3,7 +3,6 @@ it and never names an algorithm, so an algorithm registered at run time is a fir
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import types
 from pathlib import Path
@@ -18,8 +17,9 @@ from fastpop.collect.acting import numpy_policy_for
 from fastpop.commands import export
 from fastpop.config import ConfigError, load_config
 from fastpop.types import EnvSpec
+from tests.dependencies import require
+from tests.source_scan import name_literals, names_outside
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fastpop"
 BUILT_IN = {"td3", "sac", "dqn"}
 # Where naming an algorithm is allowed: the registry and the algorithms' own modules, and the
 # benchmarks, whose per-algorithm PyTorch baselines and paper shapes are what they measure
@@ -28,30 +28,15 @@ BUILT_IN = {"td3", "sac", "dqn"}
 ALLOWED = ("agents/", "bench/", "commands/bench.py", "commands/doctor.py")
 
 
-def algorithm_literals(path: Path) -> list[str]:
-    """Each string constant of `path` that is exactly a built-in algorithm's name, with its line:
-    docstrings, comments and longer strings (help texts, file names) are not names in code."""
-    return [
-        f"{path}:{node.lineno}: {node.value!r}"
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and node.value in BUILT_IN
-    ]
-
-
 def test_no_code_outside_the_registry_names_an_algorithm():
-    found = [
-        hit
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if not path.relative_to(PACKAGE).as_posix().startswith(ALLOWED)
-        for hit in algorithm_literals(path)
-    ]
+    found = names_outside(BUILT_IN, ALLOWED)
     assert not found, "ask fastpop.agents.registry instead:\n" + "\n".join(found)
 
 
 def test_the_scan_sees_an_algorithm_named_in_code(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('"""About td3."""\n\ndef f(algo):\n    return algo == "dqn"  # "sac"\n')
-    assert algorithm_literals(probe) == [f"{probe}:4: 'dqn'"]
+    assert name_literals(probe, BUILT_IN) == [f"{probe}:4: 'dqn'"]
 
 
 def test_the_built_ins_are_registered_and_an_unknown_name_lists_them():
@@ -119,6 +104,6 @@ def test_a_registered_algorithm_is_refused_where_its_entry_says(toy):
 
 
 def test_a_registered_algorithm_is_refused_the_other_action_kind(toy):
-    pytest.importorskip("gymnax")
+    require("gymnax")  # the test extra installs it: missing is a failure
     with pytest.raises(ConfigError, match="algo: toy needs continuous actions, and gymnax/Cart"):
         load_config(None, ["algo=toy", "env.id=gymnax/CartPole-v1"])

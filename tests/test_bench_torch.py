@@ -9,14 +9,7 @@ torch = pytest.importorskip("torch")
 from fastpop.bench import torch_baseline as bench_torch  # noqa: E402
 from fastpop.bench import torch_variants  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: tiny ops, and robust to other test processes sharing the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def snapshot(module):

@@ -22,16 +22,8 @@ from fastpop.run.parts import build_learner, build_run
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.codec import split_strategy_state
+from tests.runs import SMALL
 
-SMALL = [
-    "agent.hidden_sizes=[8,8]",
-    "agent.batch_size=4",
-    "replay.capacity=256",
-    "replay.min_size=16",
-    "collect.chunk_len=8",
-    "train.updates_per_call=2",
-    "replay.samples_per_insert=1",
-]
 CHUNKS = 8  # chunks of collected rows fed to each learner; the interruption falls after half
 
 

@@ -4,9 +4,7 @@ first-class one."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,10 +14,11 @@ from fastpop import strategies
 from fastpop.config import ConfigError, load_config
 from fastpop.strategies import registry
 from fastpop.strategies.base import Selection, Strategy, StrategyEntry
+from tests.dependencies import require
 from tests.helpers import QUIET, train_here
 from tests.runs import FAST, TD3_PENDULUM
+from tests.source_scan import name_literals, names_outside
 
-PACKAGE = Path(__file__).resolve().parents[1] / "fastpop"
 BUILT_IN = {"independent", "pbt", "pb2", "halving", "branch_merge", "cemrl", "dvd", "schedule"}
 # Where naming a strategy is allowed: the strategies' own package (each module, its entry, the
 # registry, their config checks), and the GPU benchmark, whose "pbt" is the name of one of its
@@ -27,30 +26,15 @@ BUILT_IN = {"independent", "pbt", "pb2", "halving", "branch_merge", "cemrl", "dv
 ALLOWED = ("strategies/", "bench/", "commands/bench_gpu.py")
 
 
-def strategy_literals(path: Path) -> list[str]:
-    """Each string constant of `path` that is exactly a built-in strategy's name, with its line:
-    docstrings, comments and longer strings (help texts, messages) are not names in code."""
-    return [
-        f"{path}:{node.lineno}: {node.value!r}"
-        for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.Constant) and node.value in BUILT_IN
-    ]
-
-
 def test_no_code_outside_the_registry_names_a_strategy():
-    found = [
-        hit
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if not path.relative_to(PACKAGE).as_posix().startswith(ALLOWED)
-        for hit in strategy_literals(path)
-    ]
+    found = names_outside(BUILT_IN, ALLOWED)
     assert not found, "ask fastpop.strategies.registry instead:\n" + "\n".join(found)
 
 
 def test_the_scan_sees_a_strategy_named_in_code(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text('"""About pbt."""\n\ndef f(s):\n    return s in ("pb2", "dvd x")  # "cemrl"\n')
-    assert strategy_literals(probe) == [f"{probe}:4: 'pb2'"]
+    assert name_literals(probe, BUILT_IN) == [f"{probe}:4: 'pb2'"]
 
 
 def test_the_built_ins_are_registered_with_their_sections():
@@ -128,7 +112,7 @@ def test_a_registered_strategy_is_checked_as_its_entry_says(toy):
 def test_a_registered_strategy_trains_in_process(toy, tmp_path):
     """On the device (gymnax): collector processes, spawned, would not know the toy (a plugin's
     strategy must be registered by a module every process imports)."""
-    pytest.importorskip("gymnax")
+    require("gymnax")  # the test extra installs it: missing is a failure
     short = ["train.total_env_steps=512", "eval.interval=256", "population.size=2"]
     device = ["env.id=gymnax/Pendulum-v1", "strategy=toy", *short]
     trained = train_here(tmp_path, TD3_PENDULUM, *QUIET, *FAST, *device)

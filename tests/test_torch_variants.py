@@ -9,17 +9,11 @@ torch = pytest.importorskip("torch")
 
 from fastpop.bench import torch_baseline as bench_torch  # noqa: E402
 from fastpop.bench import torch_func, torch_variants  # noqa: E402
+from tests.helpers import tiny_update_bench  # noqa: E402
 
 P, HIDDEN, BATCH, BUFFER = 2, 16, 8, 64
 
-
-@pytest.fixture(autouse=True)
-def single_thread():
-    """One intra-op thread: tiny ops, and robust to other test processes sharing the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def eager_agents(algo: str) -> list:
@@ -185,17 +179,9 @@ def test_compile_without_a_cpp_compiler_says_so(monkeypatch):
 
 
 def test_the_update_benchmark_has_a_row_per_pytorch_implementation():
-    from fastpop.bench.update import UpdateBenchSettings, bench_update
+    from fastpop.bench.update import bench_update
 
-    settings = UpdateBenchSettings(
-        "td3",
-        updates_per_call=2,
-        batch_size=8,
-        min_seconds=0.01,
-        matmul_size=64,
-        agent={"hidden_sizes": (16, 16)},
-        memory_megabytes=1,
-    )
+    settings = tiny_update_bench()
     result = bench_update(settings, [2], ["vectorized", "torch", "torch-func"], log=print)
     rows = {row["impl"]: row for row in result["rows"]}
     torch_rates = [rows[name]["agent_updates_per_s"] for name in ("torch", "torch-func")]

@@ -11,7 +11,7 @@ from fastpop import population
 from fastpop.agents import make_agent
 from fastpop.bench import anatomy, levers
 from fastpop.population import UpdatePlan
-from tests.helpers import TINY_SPECS, random_buffers, sampler, stacked_hparams
+from tests.helpers import TINY_SPECS, random_buffers, sampler, stacked_hparams, tiny_update_bench
 
 SIZE, UPDATES = 3, 4
 
@@ -149,17 +149,9 @@ def test_drawing_once_per_call_halves_the_kernels_of_a_population_update_step():
 
 
 def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_floor():
-    from fastpop.bench.update import UpdateBenchSettings, bench_update
+    from fastpop.bench.update import bench_update
 
-    settings = UpdateBenchSettings(
-        "td3",
-        updates_per_call=2,
-        batch_size=8,
-        min_seconds=0.01,
-        matmul_size=64,
-        agent={"hidden_sizes": (16, 16)},
-        memory_megabytes=1,
-    )
+    settings = tiny_update_bench()
     impls = [
         "vectorized",
         "sequential-in-one-program",

@@ -19,17 +19,8 @@ from fastpop.run.parts import build_learner, build_run
 from fastpop.run.phases import PhaseClock, PhaseWatch
 from fastpop.run.progress import TIMERS
 from fastpop.run.update_pipeline import UpdatePipeline
-from tests.runs import FAST, TD3_PENDULUM
+from tests.runs import FAST, SMALL, TD3_PENDULUM
 
-SMALL = [
-    "agent.hidden_sizes=[8,8]",
-    "agent.batch_size=4",
-    "replay.capacity=256",
-    "replay.min_size=16",
-    "collect.chunk_len=8",
-    "train.updates_per_call=2",
-    "replay.samples_per_insert=1",
-]
 CHUNKS = 4
 
 
