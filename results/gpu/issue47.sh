@@ -10,10 +10,8 @@
 # without run checkpoints, the console log beside it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
-model=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
+# shellcheck source=results/gpu/device_env.sh
+source results/gpu/device_env.sh
 out="${BENCH_OUT:-results/gpu/${model:-unknown-gpu}-issue47}"
 log="${OUT:-/tmp}/log.txt"
 status=0

@@ -9,10 +9,8 @@
 # the packing still runs inside the remote command's 600 s; BENCH_OUT replaces the directory.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
-model=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z ' 'a-z-')
+# shellcheck source=results/gpu/device_env.sh
+source results/gpu/device_env.sh
 out="${BENCH_OUT:-results/gpu/${model:-unknown-gpu}}"
 timeout "${BENCH_SECONDS:-560}" python3 -m fastpop bench gpu --out "$out" "$@" 2>&1 \
   | tee "${OUT:-/tmp}/log.txt"
