@@ -225,10 +225,13 @@ def bench_update(
         spec, buffers = random_replay(algo, size, key)
         if setups is None:  # the replay's layout is the same at every population size
             setups = make_setups(settings, jax_impls, spec, buffers)
-        states, hparams = {}, None
-        for name, setup in setups.items():
-            hparams = population.broadcast_hparams(setup.agent.default_hparams(), size)
-            states[name] = population.init_population(setup.agent, key, hparams)
+        # Levers change an agent's static config, never its HParams: every setup's are the same.
+        first = next(iter(setups.values()), None)
+        hparams = first and population.broadcast_hparams(first.agent.default_hparams(), size)
+        states = {
+            name: population.init_population(setup.agent, key, hparams)
+            for name, setup in setups.items()
+        }
         executors = {name: setup.executor for name, setup in setups.items()}
         timings = time_executors(executors, states, buffers, hparams, settings.min_seconds)
         for impl in jax_impls:
