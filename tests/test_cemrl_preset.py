@@ -19,11 +19,11 @@ PRESET = Path(__file__).resolve().parents[1] / "configs" / "td3_cemrl_hopper.yam
 def test_the_paper_preset_trains_each_actor_as_long_as_the_generation_collects():
     config = config_lib.load_config(str(PRESET), [])
     samples = config.population.size - 1  # member 0 acts with the CEM mean
-    collected = samples * config.cemrl.generation_steps  # the samples' env steps, in all
+    collected = samples * config.section("cemrl").generation_steps  # the samples' env steps, in all
     # The rate limiter: samples_per_insert / batch_size updates per env step of each member.
-    updates = (
-        config.replay.samples_per_insert / config.agent["batch_size"]
-    ) * config.cemrl.generation_steps
+    updates = (config.replay.samples_per_insert / config.agent["batch_size"]) * config.section(
+        "cemrl"
+    ).generation_steps
     actor_steps = updates / config.hparams["policy_delay"]  # per trained actor
     assert updates == collected  # critic steps: es_grad.py line 427 (x n_grad)
     assert actor_steps == collected  # each trained actor: es_grad.py line 431

@@ -109,7 +109,7 @@ def test_only_fastpop_s_own_errors_are_bad_input(tmp_path, monkeypatch, capsys):
     from fastpop.run import loop
     from tests.runs import TD3_PENDULUM
 
-    def refuse(config):
+    def refuse(name, setting):
         raise ValueError("this strategy refuses the population")
 
     monkeypatch.setattr(strategies, "make_strategy", refuse)

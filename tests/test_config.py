@@ -248,7 +248,9 @@ def test_save_load_round_trip(tmp_path):
     assert load_config(path) == c
     data = config_to_dict(c)
     assert data["agent"]["hidden_sizes"] == [32, 32]
-    assert set(data) == {f.name for f in dataclasses.fields(Config)}
+    fields = {f.name for f in dataclasses.fields(Config)} - {"strategy_sections"}
+    assert set(data) == fields | set(c.strategy_sections)  # each strategy's at the top level
+    assert "pbt" in data and "strategy_sections" not in data
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)

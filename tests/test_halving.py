@@ -104,12 +104,11 @@ def test_a_trial_is_judged_at_its_own_age_and_never_on_a_stopped_trials_snapshot
 
 def test_the_default_bottom_fraction_is_ashas_one_minus_one_over_the_reduction_factor():
     from fastpop import config as config_lib
-    from fastpop.strategies import make_strategy
 
     def stopped(*overrides: str) -> list[bool]:
         config = config_lib.load_config(TD3_PENDULUM, [*HALVING, "population.size=6", *overrides])
-        strategy = make_strategy(config)
-        ages = [config.halving.first_rung] * 6
+        strategy = config_lib.build_strategy(config)
+        ages = [config.section("halving").first_rung] * 6
         _, selection = strategy.step(strategy.init(), aged(0, ages[0], range(6), ages),
                                      [{"actor_lr": 1e-3}] * 6)  # fmt: skip
         return selection.fresh.tolist()

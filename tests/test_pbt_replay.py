@@ -112,7 +112,8 @@ def test_schedule_config_is_checked_and_round_trips(tmp_path):
     changes = "schedule.changes=[{member_env_steps: 256, hparams: {actor_lr: 2.4e-3}}]"
     one = ["strategy=schedule", "population.size=1", "collect.num_collectors=1"]
     config = config_lib.load_config(None, [*one, changes])
-    assert config.schedule.changes == ({"member_env_steps": 256, "hparams": {"actor_lr": 2.4e-3}},)
+    changed = {"member_env_steps": 256, "hparams": {"actor_lr": 2.4e-3}}
+    assert config.section("schedule").changes == (changed,)
     config_lib.save_config(config, tmp_path / "config.yaml")
     assert config_lib.load_config(tmp_path / "config.yaml") == config
     bad = [
@@ -181,7 +182,7 @@ def test_a_replay_run_applies_each_change_from_the_round_it_names(tmp_path, caps
         **config_lib.load_config(pbt_run / "config.yaml").hparams,
         **INITIAL[1],
     }
-    assert list(config.schedule.changes) == SCHEDULE
+    assert list(config.section("schedule").changes) == SCHEDULE
     assert config.train.total_env_steps == 1024 and config.collect.num_collectors == 1
     rows = read_jsonl(replay / "metrics.jsonl")
     # The hparams of each evaluation round (recorded at its snapshot, before the strategy

@@ -27,7 +27,8 @@ def load(*overrides: str) -> config_lib.Config:
 
 
 def indices(config) -> list[tuple[int, int]]:
-    return [(m["config_index"], m["seed_index"]) for m in strategies.member_configurations(config)]
+    indices = strategies.member_configurations(config.population)
+    return [(m["config_index"], m["seed_index"]) for m in indices]
 
 
 @pytest.mark.parametrize(
@@ -84,9 +85,9 @@ def test_bad_seeds_exit_2_naming_the_field(capsys, tmp_path):
 
 def test_seeds_of_one_configuration_share_its_draws_and_configurations_differ():
     config = load(PRIOR, "population.size=6", "population.seeds=3")
-    rates = [o["actor_lr"] for o in strategies.member_overrides(config)]
+    rates = [o["actor_lr"] for o in config_lib.member_overrides(config)]
     assert rates[0] == rates[1] == rates[2] != rates[3] == rates[4] == rates[5]
-    one_seed = strategies.member_overrides(load(PRIOR, "population.size=2"))
+    one_seed = config_lib.member_overrides(load(PRIOR, "population.size=2"))
     assert [rates[0], rates[3]] == [o["actor_lr"] for o in one_seed]  # the same two draws
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop import population, strategies
+from fastpop import population
 from fastpop.analysis.lineage import Jump, Segment, ancestry, copy_jumps
 from fastpop.learn.learner import Learner
 from fastpop.population import replay
@@ -16,6 +16,7 @@ from fastpop.run.parts import build_learner
 from fastpop.strategies import pbt
 from fastpop.strategies.base import Evaluation, Selection
 from fastpop.strategies.branch_merge import make_branch_merge
+from fastpop.strategies.priors import parse_priors
 
 TD3_PRIORS = (
     "population.priors={actor_lr: {log_uniform: [3.0e-5, 3.0e-3]}, "
@@ -39,7 +40,7 @@ def load(*overrides: str) -> config_lib.Config:
 def test_grid_gives_every_combination_in_a_stable_order():
     config = load("population.grid={actor_lr: [1.0e-4, 3.0e-4, 1.0e-3], discount: [0.98, 0.99]}")
     assert config.population.size == 6
-    overrides = strategies.member_overrides(config)
+    overrides = config_lib.member_overrides(config)
     assert overrides == [
         {"actor_lr": a, "discount": d} for a in (1e-4, 3e-4, 1e-3) for d in (0.98, 0.99)
     ]
@@ -53,11 +54,11 @@ def test_grid_with_repeats_and_priors_together():
         "population.size=4",
         "population.priors={actor_lr: {log_uniform: [1.0e-4, 1.0e-3]}}",
     )
-    overrides = strategies.member_overrides(config)
+    overrides = config_lib.member_overrides(config)
     assert [o["discount"] for o in overrides] == [0.98, 0.98, 0.99, 0.99]
     rates = [o["actor_lr"] for o in overrides]
     assert len(set(rates)) == 4 and all(1e-4 <= r <= 1e-3 for r in rates)
-    assert strategies.member_overrides(config) == overrides  # seeded: the same every time
+    assert config_lib.member_overrides(config) == overrides  # seeded: the same every time
 
 
 def test_learner_starts_members_with_their_hparams():
@@ -103,15 +104,15 @@ def test_bad_strategy_configs_are_refused(overrides, message):
 
 
 def pbt_strategy(size=4, **kwargs):
-    priors = strategies.config_priors(load(TD3_PRIORS))
+    priors = parse_priors(load(TD3_PRIORS).population.priors)
     settings = pbt.PBTSettings(interval=100, evaluation_interval=50, **kwargs)
     return pbt.make_pbt(size, priors, seed=0, settings=settings)
 
 
 @pytest.mark.parametrize("name", ["pbt", "pb2"])
 def test_pbt_wait_makes_the_learner_pause_for_each_evaluation(name):
-    assert not strategies.make_strategy(load(f"strategy={name}", TD3_PRIORS)).waits_for_evaluation
-    waiting = strategies.make_strategy(load(f"strategy={name}", TD3_PRIORS, "pbt.wait=true"))
+    assert not config_lib.build_strategy(load(f"strategy={name}", TD3_PRIORS)).waits_for_evaluation
+    waiting = config_lib.build_strategy(load(f"strategy={name}", TD3_PRIORS, "pbt.wait=true"))
     assert waiting.waits_for_evaluation
 
 

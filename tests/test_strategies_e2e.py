@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fastpop import config as config_lib
-from fastpop.strategies import config_priors
+from fastpop.strategies.priors import parse_priors
 from tests.runs import FAST, REPO, TD3_PENDULUM, completed_run, read_jsonl
 
 PRIORS = (
@@ -39,7 +39,7 @@ def test_pbt_run_exploits_and_writes_consistent_lineage(trainers):
     ]
     run = completed_run(trainers, TD3_PENDULUM, *overrides)
     config = config_lib.load_config(run / "config.yaml")
-    priors = config_priors(config)
+    priors = parse_priors(config.population.priors)
     members = json.loads((run / "members.json").read_text())
     assert members["strategy"] == "pbt"
     initial = {m["member"]: m["hparams"] for m in members["members"]}

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop import strategies
 from fastpop.config import ConfigError, load_config
 from fastpop.strategies import registry
 from fastpop.strategies.base import Selection, Strategy, StrategyEntry
@@ -40,10 +39,10 @@ def test_the_scan_sees_a_strategy_named_in_code(tmp_path):
 def test_the_built_ins_are_registered_with_their_sections():
     assert list(registry.NAMES) == sorted(BUILT_IN, key=list(registry.NAMES).index)
     assert set(registry.NAMES) == BUILT_IN and registry.DEFAULT == "independent"
-    sections = {f.name: f.type for f in dataclasses.fields(config_lib.Config)}
-    for entry in registry.entries():  # a section is the Config field named after its strategy
+    sections = config_lib.Config().strategy_sections
+    for entry in registry.entries():  # each section is its strategy's config_type, by name
         if entry.config_type is not None:
-            assert sections[entry.name] in (entry.config_type, entry.config_type.__name__)
+            assert type(sections[entry.name]) is entry.config_type
     with pytest.raises(ValueError, match="unknown strategy 'ppo'; choose one of independent, pbt"):
         registry.get("ppo")
     with pytest.raises(ValueError, match="registered already"):
@@ -51,10 +50,10 @@ def test_the_built_ins_are_registered_with_their_sections():
     assert registry.find("ppo") is None and registry.find(None) is None
 
 
-def make_toy(config) -> Strategy:
+def make_toy(setting) -> Strategy:
     """Every round the worst member continues from the best one's state: a tiny PBT without
     explore, whose rounds the test counts."""
-    size = config.population.size
+    size = setting.population.size
     rounds = []
 
     def step(state, evaluation, hparams):
@@ -65,7 +64,7 @@ def make_toy(config) -> Strategy:
         return state + 1, Selection(sources, hparams, [])
 
     TOY_ROUNDS[:] = [rounds]
-    return Strategy("toy", config.eval.interval, True, lambda: 0, step)
+    return Strategy("toy", setting.evaluation_interval, True, lambda: 0, step)
 
 
 TOY_ROUNDS: list = []
@@ -81,10 +80,10 @@ def toy():
 
 def test_a_strategy_registered_at_run_time_is_configured_and_built(toy):
     config = load_config(None, ["strategy=toy", "population.size=3"])
-    assert config.strategy == "toy" and strategies.entry_of(config) is toy
-    built = strategies.make_strategy(config)
+    assert config.strategy == "toy" and registry.get(config.strategy) is toy
+    built = config_lib.build_strategy(config)
     assert built.name == "toy" and built.waits_for_evaluation
-    assert strategies.member_overrides(config) == [{}, {}, {}]
+    assert config_lib.member_overrides(config) == [{}, {}, {}]
     with pytest.raises(ConfigError, match=r"population\.size: strategy toy needs at least 2"):
         load_config(None, ["strategy=toy", "population.size=1"])
     registry.unregister(toy.name)
@@ -105,8 +104,15 @@ def test_a_registered_strategy_is_checked_as_its_entry_says(toy):
         width: int = 1
 
     registry.register(toy._replace(config_type=ToySection), replace=True)
-    with pytest.raises(ConfigError, match="strategy: toy's config section is no field of Config"):
-        load_config(None, ["strategy=toy"])
+    config = load_config(None, ["strategy=toy", "toy.width=3"])  # its section, no Config field
+    assert config.section("toy") == ToySection(3)
+    assert config_lib.strategy_setting(config).section == ToySection(3)
+    with pytest.raises(ConfigError, match=r"toy\.width: expected an integer, got 'wide'"):
+        load_config(None, ["toy.width=wide"])
+    registry.unregister(toy.name)
+    with pytest.raises(ConfigError, match="unknown key 'toy' in --set"):
+        load_config(None, ["toy.width=3"])  # without its strategy, no section of that name
+    registry.register(toy)
 
 
 def test_a_registered_strategy_trains_in_process(toy, tmp_path):

@@ -1,7 +1,8 @@
 """A plugin as a user would write one: a module of its own, named in a config's `plugins:`, that
 registers an algorithm and a strategy fastpop does not have (`plugin_toy`: TD3 under another
-name, with its own config field; `plugin_toy_strategy`: the worst member continues from the
-best). Importing it registers them; tests/test_plugins.py takes them out again."""
+name, with its own config field; `plugin_toy_strategy`: the worst members continue from the
+best, with a config section of its own). Importing it registers them; tests/test_plugins.py
+takes them out again."""
 
 from __future__ import annotations
 
@@ -46,19 +47,33 @@ if NAME not in registry.NAMES:
 STRATEGY = "plugin_toy_strategy"
 
 
-def make_plugin_toy_strategy(config) -> Strategy:
-    """Every round the worst member continues from the best one's state: PBT without explore."""
-    size = config.population.size
+@dataclasses.dataclass(frozen=True)
+class PluginToyStrategyConfig:
+    """The strategy's section: `plugin_toy_strategy:` at a preset's top level."""
+
+    replaced: int = 1
+    """Members, the worst first, that continue from the best one's state each round."""
+
+
+def make_plugin_toy_strategy(setting) -> Strategy:
+    """Every round the worst members continue from the best one's state: PBT without explore."""
+    size, replaced = setting.population.size, setting.section.replaced
 
     def step(state, evaluation, hparams):
         returns = np.nan_to_num(np.asarray(evaluation.returns, float), nan=-np.inf)
+        order = np.argsort(returns, kind="stable")
         sources = np.arange(size)
-        sources[int(np.argmin(returns))] = int(np.argmax(returns))
+        sources[order[:replaced]] = order[-1]
         return state + 1, Selection(sources, hparams, [])
 
-    return Strategy(STRATEGY, config.eval.interval, True, lambda: 0, step)
+    return Strategy(STRATEGY, setting.evaluation_interval, True, lambda: 0, step)
 
 
-STRATEGY_ENTRY = StrategyEntry(name=STRATEGY, make=make_plugin_toy_strategy, replayable=False)
+STRATEGY_ENTRY = StrategyEntry(
+    name=STRATEGY,
+    make=make_plugin_toy_strategy,
+    config_type=PluginToyStrategyConfig,
+    replayable=False,
+)
 if STRATEGY not in strategies.NAMES:
     strategies.register(STRATEGY_ENTRY)

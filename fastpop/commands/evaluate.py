@@ -250,8 +250,7 @@ def _template(config):
     allocated, no replay either. Restoring reads only each leaf's shape and dtype from it."""
     import jax
 
-    from fastpop import strategies
-    from fastpop.config.build import build_agent, build_env_spec
+    from fastpop.config.build import build_agent, build_env_spec, build_strategy
     from fastpop.learn import update_protocol
     from fastpop.run.parts import initial_hparams, make_training
 
@@ -260,7 +259,7 @@ def _template(config):
         agent = build_agent(config, spec)
     except ValueError as error:  # ConfigError, MissingExtra: the environment cannot be built
         raise EvalError(str(error)) from None
-    strategy = strategies.make_strategy(config)
+    strategy = build_strategy(config)
     run_training = make_training(config, spec, agent, strategy, sample_batch=None)
     hparams = initial_hparams(config, agent)
     states = update_protocol.state_template(run_training, hparams)

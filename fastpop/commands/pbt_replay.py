@@ -211,10 +211,11 @@ def describe(replay: Replay) -> str:
     path = " -> ".join(f"{s.member} (from {s.start // size:,})" for s in replay.line)
     lines = [f"replaying member {member}'s line (member (from env steps per member)): {path}"]
     lines.append(f"  starts with {_format(config.hparams)}")
-    for change in config.schedule.changes:
+    changes = config.section(schedule.ENTRY.name).changes
+    for change in changes:
         steps = change["member_env_steps"]
         lines.append(f"  after the evaluation at {steps:,} env steps: {_format(change['hparams'])}")
-    if not config.schedule.changes:
+    if not changes:
         lines.append("  (no hparam change along the line)")
     return "\n".join(lines)
 

@@ -1,20 +1,23 @@
-"""A run's parts built from its config, in one place: the environment's spec, the agent and the
-replay layout, and what follows from the config alone (a member's default hparams, Atari's
-options, the replay's memory). The learner and every worker process use these: agents are
-functions, which do not cross the spawn boundary, so each process rebuilds its agent from the
-config; the `ReplaySpec` is plain data, derived once by the learner and shipped to the
-collectors.
+"""A run's parts built from its config, in one place: the environment's spec, the agent, the
+strategy and the replay layout, and what follows from the config alone (a member's default
+hparams, Atari's options, the replay's memory). The learner and every worker process use
+these: agents are functions, which do not cross the spawn boundary, so each process rebuilds
+its agent from the config; the `ReplaySpec` is plain data, derived once by the learner and
+shipped to the collectors.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastpop import strategies
 from fastpop.agents import Agent, make_agent
 from fastpop.config.sections import Config
 from fastpop.envs import env_spec
 from fastpop.population import replay
 from fastpop.schema import ConfigError
+from fastpop.strategies.base import Strategy, StrategySetting
+from fastpop.strategies.priors import parse_priors
 from fastpop.types import EnvSpec
 
 
@@ -31,6 +34,31 @@ def build_agent(config: Config, spec: EnvSpec | None = None) -> Agent:
         return make_agent(config.algo, spec, **config.agent)
     except ValueError as error:
         raise ConfigError(f"algo {config.algo!r} on {config.env.id}: {error}") from None
+
+
+def strategy_setting(config: Config) -> StrategySetting:
+    """What the config's strategy is built from: its section and the run's shape."""
+    section = config.strategy_sections.get(config.strategy)
+    return StrategySetting(
+        section,
+        config.strategy_sections,
+        config.population,
+        parse_priors(config.population.priors),
+        config.hparams,
+        config.seed,
+        config.eval.interval,
+        config.train.total_env_steps,
+    )
+
+
+def build_strategy(config: Config) -> Strategy:
+    """The strategy the config names (`strategies.make_strategy`)."""
+    return strategies.make_strategy(config.strategy, strategy_setting(config))
+
+
+def member_overrides(config: Config) -> list[dict]:
+    """Per member, the hparams its strategy starts it with (beyond `config.hparams`)."""
+    return strategies.member_overrides(config.strategy, strategy_setting(config))
 
 
 def build_replay_spec(config: Config, spec: EnvSpec) -> replay.ReplaySpec:

@@ -115,7 +115,8 @@ class Run:
         purge_step = None
         if self.resumed_from is None:
             hparams = self.learner.all_member_hparams()
-            indices = strategies.member_configurations(config)  # config_index, seed_index
+            # each member's config_index and seed_index
+            indices = strategies.member_configurations(config.population)
             labels = self.learner.member_labels() or [{}] * len(hparams)
             write_members(self.run_dir, config.strategy, hparams, indices, labels)
         else:  # rows logged after the checkpoint are written again by this run

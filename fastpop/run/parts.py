@@ -135,7 +135,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
     _check_memory(config, spec, device_env)
     sharding.device_count(config.population)  # enough devices, an even split
     replay_spec = build_replay_spec(config, spec)
-    strategy = strategies.make_strategy(config)
+    strategy = config_lib.build_strategy(config)
     mesh = sharding.mesh_for(config.population)
     sampler = replay.Sampler(replay_spec, agent.batch_size)
     training = make_training(config, spec, agent, strategy, sampler, mesh)
@@ -240,7 +240,7 @@ def _check_memory(config: config_lib.Config, spec: EnvSpec, device_env) -> None:
 
 def initial_hparams(config: config_lib.Config, agent):
     """Stacked hparams of every member: the config's values and the strategy's overrides."""
-    overrides = strategies.member_overrides(config)
+    overrides = config_lib.member_overrides(config)
     return population.broadcast_hparams(
         config_lib.default_member_hparams(config, agent),
         config.population.size,
@@ -256,7 +256,8 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     updates = config.train.updates_per_call
     per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates)
     # fresh trials (halving's) wait for replay.min_size rows in their emptied buffers
-    fresh_wait = config.replay.min_size if strategies.entry_of(config).fresh_trials else 0
+    fresh_trials = strategies.registry.get(config.strategy).fresh_trials
+    fresh_wait = config.replay.min_size if fresh_trials else 0
     plan = population.UpdatePlan(agent, sample_batch, per_program, config.replay.shared, fresh_wait)
     execution = run_execution(config, spec, mesh)
     training = update_protocol.make_training(strategy, execution, plan, mesh)

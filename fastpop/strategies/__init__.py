@@ -10,54 +10,44 @@
     schedule      every member follows one fixed hparam schedule (fastpop pbt-replay)
 
 Each strategy's module defines its `StrategyEntry` (`base.py`) and `registry.py` lists them:
-`make_strategy(config)` builds the one a config names; `member_overrides(config)` gives each
-member's initial hparams that differ from `config.hparams`, `member_configurations(config)` which
-configuration and which seed of it each member is. See `strategies.base` for the interface.
+`make_strategy(name, setting)` builds one from its section and the run's shape
+(`base.StrategySetting`, made by `fastpop.config.build.strategy_setting`); `member_overrides`
+gives each member's initial hparams that differ from `config.hparams`, `member_configurations`
+which configuration and which seed of it each member is. See `strategies.base` for the
+interface.
 """
 
 from __future__ import annotations
 
 
-def member_overrides(config) -> list[dict]:
-    """Per member, the hparams its strategy starts it with (beyond `config.hparams`)."""
+def member_overrides(name: str, setting) -> list[dict]:
+    """Per member, the hparams strategy `name` starts it with (beyond `setting.hparams`);
+    `setting`: a `base.StrategySetting`."""
     from fastpop.strategies import independent, registry
-    from fastpop.strategies.priors import config_priors
 
-    overrides = registry.get(config.strategy).member_overrides
+    overrides = registry.get(name).member_overrides
     if overrides is not None:
-        return overrides(config)
-    population = config.population
+        return overrides(setting)
+    population = setting.population
     return independent.member_overrides(
-        population.size, population.grid, config_priors(config), config.seed, population.seeds
+        population.size, population.grid, setting.priors, setting.seed, population.seeds
     )
 
 
-def member_configurations(config) -> list[dict]:
+def member_configurations(population) -> list[dict]:
     """Per member, `{"config_index": c, "seed_index": s}`: member m is seed m % seeds of
     configuration m // seeds (`population.seeds`; 1 for strategies whose members interact, so
     there every member is its own configuration). Seeds of one configuration start with equal
-    hparams; members differ in network init, environment and noise seeds whatever their index."""
-    seeds = config.population.seeds
+    hparams; members differ in network init, environment and noise seeds whatever their index.
+    `population`: the config's `population:` section."""
     return [
-        dict(zip(("config_index", "seed_index"), divmod(member, seeds), strict=True))
-        for member in range(config.population.size)
+        dict(zip(("config_index", "seed_index"), divmod(member, population.seeds), strict=True))
+        for member in range(population.size)
     ]
 
 
-def config_priors(config) -> dict:
-    """The config's `population.priors`, parsed (`priors.config_priors`)."""
-    from fastpop.strategies.priors import config_priors as parsed
-
-    return parsed(config)
-
-
-def entry_of(config):
-    """The registry entry (`base.StrategyEntry`) of the strategy the config names."""
+def make_strategy(name: str, setting):
+    """The `Strategy` named `name`, built by its registry entry from a `base.StrategySetting`."""
     from fastpop.strategies import registry
 
-    return registry.get(config.strategy)
-
-
-def make_strategy(config):
-    """The `Strategy` the config names, built by its registry entry."""
-    return entry_of(config).make(config)
+    return registry.get(name).make(setting)

@@ -14,7 +14,7 @@ the round, so the same run decides the same way and a checkpointed state is plai
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -148,6 +148,27 @@ def no_selection(state, evaluation: Evaluation, hparams: list[dict]):
     return state, None
 
 
+class StrategySetting(NamedTuple):
+    """What a strategy's factory reads of a run's config (`config.build.strategy_setting`): its
+    own section and the run's shape, not the whole `Config`."""
+
+    section: Any
+    """Its config section (an instance of its entry's `config_type`; None: it has none)."""
+    sections: Mapping[str, Any]
+    """Every registered strategy's section by name (pb2 reads `pbt:`'s rounds)."""
+    population: Any
+    """The `population:` section (size, grid, priors as written, seeds)."""
+    priors: dict
+    """population.priors, parsed (`priors.parse_prior`)."""
+    hparams: dict
+    """The hparams every member starts from (`config.hparams`)."""
+    seed: int
+    evaluation_interval: int
+    """Env steps per member between evaluation rounds (`eval.interval`)."""
+    total_env_steps: int
+    """Env steps per member of the whole run (`train.total_env_steps`)."""
+
+
 class StrategyEntry(NamedTuple):
     """Everything fastpop needs to know about one strategy (`strategies/registry.py` lists them):
     each strategy's module defines its entry next to its factory. Code elsewhere reads these
@@ -155,19 +176,19 @@ class StrategyEntry(NamedTuple):
 
     name: str
     """What `strategy:` in a config names it by."""
-    make: Callable[[Any], Strategy]
-    """The factory: make(config) builds it from a whole `fastpop.config.Config`."""
+    make: Callable[[StrategySetting], Strategy]
+    """The factory: make(setting) builds it from its section and the run's shape."""
     config_type: type | None = None
-    """Frozen dataclass of its config section, the `Config` field of the same name as the
-    strategy (`pbt:`, `halving:`, ...); None: it has none (it may read another's: pb2 reads
-    `pbt:` too)."""
+    """Frozen dataclass of its config section, written at the top level of a preset under the
+    strategy's name (`pbt:`, `halving:`, ...; `Config.section(name)`); None: it has none (it
+    may read another's: pb2 reads `pbt:` too)."""
     check: Callable[[Any, Any], None] | None = None
     """check(reader, config): what its section and population need of the rest of the config,
     run after the checks its flags below imply; reader.fail(dotted, problem) refuses."""
     resolve_section: Callable[[Any, Any, dict, Any], Any] | None = None
     """resolve_section(reader, section, hparam_specs, config) -> section, for every config
     (its section is read whether or not it runs): values typed by the algo's hparams."""
-    member_overrides: Callable[[Any], list[dict]] | None = None
+    member_overrides: Callable[[StrategySetting], list[dict]] | None = None
     """Per member, the hparams it starts with beyond `config.hparams`; None: the grid's
     combinations or the priors' draws (`independent.member_overrides`)."""
     independent_members: bool = False

@@ -82,11 +82,11 @@ def make_branch_merge(size: int, round_steps: int) -> Strategy:
     )
 
 
-def config_overrides(config) -> list[dict]:
+def setting_overrides(setting) -> list[dict]:
     """Per member, its step sizes times its `branch_merge.step_size_multipliers`."""
-    multipliers = config.branch_merge.step_size_multipliers
-    multipliers = multipliers or default_step_size_multipliers(config.population.size)
-    return member_overrides(config.hparams, multipliers)
+    multipliers = setting.section.step_size_multipliers
+    multipliers = multipliers or default_step_size_multipliers(setting.population.size)
+    return member_overrides(setting.hparams, multipliers)
 
 
 def check_multipliers(r, c) -> None:
@@ -97,7 +97,7 @@ def check_multipliers(r, c) -> None:
             "branch_merge members differ by branch_merge.step_size_multipliers; "
             "population.grid and population.priors are for independent and pbt",
         )
-    multipliers = c.branch_merge.step_size_multipliers
+    multipliers = c.section("branch_merge").step_size_multipliers
     if multipliers is not None and len(multipliers) != c.population.size:
         r.fail(
             "branch_merge.step_size_multipliers",
@@ -107,8 +107,8 @@ def check_multipliers(r, c) -> None:
 
 ENTRY = StrategyEntry(
     name="branch_merge",
-    make=lambda config: make_branch_merge(config.population.size, config.branch_merge.round_steps),
+    make=lambda setting: make_branch_merge(setting.population.size, setting.section.round_steps),
     config_type=BranchMergeConfig,
     check=check_multipliers,
-    member_overrides=config_overrides,
+    member_overrides=setting_overrides,
 )

@@ -155,8 +155,8 @@ def check_size(r, c) -> None:
 
 ENTRY = StrategyEntry(
     name="cemrl",
-    make=lambda config: make_cemrl(
-        config.population.size, config.cemrl, config.cemrl.generation_steps
+    make=lambda setting: make_cemrl(
+        setting.population.size, setting.section, setting.section.generation_steps
     ),
     config_type=CEMRLConfig,
     check=check_size,

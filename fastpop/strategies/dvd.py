@@ -175,18 +175,19 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
 
 def check_embedding(r, c) -> None:
     """The embedding states come from one sampled batch."""
-    if c.dvd.embedding_states > c.agent["batch_size"]:
+    embedding_states = c.section("dvd").embedding_states
+    if embedding_states > c.agent["batch_size"]:
         r.fail(
             "dvd.embedding_states",
             f"must be <= agent.batch_size ({c.agent['batch_size']}): the embedding states are "
-            f"taken from one sampled batch, got {c.dvd.embedding_states}",
+            f"taken from one sampled batch, got {embedding_states}",
         )
 
 
 ENTRY = StrategyEntry(
     name="dvd",
-    make=lambda config: make_dvd(
-        config.population.size, config.dvd, config.seed, config.eval.interval
+    make=lambda setting: make_dvd(
+        setting.population.size, setting.section, setting.seed, setting.evaluation_interval
     ),
     config_type=DvDConfig,
     check=check_embedding,

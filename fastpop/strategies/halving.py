@@ -34,7 +34,7 @@ from fastpop.strategies.base import (
     stream_rng,
 )
 from fastpop.strategies.pbt import rank
-from fastpop.strategies.priors import Prior, config_priors
+from fastpop.strategies.priors import Prior
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,19 +178,20 @@ def make_halving(
     )
 
 
-def make_from_config(config) -> Strategy:
+def make_from_setting(setting) -> Strategy:
     """Halving with the rungs of the config's `halving:` section over its run length."""
-    halving, eta = config.halving, config.halving.reduction_factor
-    rungs = rung_schedule(halving.first_rung, eta, config.train.total_env_steps)
+    halving = setting.section
+    eta = halving.reduction_factor
+    rungs = rung_schedule(halving.first_rung, eta, setting.total_env_steps)
     bottom = halving.bottom_fraction
     bottom = asha_bottom_fraction(eta) if bottom is None else bottom
-    settings = HalvingSettings(rungs, bottom, config.eval.interval)
-    return make_halving(config.population.size, config_priors(config), config.seed, settings)
+    settings = HalvingSettings(rungs, bottom, setting.evaluation_interval)
+    return make_halving(setting.population.size, setting.priors, setting.seed, settings)
 
 
 def check_halving(r, c) -> None:
     """A bottom fraction below 1 and a rung schedule that fits in the run."""
-    halving, total = c.halving, c.train.total_env_steps
+    halving, total = c.section("halving"), c.train.total_env_steps
     if halving.bottom_fraction is not None and halving.bottom_fraction >= 1:
         r.fail(
             "halving.bottom_fraction",
@@ -207,7 +208,7 @@ def check_halving(r, c) -> None:
 
 ENTRY = StrategyEntry(
     name="halving",
-    make=make_from_config,
+    make=make_from_setting,
     config_type=HalvingConfig,
     check=check_halving,
     needs_priors=True,

@@ -55,7 +55,7 @@ def make_independent(evaluation_interval: int) -> Strategy:
 
 ENTRY = StrategyEntry(
     name="independent",
-    make=lambda config: make_independent(config.eval.interval),
+    make=lambda setting: make_independent(setting.evaluation_interval),
     independent_members=True,
     acts_on_evaluations=False,
 )

@@ -26,7 +26,7 @@ from fastpop.schema import field
 from fastpop.strategies import gp
 from fastpop.strategies.base import Evaluation, Strategy, StrategyEntry
 from fastpop.strategies.pbt import Explorer, PBTSettings, check_selection, make_pbt, settings_of
-from fastpop.strategies.priors import Prior, config_priors
+from fastpop.strategies.priors import Prior
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,15 +194,16 @@ def make_pb2(
     return make_pbt(size, priors, seed, settings, gp_bandit(size, priors, window))
 
 
-def make_from_config(config) -> Strategy:
+def make_from_setting(setting) -> Strategy:
     """PB2 with the config's `pbt:` rounds and selection and its `pb2:` window."""
-    priors, settings = config_priors(config), settings_of(config)
-    return make_pb2(config.population.size, priors, config.seed, settings, config.pb2.window)
+    settings = settings_of(setting.sections["pbt"], setting.evaluation_interval)
+    size, window = setting.population.size, setting.section.window
+    return make_pb2(size, setting.priors, setting.seed, settings, window)
 
 
 ENTRY = StrategyEntry(
     name="pb2",
-    make=make_from_config,
+    make=make_from_setting,
     config_type=PB2Config,
     check=check_selection,
     needs_priors=True,

@@ -23,7 +23,7 @@ from fastpop.strategies.base import (
     StrategyEntry,
     stream_rng,
 )
-from fastpop.strategies.priors import Prior, config_priors
+from fastpop.strategies.priors import Prior
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,12 +261,11 @@ def make_pbt(
     return Strategy(explorer.name, settings.evaluation_interval, settings.wait, init, step)
 
 
-def settings_of(config) -> PBTSettings:
+def settings_of(pbt: PBTConfig, evaluation_interval: int) -> PBTSettings:
     """The `PBTSettings` of a config's `pbt:` section and evaluation interval."""
-    pbt = config.pbt
     return PBTSettings(
         pbt.interval,
-        config.eval.interval,
+        evaluation_interval,
         pbt.bottom_fraction,
         pbt.top_fraction,
         pbt.perturb_factors,
@@ -280,15 +279,19 @@ def settings_of(config) -> PBTSettings:
 def check_selection(r, config) -> None:
     """`pbt:`'s fractions select at least one member to copy and one to copy from."""
     try:
-        selection_sizes(config.population.size, config.pbt.bottom_fraction, config.pbt.top_fraction)
+        pbt = config.section("pbt")
+        selection_sizes(config.population.size, pbt.bottom_fraction, pbt.top_fraction)
     except ValueError as error:
         r.fail("pbt", str(error))
 
 
 ENTRY = StrategyEntry(
     name="pbt",
-    make=lambda config: make_pbt(
-        config.population.size, config_priors(config), config.seed, settings_of(config)
+    make=lambda setting: make_pbt(
+        setting.population.size,
+        setting.priors,
+        setting.seed,
+        settings_of(setting.section, setting.evaluation_interval),
     ),
     config_type=PBTConfig,
     check=check_selection,

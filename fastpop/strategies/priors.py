@@ -70,6 +70,6 @@ def parse_prior(name: str, spec: dict) -> Prior:
     return Prior(kind, low, high)
 
 
-def config_priors(config) -> dict[str, Prior]:
-    """The priors of a config's `population.priors`, parsed."""
-    return {name: parse_prior(name, spec) for name, spec in config.population.priors.items()}
+def parse_priors(written: dict) -> dict[str, Prior]:
+    """`population.priors` as written in a config (hparam -> {kind: ...}), parsed."""
+    return {name: parse_prior(name, spec) for name, spec in written.items()}

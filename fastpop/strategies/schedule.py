@@ -127,11 +127,11 @@ def make_schedule(
 
 ENTRY = StrategyEntry(
     name="schedule",
-    make=lambda config: make_schedule(
-        config.population.size,
-        config.schedule.changes,
-        config.eval.interval,
-        config.schedule.wait,
+    make=lambda setting: make_schedule(
+        setting.population.size,
+        setting.section.changes,
+        setting.evaluation_interval,
+        setting.section.wait,
     ),
     config_type=ScheduleConfig,
     resolve_section=check_schedule,

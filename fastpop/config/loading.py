@@ -1,0 +1,241 @@
+"""A preset read into a `Config`, and a `Config` written back: YAML plus `--set section.key=value`
+overrides, validated.
+
+`load_config` turns them into a frozen `Config` or raises `ConfigError` (the CLI exits with code 2)
+naming the file or `--set`, the dotted field, what was wrong and what is allowed. The resolved
+config (`save_config`) lists every field, defaults filled in, and loads back to an equal `Config`.
+The agent's and hparams' fields are the algo's (its registry entry); each registered strategy's
+section is read at the top level under the strategy's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fastpop.agents import registry
+from fastpop.agents.networks import COMPUTE_DTYPES, TORSOS
+from fastpop.config.env import (
+    EnvConfig,
+    check_algo_fits_env,
+    check_collection,
+    check_env,
+    collection_mode,
+)
+from fastpop.config.plugins import import_plugins
+from fastpop.config.sections import Config
+from fastpop.schema import (
+    ConfigError,
+    Loader,
+    Reader,
+    Specs,
+    field_specs,
+    read_fields,
+    read_yaml,
+)
+from fastpop.strategies import registry as strategies
+from fastpop.strategies.config import check_member_hparams, check_strategy
+
+__all__ = ["config_from_dict", "config_to_dict", "load_config", "save_config"]
+
+
+_SCALARS = ("plugins", "name", "seed", "algo", "strategy")
+_TABLES = ("agent", "hparams")  # sections whose keys depend on the algo
+_STRATEGY_SECTIONS = "strategy_sections"  # written as one top-level section per strategy
+_TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
+_AGENT_RANGES = {
+    "hidden_sizes": {"min": 1},
+    "batch_size": {"min": 1},
+    "torso": {"choices": TORSOS},
+    "compute_dtype": {"choices": COMPUTE_DTYPES},
+}
+# HParams whose default depends on the environment; null in a config means that default.
+_ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
+
+
+def _hparam_range(name: str) -> dict:
+    if name.endswith("_lr") or name == "learning_rate" or "noise" in name:
+        return {"min": 0.0}  # a zero learning rate freezes a member, e.g. as a control
+    if name.endswith(("_steps", "_period", "_delay")):
+        return {"min": 1}
+    unit = {"min": 0.0, "max": 1.0}
+    return {"discount": unit, "tau": unit, "epsilon_start": unit, "epsilon_end": unit}.get(
+        name, {"gt": 0.0} if name == "reward_scale" else {}
+    )
+
+
+@functools.cache
+def _table_specs(section: str, algo: str) -> Specs:
+    """The agent or hparams fields of `algo`."""
+    if section == "agent":
+        return {
+            name: (tp, _AGENT_RANGES.get(name, {"gt": 0.0} if tp is float else {}), default)
+            for name, (tp, _, default) in field_specs(registry.get(algo).config_type).items()
+        }
+    from fastpop.agents import make_agent
+    from fastpop.types import EnvSpec
+
+    # Any spec gives the defaults that do not depend on the environment.
+    discrete = registry.get(algo).actions == "discrete"
+    probe = EnvSpec((1,), num_actions=2) if discrete else EnvSpec((1,), action_dim=1)
+    specs = {}
+    for name, value in make_agent(algo, probe).default_hparams()._asdict().items():
+        value, allowed = np.asarray(value), _hparam_range(name)
+        if name in _ENV_DEPENDENT_HPARAMS:
+            specs[name] = (float | None, allowed, None)
+        elif np.issubdtype(value.dtype, np.integer):
+            specs[name] = (int, allowed, int(value))
+        else:  # the shortest float32 repr: 3e-4, not 0.00030000001424923539
+            specs[name] = (float, allowed, float(str(value)))
+    return specs
+
+
+def _section_types() -> dict[str, type]:
+    """The registered strategies' section types by name: the top-level sections they add."""
+    return {e.name: e.config_type for e in strategies.entries() if e.config_type is not None}
+
+
+def _top_level_keys() -> list[str]:
+    """What a preset may hold at its top level, in the order a saved config writes it."""
+    keys = []
+    for name in _TOP:
+        keys.extend(_section_types() if name == _STRATEGY_SECTIONS else [name])
+    return keys
+
+
+def _read_section(r: Reader, name: str, raw: Any, section_type: type):
+    """One section of the preset, validated into its frozen dataclass."""
+    return section_type(**read_fields(r, name, raw, field_specs(section_type)))
+
+
+def _build(raw: dict, r: Reader) -> Config:
+    specs = field_specs(Config)
+    # The plugins first: what they register is what `algo`, `strategy` and the sections name.
+    plugins = read_fields(
+        r, "", {k: v for k, v in raw.items() if k == "plugins"}, {"plugins": specs["plugins"]}
+    )["plugins"]
+    import_plugins(r, plugins)
+    for key in raw:
+        if key not in _top_level_keys():
+            r.unknown(str(key), _top_level_keys())
+    scalars = {name: spec for name, spec in specs.items() if name in _SCALARS}
+    values = read_fields(r, "", {k: v for k, v in raw.items() if k in _SCALARS}, scalars)
+    if "/" in values["name"] or values["name"] in ("", ".", ".."):
+        r.fail("name", f"must be a non-empty name without '/', got {values['name']!r}")
+    algo = values["algo"]
+    # The env first: whether it suits the algorithm says more than the hparams' keys would.
+    env = EnvConfig(**read_fields(r, "env", raw.get("env"), field_specs(EnvConfig)))
+    values["env"] = check_env(r, env)
+    check_algo_fits_env(r, algo, values["env"].id)
+    for name, factory in _TOP.items():
+        if name in _TABLES:
+            specs = _table_specs(name, algo)
+            values[name] = read_fields(r, name, raw.get(name), specs, f" for algo {algo}")
+        elif name == _STRATEGY_SECTIONS:
+            values[name] = {
+                strategy: _read_section(r, strategy, raw.get(strategy), section_type)
+                for strategy, section_type in _section_types().items()
+            }
+        elif name not in _SCALARS and name != "env":
+            values[name] = _read_section(r, name, raw.get(name), factory)
+    given = raw["population"] if isinstance(raw.get("population"), dict) else {}
+    specs = _table_specs("hparams", algo)
+    population, strategy = values["population"], values["strategy"]
+    values["population"] = check_member_hparams(r, population, specs, set(given), strategy)
+    sections = values[_STRATEGY_SECTIONS]
+    for entry in strategies.entries():  # every section is read, whether or not it runs
+        if entry.resolve_section is not None:
+            section = sections[entry.name]
+            sections[entry.name] = entry.resolve_section(r, section, specs, Config(**values))
+    config = Config(**values)
+    check_collection(r, config)
+    check_strategy(r, config)
+    _check_consistency(r, config)
+    return config
+
+
+def _check_consistency(r: Reader, c: Config) -> None:
+    lanes, capacity, chunk_len = c.collect.envs_per_member, c.replay.capacity, c.collect.chunk_len
+    num_envs, min_capacity = c.population.size * lanes, max(chunk_len, 2) * lanes
+    checks = (
+        ("collect.num_collectors",
+         collection_mode(c) == "processes" and c.collect.num_collectors > num_envs,
+         f"must be <= population.size * collect.envs_per_member = {num_envs} (each collector "
+         f"steps at least one environment), got {c.collect.num_collectors}"),
+        ("replay.capacity", capacity % lanes,
+         f"must be a multiple of collect.envs_per_member ({lanes}, one replay lane per "
+         f"environment), got {capacity}; e.g. {max(capacity // lanes, 1) * lanes}"),
+        ("replay.capacity", capacity < min_capacity,
+         f"must be >= collect.chunk_len * collect.envs_per_member = {min_capacity} "
+         f"(one chunk per lane), got {capacity}"),
+        ("replay.min_size", c.replay.min_size > capacity,
+         f"must be <= replay.capacity ({capacity}), got {c.replay.min_size}"),
+    )  # fmt: skip
+    for dotted, violated, problem in checks:
+        if violated:
+            r.fail(dotted, problem)
+
+
+def _apply_override(raw: dict, text: str, origins: dict[str, str]) -> None:
+    key, sep, value_text = text.partition("=")
+    parts = (key := key.strip()).split(".")
+    sections = set(_top_level_keys()) - set(_SCALARS)
+    if not sep or len(parts) > 2 or not all(parts) or key in sections:
+        raise ConfigError(f"--set {key or text}: expected section.key=value (or seed=value)")
+    try:
+        value = yaml.load(value_text, Loader=Loader)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"--set {text}: the value is not valid YAML: {error}") from None
+    origins[key] = f"--set {text}"
+    if len(parts) == 1:
+        raw[key] = value
+    elif isinstance(raw.setdefault(parts[0], {}) or {}, dict):  # else validation reports it
+        raw[parts[0]] = {**(raw[parts[0]] or {}), parts[1]: value}
+
+
+def config_from_dict(
+    data: dict, source: str | None = None, overrides: Sequence[str] = ()
+) -> Config:
+    """Validate plain data (as in a YAML file) into a Config; `source` names it in errors."""
+    raw, origins = dict(data), {}
+    for text in overrides:
+        _apply_override(raw, text, origins)
+    return _build(raw, Reader(source, origins))
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> Config:
+    """The preset at `path` (defaults where None) with `--set` overrides applied, validated."""
+    raw = {} if path is None else read_yaml(Path(path))
+    return config_from_dict(raw, None if path is None else str(path), overrides)
+
+
+def config_to_dict(config: Config) -> dict:
+    """The resolved config as plain data (every field, tuples as lists), each strategy's
+    section at the top level, as a preset writes it."""
+    fields = json.loads(json.dumps(dataclasses.asdict(config)))
+    data = {}
+    for name, value in fields.items():
+        data.update(value if name == _STRATEGY_SECTIONS else {name: value})
+    return data
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except lists (hidden_sizes) on one line."""
+
+
+_Dumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, True)
+)
+
+
+def save_config(config: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML; `load_config(path)` reads back an equal Config."""
+    text = yaml.dump(config_to_dict(config), Dumper=_Dumper, sort_keys=False)
+    Path(path).write_text(f"# resolved fastpop config (all defaults filled in)\n{text}")
