@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from fastpop import config
-from fastpop.collect.rollout import LockstepEnvs, lockstep_envs
+from fastpop.collect.lockstep_envs import LockstepEnvs, lockstep_envs
 from fastpop.envs import AtariOptions, atari_vector, make_vector_env
 from fastpop.envs.atari_vector import AtariLockstepEnvs, shift_in
 from tests.dependencies import require

@@ -92,7 +92,7 @@ def test_a_collectors_warm_up_ends_on_a_chunk_boundary():
     import numpy as np
 
     from fastpop.collect.collector import whole_chunks
-    from fastpop.collect.rollout import RowLayout
+    from fastpop.collect.rows import RowLayout
 
     rows = RowLayout(32, (3,), np.dtype(np.float32), np.dtype(np.float32), 1)
     assert [whole_chunks(steps, rows) for steps in (0, 1, 32, 1_000)] == [0, 32, 32, 1_024]

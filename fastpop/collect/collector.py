@@ -28,8 +28,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fastpop.collect import numpy_policy
+from fastpop.collect.lockstep_envs import lockstep_envs
 from fastpop.collect.numpy_policy import NumpyActing, NumpyPolicy
-from fastpop.collect.rollout import RowLayout, RowStream, lockstep_envs
+from fastpop.collect.rows import RowLayout, RowStream
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
 from fastpop.gc_settings import tune_for_tracing
 

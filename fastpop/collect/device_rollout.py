@@ -2,7 +2,7 @@
 rows as the collectors do: device mode's chunk of every member's lanes (`member_rollout`, in
 its collect program: fastpop.collect.chunk_programs) and its evaluation.
 
-Every lane follows gymnasium's next-step autoreset, exactly as `rollout.RowStream` records a
+Every lane follows gymnasium's next-step autoreset, exactly as `rows.RowStream` records a
 vector env: the step after an episode ends is the reset step. Its row holds the episode's
 real final observation (the action is ignored, reward 0, no flags) and the reset observation
 starts the next row. So a truncated episode keeps its true last state for bootstrapping, and

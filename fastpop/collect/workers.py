@@ -26,7 +26,7 @@ from fastpop.collect.collector import (
     run_collector,
 )
 from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
-from fastpop.collect.rollout import RowLayout
+from fastpop.collect.rows import RowLayout
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
 from fastpop.collect.spawning import starting_worker

@@ -1,7 +1,7 @@
 """Atari collection on ale_py's `AtariVectorEnv`: emulation, frame skip, max-pool, grayscale and
 resize in C++ threads, one call per step for all of a collector's environments.
 
-`AtariLockstepEnvs` has `rollout.LockstepEnvs`'s interface (reset, step, action_space, close)
+`AtariLockstepEnvs` has `lockstep_envs.LockstepEnvs`'s interface (reset, step, action_space, close)
 and the semantics of `envs.make_env`'s Atari preprocessing (`AtariOptions`), built from the
 vector env's pieces that match it and Python for those that do not:
 
@@ -23,7 +23,7 @@ the number of no-op frames after a reset comes from ALE's own generator, uniform
 an episode may last up to noop_max frames longer (of 108,000); the seed goes to ALE and its
 no-op generator directly instead of through gymnasium's SeedSequence. `fire_on_reset` is not
 expressible (the vector env presses FIRE for one frame before the no-ops, gymnasium's path one
-agent step after them), so `rollout.lockstep_envs` falls back to gymnasium for it.
+agent step after them), so `lockstep_envs.lockstep_envs` falls back to gymnasium for it.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ class AtariLockstepEnvs:
     def restart(self, envs: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(obs, reset): the games where `envs` (bool) reset now, ending their episodes unflagged
         (a fresh trial starts in them), and which were; a game that ended at the previous step is
-        left to its reset step (as `rollout.LockstepEnvs.restart`). `obs` is the last stack."""
+        left to its reset step (as `LockstepEnvs.restart`, collect/lockstep_envs.py). `obs` is
+        the last stack."""
         reset = np.asarray(envs, bool) & ~self._autoreset
         if not reset.any():
             return obs, reset

@@ -20,7 +20,8 @@ import numpy as np
 from fastpop import config as config_lib
 from fastpop import population
 from fastpop.collect.evaluator import evaluate_population
-from fastpop.collect.rollout import LockstepEnvs, RowStream
+from fastpop.collect.lockstep_envs import LockstepEnvs
+from fastpop.collect.rows import RowStream
 from fastpop.envs import make_vector_env
 from fastpop.learn.learner import Learner
 from fastpop.run.parts import build_learner

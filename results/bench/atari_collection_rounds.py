@@ -7,7 +7,7 @@ epsilon-greedy Nature CNN acts every step; the learner only drains the ring) wit
 with warm-up on for the whole measurement (uniform random actions, as in the first
 `collect.warmup_steps` of a run: what the envs alone cost through a collector), next to raw
 stepping as the pipeline benchmark defines it (one gymnasium env, random actions, one process)
-and the collector's envs stepped alone with random actions (`rollout.lockstep_envs`). Every
+and the collector's envs stepped alone with random actions (`lockstep_envs.lockstep_envs`). Every
 measurement runs in its own process; a round times all of them back to back, and ratios are
 taken within a round. Rates are env steps (= agent steps) per wall-clock second and per CPU
 second of the stepping process (utime + stime, its threads included); the collectors also
@@ -51,7 +51,7 @@ def raw(env_id, seconds):
             "cpu": steps / (time.process_time() - cpu)}
 
 def envs(env_id, count, seconds, vector):
-    from fastpop.collect.rollout import lockstep_envs
+    from fastpop.collect.lockstep_envs import lockstep_envs
     lockstep, stepped_by = lockstep_envs(env_id, count, 0, atari_vector=vector)
     lockstep.reset(0)
     steps, start, cpu = 0, time.perf_counter(), time.process_time()

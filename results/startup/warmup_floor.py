@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop.collect.rollout import RowLayout, RowStream, lockstep_envs
+from fastpop.collect.lockstep_envs import lockstep_envs
+from fastpop.collect.rows import RowLayout, RowStream
 from fastpop.config.build import atari_options
 
 ROOT = Path(__file__).resolve().parents[2]

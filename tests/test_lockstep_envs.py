@@ -1,11 +1,11 @@
-"""rollout.LockstepEnvs against the gymnasium vector env it replaces in the collectors."""
+"""lockstep_envs.LockstepEnvs against the gymnasium vector env it replaces in the collectors."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fastpop.collect.rollout import LockstepEnvs
+from fastpop.collect.lockstep_envs import LockstepEnvs
 from fastpop.envs import make_vector_env
 
 
@@ -39,7 +39,7 @@ def test_lockstep_envs_step_exactly_as_the_next_step_autoreset_vector_env(env_id
 def test_a_collectors_row_fields_are_the_replays():
     """A collector names its chunk's fields without importing `replay` (JAX): the same names,
     in the same order, as the replay's rows."""
-    from fastpop.collect.rollout import ROW_FIELDS
+    from fastpop.collect.rows import ROW_FIELDS
     from fastpop.population import replay
 
     assert replay.Rows._fields == ROW_FIELDS
@@ -49,7 +49,7 @@ def test_a_restarted_env_starts_a_new_stream_and_an_ending_one_is_left_to_its_re
     """A fresh trial's envs (`LockstepEnvs.restart`, `RowStream.restart_lanes`): a running
     episode ends there unflagged and unreported, the next row starts a new stream (as a
     restarted collector's first row); an env whose episode just ended keeps its reset step."""
-    from fastpop.collect.rollout import RowLayout, RowStream
+    from fastpop.collect.rows import RowLayout, RowStream
 
     envs = LockstepEnvs(make_vector_env("CartPole-v1", 3, 0))
     stream = RowStream(RowLayout(4, (4,), np.dtype(np.float32), np.dtype(np.int32), 1), 3)
