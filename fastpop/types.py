@@ -77,7 +77,9 @@ class Transition(NamedTuple):
     """A batch of (s, a, r, s') transitions as the agents' `update` consumes them.
 
     `terminated` masks the bootstrap; `truncated` (a time limit) does not, it is kept so that
-    losses and diagnostics can tell the two apart.
+    losses and diagnostics can tell the two apart. An n-step transition (`agent.n_step` > 1)
+    spans `steps` env steps: `reward` is then (batch, n) (zero past `steps`), `next_obs` the
+    observation after its last step, and the flags those of its last step.
     """
 
     obs: jax.Array
@@ -86,6 +88,7 @@ class Transition(NamedTuple):
     next_obs: jax.Array
     terminated: jax.Array
     truncated: jax.Array
+    steps: jax.Array | None = None  # (batch,) int32 env steps spanned; None: one each
 
 
 def population_any(flag: jax.Array) -> jax.Array:

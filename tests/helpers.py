@@ -25,9 +25,10 @@ TINY_SPECS = {
 }
 
 
-def tiny_agent(name: str):
+def tiny_agent(name: str, **options):
+    """16-16 networks, batches of 8; `options`: other fields of the algo's config."""
     algo = "dqn" if name.startswith("dqn") else name
-    return make_agent(algo, TINY_SPECS[name], hidden_sizes=(16, 16), batch_size=8)
+    return make_agent(algo, TINY_SPECS[name], hidden_sizes=(16, 16), batch_size=8, **options)
 
 
 def random_buffers(name: str, population_size: int, rows: int = 64, seed: int = 0):
@@ -42,8 +43,8 @@ def random_buffers(name: str, population_size: int, rows: int = 64, seed: int = 
     return spec, buffers
 
 
-def sampler(spec, batch_size: int):
-    return replay.Sampler(spec, batch_size)
+def sampler(spec, batch_size: int, n_step: int = 1):
+    return replay.Sampler(spec, batch_size, n_step)
 
 
 def tiny_update_bench():

@@ -40,7 +40,7 @@ CASES = {  # name -> (overrides, population.devices); 4 host devices
         ["strategy=pbt", "pbt.interval=1", "pbt.replay=copy", "population.size=6", PRIOR],
         "3",
     ),
-    "sac": (["algo=sac", "population.size=4"], "2"),
+    "sac": (["algo=sac", "population.size=4", "agent.n_step=3"], "2"),  # n-step windows too
     "dqn-shared-replay": (
         ["algo=dqn", "env.id=CartPole-v1", "population.size=4", "replay.shared=true"],
         "all",
@@ -149,6 +149,7 @@ DEVICE_MODE = [  # TD3 on gymnax's Pendulum (quick to compile), stepped on the d
     "collect.warmup_steps=8",
     "replay.min_size=16",
     "replay.samples_per_insert=4",
+    "agent.n_step=3",  # windows that cross the 20-step episodes' truncations
     "population.size=4",
     "replay.shared=true",  # stays on every device through the chunk calls (check_placement)
     PRIOR,  # members differ (PBT's moves between devices: td3-pbt-replay-copy)

@@ -30,9 +30,8 @@ PER_MEMBER = {
 
 
 def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, updates=4, name=None):
-    executor = population.make_executor(
-        execution, UpdatePlan(agent, sampler(spec, agent.batch_size), updates)
-    )
+    batches = sampler(spec, agent.batch_size, agent.n_step)
+    executor = population.make_executor(execution, UpdatePlan(agent, batches, updates))
     states = executor.adopt(population.copy_tree(states))
     member_buffers, member_hparams = executor.adopt(buffers), executor.adopt(hparams)
     metrics = None
@@ -47,9 +46,16 @@ def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, upda
     return executor.release(states), metrics
 
 
-@pytest.mark.parametrize("name", ["td3", "sac", "dqn", "dqn_atari"])
-def test_vectorized_equals_sequential(name):
-    agent = tiny_agent(name)
+# Each algorithm as configured by default, and with the options that change its update's shape.
+EQUIVALENCE_CASES = [
+    *(pytest.param(name, {}, id=name) for name in ("td3", "sac", "dqn", "dqn_atari")),
+    *(pytest.param(name, {"n_step": 3}, id=f"{name}-n_step") for name in ("td3", "sac", "dqn")),
+]
+
+
+@pytest.mark.parametrize("name, options", EQUIVALENCE_CASES)
+def test_vectorized_equals_sequential(name, options):
+    agent = tiny_agent(name, **options)
     size = 3
     spec, buffers = random_buffers(name, size)
     hparams = stacked_hparams(agent, size, **PER_MEMBER[name])

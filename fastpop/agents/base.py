@@ -49,6 +49,7 @@ class Agent(NamedTuple):
     # Algorithm-specific pieces of `update` (e.g. TD3's critic and actor steps), for code that
     # recombines them: shared-critic strategies, per-piece FLOP counts in the benchmark.
     parts: Any = None
+    n_step: int = 1  # env steps a sampled transition spans (the replay's `Sampler` reads it)
 
 
 def no_draws(key: PRNGKey) -> None:
@@ -112,6 +113,9 @@ class ActorCriticConfig:
     compute_dtype: str = "float32"
     """What the networks' matmuls compute in (float32 or bfloat16); parameters and optimizer
     state stay float32."""
+    n_step: int = 1
+    """Env steps a transition's return spans before it bootstraps (n-step returns): never
+    across a termination, through a truncation (population/n_step.py); 1: one-step TD."""
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -43,6 +43,9 @@ class DQNConfig:
     """Adam epsilon (Dopamine / Rainbow setting for Atari)."""
     huber_delta: float = 1.0
     """Quadratic-to-linear switch of the Huber loss."""
+    n_step: int = 1
+    """Env steps a transition's return spans before it bootstraps (n-step returns): never
+    across a termination, through a truncation (population/n_step.py); 1: one-step TD."""
 
 
 class DQNHParams(NamedTuple):
@@ -108,9 +111,7 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         take_random = jax.random.uniform(explore_key, greedy.shape) < rate
         return jnp.where(take_random, random_action, greedy)
 
-    example_loss = jax.vmap(
-        partial(losses.dqn_loss, huber_delta=config.huber_delta), in_axes=(0, 0, 0, None, 0, 0, 0)
-    )
+    example_loss = jax.vmap(partial(losses.dqn_loss, huber_delta=config.huber_delta))
 
     def loss_fn(params, target_params, batch: Transition, hparams: DQNHParams):
         next_target_q = network.apply(target_params, batch.next_obs)
@@ -120,11 +121,12 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         )
         q = network.apply(params, batch.obs)
         action = batch.action.astype(jnp.int32)
+        reward, discount = losses.discounted_rewards(batch, hparams.discount)
         loss = example_loss(
             q,
             action,
-            batch.reward,
-            hparams.discount,
+            reward,
+            discount,
             batch.terminated,
             next_target_q,
             next_selector_q,
@@ -133,7 +135,8 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
 
     def update_drawn(state: DQNState, batch: Transition, hparams: DQNHParams, drawn):
         del drawn  # DQN's update draws nothing
-        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 1, 1])
+        ranks = [1 + len(spec.obs_shape), 1, losses.reward_rank(batch)]
+        chex.assert_rank([batch.obs, batch.action, batch.reward], ranks)
         (loss, q_mean), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state.target_params, batch, hparams
         )
@@ -155,6 +158,7 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         policy_params=lambda state: state.params,
         default_hparams=default_hparams,
         batch_size=config.batch_size,
+        n_step=config.n_step,
     )
 
 

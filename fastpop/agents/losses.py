@@ -33,6 +33,29 @@ def bootstrap_target(
     return jax.lax.stop_gradient(reward + bootstrap * next_value)
 
 
+def n_step_return(
+    rewards: chex.Array, steps: chex.Array, discount: Scalar
+) -> tuple[chex.Array, chex.Array]:
+    """An n-step transition's discounted reward sum and its bootstrap's discount:
+    sum_k discount**k * rewards[k] (the rewards past `steps` are zero) and discount**steps."""
+    chex.assert_rank([rewards, steps, discount], [1, 0, 0])
+    powers = discount ** jnp.arange(rewards.shape[0], dtype=jnp.float32)
+    return jnp.sum(powers * rewards), discount ** steps.astype(jnp.float32)
+
+
+def discounted_rewards(batch, discount: Scalar) -> tuple[chex.Array, chex.Array]:
+    """(reward, discount), each (batch,), of a batch's transitions: one-step ones keep their
+    reward and the member's discount, n-step ones (`batch.steps` given) `n_step_return`'s."""
+    if batch.steps is None:
+        return batch.reward, jnp.broadcast_to(discount, batch.reward.shape)
+    return jax.vmap(n_step_return, in_axes=(0, 0, None))(batch.reward, batch.steps, discount)
+
+
+def reward_rank(batch) -> int:
+    """The rank of a batch's rewards: (batch,) one-step, (batch, n) n-step."""
+    return 1 if batch.steps is None else 2
+
+
 def td3_target_action(
     target_action: chex.Array,
     standard_normal: chex.Array,

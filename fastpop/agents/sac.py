@@ -103,9 +103,7 @@ def make_sac_parts(
     """Critic, actor and temperature steps of SAC: network applies here, arithmetic in losses."""
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
-    critic_example_loss = jax.vmap(
-        losses.sac_critic_loss, in_axes=(0, 0, None, 0, 0, 0, None, None)
-    )
+    critic_example_loss = jax.vmap(losses.sac_critic_loss, in_axes=(0, 0, 0, 0, 0, 0, None, None))
     actor_example_loss = jax.vmap(losses.sac_actor_loss, in_axes=(0, 0, None))
 
     def sample_action(actor, obs, noise):
@@ -116,10 +114,11 @@ def make_sac_parts(
         next_action, next_log_prob = sample_action(state.actor, batch.next_obs, noise)
         next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
         q = critic_net.apply(critic, batch.obs, batch.action)
+        reward, discount = losses.discounted_rewards(batch, hparams.discount)
         loss = critic_example_loss(
             q,
-            batch.reward,
-            hparams.discount,
+            reward,
+            discount,
             batch.terminated,
             next_q,
             next_log_prob,
@@ -224,7 +223,8 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         return jax.random.normal(critic_key, shape), jax.random.normal(actor_key, shape)
 
     def update_drawn(state: SACState, batch: Transition, hparams: SACHParams, drawn):
-        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
+        ranks = [1 + len(spec.obs_shape), 2, losses.reward_rank(batch)]
+        chex.assert_rank([batch.obs, batch.action, batch.reward], ranks)
         critic_noise, actor_noise = drawn
         state, critic_metrics = parts.critic_step(state, batch, hparams, critic_noise)
         # The actor is trained against the critic just updated, then the targets follow it.
@@ -247,6 +247,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,
+        n_step=config.n_step,
         parts=parts,
     )
 

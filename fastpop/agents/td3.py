@@ -102,7 +102,7 @@ def make_td3_parts(
         losses.td3_target_action, action_low=spec.action_low, action_high=spec.action_high
     )
     smoothed_action = jax.vmap(bounded, in_axes=(0, 0, None, None))
-    critic_example_loss = jax.vmap(losses.td3_critic_loss, in_axes=(0, 0, None, 0, 0))
+    critic_example_loss = jax.vmap(losses.td3_critic_loss)
 
     def critic_loss(critic, state: TD3State, batch: Transition, hparams: TD3HParams, noise):
         next_action = smoothed_action(
@@ -113,7 +113,8 @@ def make_td3_parts(
         )
         next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
         q = critic_net.apply(critic, batch.obs, batch.action)
-        loss = critic_example_loss(q, batch.reward, hparams.discount, batch.terminated, next_q)
+        reward, discount = losses.discounted_rewards(batch, hparams.discount)
+        loss = critic_example_loss(q, reward, discount, batch.terminated, next_q)
         return jnp.mean(loss), jnp.mean(q)
 
     def actor_loss(actor, critic, obs):
@@ -135,7 +136,8 @@ def make_td3_parts(
         return select_tree(due, stepped, state), jnp.where(due, loss, jnp.nan)
 
     def critic_step(state: TD3State, batch: Transition, hparams: TD3HParams, noise):
-        chex.assert_rank([batch.obs, batch.action, batch.reward], [1 + len(spec.obs_shape), 2, 1])
+        ranks = [1 + len(spec.obs_shape), 2, losses.reward_rank(batch)]
+        chex.assert_rank([batch.obs, batch.action, batch.reward], ranks)
         (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
             state.critic, state, batch, hparams, noise
         )
@@ -215,6 +217,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         policy_params=lambda state: state.actor,
         default_hparams=default_hparams,
         batch_size=config.batch_size,
+        n_step=config.n_step,
         parts=parts,
     )
 

@@ -187,7 +187,7 @@ class UpdateAlone:
         chunks = jax.vmap(lambda k: random_rows(spec, env_spec, k))(jax.random.split(key, size))
         add = jax.jit(jax.vmap(partial(replay.add, spec)))
         buffers = add(replay.init_population(spec, size), chunks)
-        sample_batch = replay.Sampler(spec, agent.batch_size)
+        sample_batch = replay.Sampler(spec, agent.batch_size, agent.n_step)
         plan = population.UpdatePlan(agent, sample_batch, updates_per_call)
         self.executor = population.make_executor("vectorized", plan)
         states = population.init_population(agent, key, hparams)

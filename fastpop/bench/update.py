@@ -335,7 +335,7 @@ def make_executor(
 ) -> tuple[population.Executor, population.UpdatePlan]:
     """The executor of `impl` sampling from `spec`'s buffers, and its plan (the updates of one
     program call)."""
-    sample_batch = replay.Sampler(spec, agent.batch_size)
+    sample_batch = replay.Sampler(spec, agent.batch_size, agent.n_step)
     per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates_per_call)
     plan = population.UpdatePlan(agent, sample_batch, per_program)._replace(**impl.plan)
     executor = population.make_executor(impl.base, plan)

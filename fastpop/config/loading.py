@@ -53,6 +53,7 @@ _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
 _AGENT_RANGES = {
     "hidden_sizes": {"min": 1},
     "batch_size": {"min": 1},
+    "n_step": {"min": 1},
     "torso": {"choices": TORSOS},
     "compute_dtype": {"choices": COMPUTE_DTYPES},
 }

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fastpop.population.n_step import window as n_step_window
 from fastpop.types import EnvSpec, PRNGKey, Transition
 
 # Candidate starts drawn per batch element; the first valid one is used (see `sample`).
@@ -223,17 +224,33 @@ def sample_positions(
     return Positions(lane=lane, row=(oldest + offset) % cap)
 
 
-def gather_transitions(spec: ReplaySpec, state: ReplayState, positions: Positions) -> Transition:
-    """The transitions starting at `positions`."""
+def gather_transitions(
+    spec: ReplaySpec, state: ReplayState, positions: Positions, n_step: int = 1
+) -> Transition:
+    """The transitions starting at `positions`; with `n_step` > 1 each spans up to `n_step` rows
+    of its episode (`n_step.window`): its reward is the (B, n_step) window, `steps` the rows
+    taken, and `next_obs` the observation after the last."""
     rows, lane, row = state.rows, positions.lane, positions.row
-    obs, next_obs = _stack_frames(spec, rows, lane, row)
+    if n_step == 1:
+        obs, next_obs = _stack_frames(spec, rows, lane, row)
+        return Transition(
+            obs=obs,
+            action=rows.action[lane, row],
+            reward=rows.reward[lane, row],
+            next_obs=next_obs,
+            terminated=rows.terminated[lane, row],
+            truncated=rows.truncated[lane, row],
+        )
+    cap = spec.lane_capacity
+    span = n_step_window(rows, state.position, state.size, cap, lane, row, n_step)
     return Transition(
-        obs=obs,
+        obs=_stack_frames(spec, rows, lane, row)[0],
         action=rows.action[lane, row],
-        reward=rows.reward[lane, row],
-        next_obs=next_obs,
-        terminated=rows.terminated[lane, row],
-        truncated=rows.truncated[lane, row],
+        reward=span.rewards,
+        next_obs=_stack_frames(spec, rows, lane, span.last_row)[1],
+        terminated=span.terminated,
+        truncated=span.truncated,
+        steps=span.steps,
     )
 
 
@@ -260,15 +277,16 @@ class Sampler:
 
     spec: ReplaySpec
     batch_size: int
+    n_step: int = 1  # rows a transition's return spans (`gather_transitions`)
 
     def __call__(self, state: ReplayState, key: PRNGKey) -> Transition:
-        return sample(self.spec, state, key, self.batch_size)
+        return self.gather(state, self.positions(state, key))
 
     def positions(self, state: ReplayState, key: PRNGKey) -> Positions:
         return sample_positions(self.spec, state, key, self.batch_size)
 
     def gather(self, state: ReplayState, positions: Positions) -> Transition:
-        return gather_transitions(self.spec, state, positions)
+        return gather_transitions(self.spec, state, positions, self.n_step)
 
 
 # --- memory planning (host side) ---

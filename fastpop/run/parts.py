@@ -137,7 +137,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
     replay_spec = build_replay_spec(config, spec)
     strategy = config_lib.build_strategy(config)
     mesh = sharding.mesh_for(config.population)
-    sampler = replay.Sampler(replay_spec, agent.batch_size)
+    sampler = replay.Sampler(replay_spec, agent.batch_size, agent.n_step)
     training = make_training(config, spec, agent, strategy, sampler, mesh)
     limiter = make_limiter(config, agent, mode)
     return RunParts(
