@@ -13,6 +13,7 @@ from fastpop.collect import snapshot
 from fastpop.learn import learner as learner_lib
 from fastpop.population import chunking, tuning_cache
 from fastpop.run import loop
+from fastpop.run.evaluation_rounds import EvaluationRounds
 from fastpop.run.parts import build_learner, build_run
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import format_breakdown, late_evaluations_line
@@ -221,9 +222,9 @@ def test_a_run_says_how_many_evaluations_came_back_after_training_ended(tmp_path
     overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128", "strategy=pbt"]
     overrides += ["pbt.interval=128", "population.priors={actor_lr: {uniform: [1.0e-4, 1.0e-3]}}"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
-    receive = loop.Run._receive_evaluations
+    receive = EvaluationRounds.receive
     held = lambda self, timeout=0.0: receive(self, timeout) if self.training_done else None
-    monkeypatch.setattr(loop.Run, "_receive_evaluations", held)
+    monkeypatch.setattr(EvaluationRounds, "receive", held)
     lines: list[str] = []
     run_dir = tmp_path / "run"
     run_dir.mkdir()
