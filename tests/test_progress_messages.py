@@ -90,18 +90,17 @@ def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
     monkeypatch.setattr(chunking, "_measure_later", False)  # as `fastpop bench` sets it
     learner = build_learner(config)
-    assert learner.first_update_phase() == (
+    assert learner.update_phase(first=True) == (
         "first population update (measuring members per chunk on this CPU)"
     )
     monkeypatch.setattr(chunking, "_measure_later", True)  # a run's: its first update waits not
     learner = build_learner(config)
-    assert learner.first_update_phase() == "first population update (compiling)"
+    assert learner.update_phase(first=True) == "first population update (compiling)"
     monkeypatch.setenv(chunking.CHUNK_ENV, "2")
     learner = build_learner(config)
-    assert learner.first_update_phase() == "first population update (compiling)"
+    assert learner.update_phase(first=True) == "first population update (compiling)"
     learner.compile_update_ahead()
-    learner._update_ahead.result()
-    assert learner.first_update_phase() == "first population update"
+    learner.calls.ahead.result()
     assert learner.update_phase(first=True) == "first population update"
     # A later update: named only where it measures members per chunk (chunking.py).
     assert learner.update_phase(first=False) == "population update"

@@ -39,7 +39,7 @@ def rows_for(learner: Learner, chunk: int) -> replay.Rows:
     rng = np.random.default_rng(chunk)
     config = learner.config
     lanes = config.population.size * config.collect.envs_per_member
-    layout = replay.row_layout(learner.replay_spec, (lanes, config.collect.chunk_len))
+    layout = replay.row_layout(learner.replay.spec, (lanes, config.collect.chunk_len))
     obs, action, reward, *flags = layout
     if np.issubdtype(action.dtype, np.integer):
         actions = rng.integers(0, 2, action.shape).astype(action.dtype)

@@ -93,7 +93,7 @@ class HostLearner(Learner):
     @property
     def last_metrics(self) -> dict[str, float]:
         """Averaged over this process's members (no communication: logged at any time)."""
-        return averaged_metrics(self.metrics or {}, self._local)
+        return averaged_metrics(self.calls.metrics or {}, self._local)
 
 
 class HostEvents(MetricsWriter):
