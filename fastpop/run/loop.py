@@ -8,7 +8,8 @@
 
 Nothing here is algorithm-specific. The learner owns all device state; collector and evaluator
 processes (fastpop.collect) step CPU simulators and talk to it through shared memory. The
-evaluation rounds are fastpop.run.evaluation_rounds', the checkpoints fastpop.run.run_checkpoints'.
+loop's evaluation rounds are in fastpop.run.evaluation_rounds, its checkpoints in
+fastpop.run.run_checkpoints.
 """
 
 from __future__ import annotations
