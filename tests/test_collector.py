@@ -222,7 +222,7 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
         assert len(got) == count
         return got
 
-    with Workers(config, learner.host_policy_tree(), learner.replay_spec) as workers:
+    with Workers(config, learner.host_policy_tree(), learner.replay.spec) as workers:
         before = chunks(4, workers)  # 2 chunks of warm-up, then the policy
         learner.clocks.start_trials(np.array([False, True]))
         workers.publish_from(learner)

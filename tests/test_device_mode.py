@@ -134,7 +134,7 @@ def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     assert all(r["return_mean"] >= LEARNED for r in final), final
     # What it learned from: every sampled transition that ends in a tilt past 0.2 rad is
     # terminal and no other is; every reward is the 1 per step alive (no reset rows).
-    replay_spec, buffers = trained.learner.replay_spec, trained.learner.replay.buffers
+    replay_spec, buffers = trained.learner.replay.spec, trained.learner.replay.buffers
     for member in range(2):
         buffer = jax.tree.map(lambda x, m=member: x[m], buffers)
         batch = replay.sample(replay_spec, buffer, jax.random.key(member), 4096)

@@ -120,7 +120,7 @@ def test_dqn_population_learns_cartpole_on_the_device(tmp_path, capsys):
     learner = trained.learner
     for member in range(2):
         buffer = jax.tree.map(lambda x, m=member: x[m], learner.replay.buffers)
-        batch = replay.sample(learner.replay_spec, buffer, jax.random.key(member), 4096)
+        batch = replay.sample(learner.replay.spec, buffer, jax.random.key(member), 4096)
         next_obs = np.asarray(batch.next_obs)
         fell = (np.abs(next_obs[:, 2]) > 12 * np.pi / 180) | (np.abs(next_obs[:, 0]) > 2.4)
         np.testing.assert_array_equal(np.asarray(batch.terminated), fell)

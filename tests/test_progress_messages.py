@@ -13,6 +13,7 @@ from fastpop.collect import snapshot
 from fastpop.learn import learner as learner_lib
 from fastpop.population import chunking, tuning_cache
 from fastpop.run import loop
+from fastpop.run.evaluation_rounds import EvaluationRounds
 from fastpop.run.parts import build_learner, build_run
 from fastpop.run.phases import PhaseWatch
 from fastpop.run.progress import format_breakdown, late_evaluations_line
@@ -89,18 +90,17 @@ def test_the_first_update_is_named_by_what_it_waits_for(monkeypatch):
     monkeypatch.setattr(chunking, "SMALL_POPULATION_BYTES", 0)
     monkeypatch.setattr(chunking, "_measure_later", False)  # as `fastpop bench` sets it
     learner = build_learner(config)
-    assert learner.first_update_phase() == (
+    assert learner.update_phase(first=True) == (
         "first population update (measuring members per chunk on this CPU)"
     )
     monkeypatch.setattr(chunking, "_measure_later", True)  # a run's: its first update waits not
     learner = build_learner(config)
-    assert learner.first_update_phase() == "first population update (compiling)"
+    assert learner.update_phase(first=True) == "first population update (compiling)"
     monkeypatch.setenv(chunking.CHUNK_ENV, "2")
     learner = build_learner(config)
-    assert learner.first_update_phase() == "first population update (compiling)"
+    assert learner.update_phase(first=True) == "first population update (compiling)"
     learner.compile_update_ahead()
-    learner._update_ahead.result()
-    assert learner.first_update_phase() == "first population update"
+    learner.calls.ahead.result()
     assert learner.update_phase(first=True) == "first population update"
     # A later update: named only where it measures members per chunk (chunking.py).
     assert learner.update_phase(first=False) == "population update"
@@ -221,9 +221,9 @@ def test_a_run_says_how_many_evaluations_came_back_after_training_ended(tmp_path
     overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128", "strategy=pbt"]
     overrides += ["pbt.interval=128", "population.priors={actor_lr: {uniform: [1.0e-4, 1.0e-3]}}"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
-    receive = loop.Run._receive_evaluations
+    receive = EvaluationRounds.receive
     held = lambda self, timeout=0.0: receive(self, timeout) if self.training_done else None
-    monkeypatch.setattr(loop.Run, "_receive_evaluations", held)
+    monkeypatch.setattr(EvaluationRounds, "receive", held)
     lines: list[str] = []
     run_dir = tmp_path / "run"
     run_dir.mkdir()

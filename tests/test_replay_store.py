@@ -127,7 +127,7 @@ def test_the_learner_waits_until_every_buffer_holds_a_transition():
         ],
     )
     learner = build_learner(config)
-    layout = replay.row_layout(learner.replay_spec, (4, 1))
+    layout = replay.row_layout(learner.replay.spec, (4, 1))
     rows = replay.Rows(*(np.zeros(x.shape, x.dtype) for x in layout))
     learner.insert(rows._replace(episode_start=np.ones((4, 1), bool)))
     assert learner.limiter.can_sample() and not learner.can_update()
@@ -212,7 +212,7 @@ def test_the_update_compiled_ahead_is_the_program_the_first_update_runs(strategy
     while not learner.can_update():
         learner.insert(rows_for(learner, chunk))
         chunk += 1
-    learner._update_ahead.result()
+    learner.calls.ahead.result()
     COMPILED.clear()
     learner.update()
     assert COMPILED == [], COMPILED

@@ -39,7 +39,7 @@ def rows_for(learner: Learner, chunk: int) -> replay.Rows:
     rng = np.random.default_rng(chunk)
     config = learner.config
     lanes = config.population.size * config.collect.envs_per_member
-    layout = replay.row_layout(learner.replay_spec, (lanes, config.collect.chunk_len))
+    layout = replay.row_layout(learner.replay.spec, (lanes, config.collect.chunk_len))
     obs, action, reward, *flags = layout
     if np.issubdtype(action.dtype, np.integer):
         actions = rng.integers(0, 2, action.shape).astype(action.dtype)
@@ -182,7 +182,7 @@ def run_with_checkpoint(run_dir):
     run.learner.config = config  # what `rows_for` reads the learner's settings from
     run.metrics = MetricsWriter(run_dir, tensorboard=False)
     run.learner.insert(rows_for(run.learner, 0))
-    run.save_checkpoint("interval")
+    run.checkpoints.save("interval")
     return run
 
 
@@ -195,14 +195,14 @@ def test_disk_full_stops_the_run_and_keeps_the_previous_checkpoint(tmp_path, mon
 
     monkeypatch.setattr(np, "savez", disk_full)
     with pytest.raises(loop.TrainError) as stop:
-        run._stop_checkpoint("interrupted")
+        run.checkpoints.save_at_stop("interrupted")
     message = str(stop.value)
     assert "the disk is full" in message and "No space left on device" in message
     assert f"newest complete checkpoint: {tmp_path / 'checkpoints' / '000000000008'}" in message
     monkeypatch.undo()
     directory = tmp_path / "checkpoints"
     assert [p.name for p in directory.iterdir()] == ["000000000008"]  # no half-written one
-    _, metadata, _ = checkpoint.restore_latest(directory, run.checkpoint_template)
+    _, metadata, _ = checkpoint.restore_latest(directory, run.checkpoints.template)
     assert metadata["run"]["member_env_steps"] == 8 and metadata["run"]["reason"] == "interval"
 
 
@@ -231,7 +231,7 @@ def test_an_edited_config_file_is_refused_rather_than_ignored(tmp_path):
 def test_an_unusable_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path):
     run = run_with_checkpoint(tmp_path)
     run.learner.insert(rows_for(run.learner, 1))
-    newest = run.save_checkpoint("interval")
+    newest = run.checkpoints.save("interval")
     arrays = newest / checkpoint.ARRAYS
     arrays.write_bytes(arrays.read_bytes()[:1000])  # truncated
     said = []

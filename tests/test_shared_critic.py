@@ -90,7 +90,7 @@ def shared_learner(strategy: str, size: int, *overrides: str) -> Learner:
     )
     learner = build_learner(config)
     rng = np.random.default_rng(0)
-    layout = replay.row_layout(learner.replay_spec, (size, 8))
+    layout = replay.row_layout(learner.replay.spec, (size, 8))
     for chunk in range(3):
         rewards = np.repeat(np.arange(size, dtype=np.float32)[:, None], 8, 1) + 100 * chunk
         learner.insert(

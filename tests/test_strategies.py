@@ -181,7 +181,7 @@ def filled_learner(*overrides: str) -> Learner:
     learner = build_learner(config)
     rng = np.random.default_rng(0)
     size = config.population.size
-    layout = replay.row_layout(learner.replay_spec, (size, config.collect.chunk_len))
+    layout = replay.row_layout(learner.replay.spec, (size, config.collect.chunk_len))
     for _ in range(3):
         rows = replay.Rows(
             *(rng.normal(size=leaf.shape).astype(leaf.dtype) for leaf in layout[:3]),

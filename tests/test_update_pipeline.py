@@ -85,7 +85,7 @@ def test_the_policies_published_after_update_n_are_those_of_its_resulting_states
     )
     donated = []
     for chunk in range(CHUNKS):
-        learner.insert(rows_for(config, learner.replay_spec, chunk))
+        learner.insert(rows_for(config, learner.replay.spec, chunk))
         while learner.can_update():
             states_in = jax.tree.leaves(learner.states)
             pipeline.start()

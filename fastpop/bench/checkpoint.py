@@ -147,7 +147,7 @@ def result_record(args: argparse.Namespace, learner, rows: list[dict], fill: dic
         "population": config.population.size,
         "replay_capacity_per_member": config.replay.capacity,
         "replay_shared": config.replay.shared,
-        "replay_bytes_per_transition": replay.memory_estimate_bytes(learner.replay_spec) / capacity,
+        "replay_bytes_per_transition": replay.memory_estimate_bytes(learner.replay.spec) / capacity,
         "checkpoint_interval_seconds": interval,
         "replay_fill": fill,
         "repeats": args.repeats,

@@ -79,7 +79,7 @@ def random_rows(learner, rng: np.random.Generator):
 
     config = learner.config
     lanes = config.population.size * config.collect.envs_per_member
-    layout = replay.row_layout(learner.replay_spec, (lanes, config.collect.chunk_len))
+    layout = replay.row_layout(learner.replay.spec, (lanes, config.collect.chunk_len))
 
     def leaf(spec):
         if spec.dtype == np.bool_:
@@ -93,7 +93,7 @@ def random_rows(learner, rng: np.random.Generator):
 
 def fill_replay(learner, seed: int = 0) -> int:
     """Inserts random rows until every lane of every buffer is full; returns the inserts."""
-    spec = learner.replay_spec
+    spec = learner.replay.spec
     inserts = math.ceil(spec.lane_capacity / spec.chunk_len)
     rng = np.random.default_rng(seed)
     for _ in range(inserts):

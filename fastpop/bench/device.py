@@ -99,7 +99,7 @@ class Fused:
         from fastpop.run.parts import build_run, make_collection
 
         start = time.perf_counter()
-        parts = build_run(config)
+        self.parts = parts = build_run(config)
         self.learner = learner = Learner(parts.learner_parts())
         self.collection = collection = make_collection(parts, learner)
         jax.block_until_ready((learner.states, collection.lanes))
@@ -231,7 +231,7 @@ def measure(config: config_lib.Config, seconds: float, log, process=None) -> dic
     learner = fused.learner
     env = make_device_env(config.env.id, config.env.backend)
     env_alone = EnvAlone(env, size * per_member, chunk_len)
-    update_alone = UpdateAlone(learner.agent, learner.agent_spec, learner.hparams, updates)
+    update_alone = UpdateAlone(learner.agent, fused.parts.env_spec, learner.hparams, updates)
     compile_seconds = dict(fused.compile)
     for name, call in (("env", env_alone), ("update_alone", update_alone)):
         first, second = timed(call), timed(call)

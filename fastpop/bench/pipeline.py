@@ -36,7 +36,7 @@ def collection_rate(config: config_lib.Config, seconds: float) -> float:
     from fastpop.collect.workers import Workers
 
     learner = build_learner(config)
-    with Workers(config, learner.host_policy_tree(), learner.replay_spec) as workers:
+    with Workers(config, learner.host_policy_tree(), learner.replay.spec) as workers:
         rows = 0
         deadline = None
         while deadline is None or time.perf_counter() < deadline:

@@ -124,7 +124,7 @@ def measure_process_mode(config: config_lib.Config, rounds: int, seconds: float,
     from fastpop.collect.workers import Workers
 
     learner = build_learner(config)
-    policy, spec = learner.host_policy_tree(), learner.replay_spec
+    policy, spec = learner.host_policy_tree(), learner.replay.spec
     with Workers(config, policy, spec, log=lambda line: None) as workers:
         passes = RunLoopPasses(learner, workers)
         warm_up = passes.warm_up()

@@ -96,9 +96,9 @@ def adopt_chunk(learner: Learner, state: DeviceState, plan: ChunkPlan, metrics: 
     learner.replay.buffers, learner.states, learner.key = state.buffers, state.states, state.key
     calls = int(plan.calls)
     learner.limiter.record_calls(calls)
-    learner.updates += calls * learner.updates_per_call
+    learner.calls.record(calls, metrics)
     if calls:
-        learner.metrics, learner.policy_version = metrics, learner.policy_version + 1
+        learner.policy_version += 1
 
 
 def chunk_program_inputs(parts: LearnerParts) -> tuple:

@@ -92,7 +92,7 @@ class Workers:
     ):
         """`initial_policy`: what the collectors act with first, as host arrays
         (`Learner.host_policy_tree`: stacked policy params, hparams, env steps per member).
-        `replay_spec`: the learner's (`Learner.replay_spec`); collectors build their chunks
+        `replay_spec`: the learner's (`Learner.replay.spec`); collectors build their chunks
         with it rather than deriving their own. `policy_version`: the learner's
         `policy_version` when `initial_policy` was taken (see `publish_if_changed`); None:
         it is zeros of the policies' layout, not published (collectors started before the

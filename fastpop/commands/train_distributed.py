@@ -156,7 +156,7 @@ def _resumed_run(run_dir: Path, overrides: list[str]):
     parts = build_run(config)
     flags.check_parts(parts)
     run = DistributedRun(parts, Path(run_dir))
-    run.restore_latest(run.log)
+    run.checkpoints.restore_latest(run.log)
     if run.member_env_steps >= config.train.total_env_steps:
         raise ConfigError(
             f"{run_dir} is complete: {run.member_env_steps:,} of train.total_env_steps="

@@ -93,7 +93,7 @@ class HostLearner(Learner):
     @property
     def last_metrics(self) -> dict[str, float]:
         """Averaged over this process's members (no communication: logged at any time)."""
-        return averaged_metrics(self.metrics or {}, self._local)
+        return averaged_metrics(self.calls.metrics or {}, self._local)
 
 
 class HostEvents(MetricsWriter):
@@ -320,7 +320,7 @@ class DistributedRun(Run):
             self._note_lost(lost)
             raise lost from None
         finally:
-            self.checkpoints.close()
+            self.checkpoints.store.close()
 
     def _note_lost(self, error: ProcessLost) -> None:
         with MetricsWriter(self.run_dir, tensorboard=False) as events:
@@ -336,10 +336,10 @@ class DistributedRun(Run):
         agreed = self.collection.agreed_elapsed
         return super().elapsed() if agreed is None else agreed
 
-    def _summary(self, stopped_by: str) -> dict:
+    def _summary(self, stopped_by: str, worker_stats: dict) -> dict:
         """The run's summary and the lock step's cost: exchanges with the other processes and
         the seconds spent in them (waits for a slower process included)."""
-        summary = super()._summary(stopped_by)
+        summary = super()._summary(stopped_by, worker_stats)
         exchanges, seconds = self.lockstep.step, self.lockstep.seconds
         summary["lockstep"] = {"exchanges": exchanges, "seconds": seconds}
         if exchanges:

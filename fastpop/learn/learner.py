@@ -6,25 +6,25 @@ bookkeeping around it (rate limiter, update counter, the strategy's state).
 device mode's chunk (fastpop.collect.chunk_programs) reads and sets its arrays and counters.
 How members are trained and changed between rounds is the strategy's `Training`
 (fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the learner depends on
-neither's kind. Its parts are built once, by fastpop.run.parts.
+neither's kind. Its parts are built once, by fastpop.run.parts; its update calls are counted
+(and compiled ahead) by `UpdateCalls` (fastpop.learn.update_calls).
 """
 
 from __future__ import annotations
 
 import warnings
-from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop.compilation.background import in_background
 from fastpop.learn import member_clocks, policy_copy, update_protocol
 from fastpop.learn.member_clocks import MemberClocks
 from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.learn.rate_limiter import RateLimiter
 from fastpop.learn.replay_store import ReplayStore
+from fastpop.learn.update_calls import UpdateCalls
 from fastpop.population import replay, sharding
 from fastpop.strategies.base import Evaluation, Strategy
 from fastpop.strategies.codec import join_strategy_state, split_strategy_state
@@ -61,10 +61,8 @@ class Learner:
     """Device state (member states, replay) and the host-side bookkeeping around it."""
 
     def __init__(self, parts: LearnerParts):
-        self.agent, self.agent_spec = parts.agent, parts.env_spec
-        self.size, self.updates_per_call = parts.population_size, parts.updates_per_call
+        self.agent, self.size = parts.agent, parts.population_size
         self.hparams = parts.hparams
-        self.replay_spec = parts.replay_spec
         self.mesh = parts.mesh  # None: one device
         self.replay = ReplayStore(
             parts.replay_spec, parts.replay_layout, self.size, parts.agent.batch_size, self.mesh
@@ -76,15 +74,11 @@ class Learner:
         self.states, self.strategy_state = self.training.init(init_key, self.hparams)
         self.member_hparams = self.training.adopt(self.hparams)
         self.limiter = parts.limiter
-        self.updates = 0
+        self.calls = UpdateCalls(self.mesh, parts.updates_per_call)
         self.clocks = MemberClocks(self.size)  # versions and trials (learn/member_clocks.py)
         # Counts changes of the acting policies (updates, selections, restores): a collection
         # whose workers act with copies sends them new ones when it differs from what it sent.
         self.policy_version = 0
-        # The latest update call's metrics, device arrays read only when logged (`last_metrics`);
-        # set by `update`, or by what made the calls elsewhere (device mode's chunk).
-        self.metrics: dict | None = None
-        self._update_ahead: Future | None = None  # `compile_update_ahead`'s
 
     @property
     def buffers(self):
@@ -136,7 +130,7 @@ class Learner:
         self.strategy_state = join_strategy_state(
             self.strategy_state, [jnp.asarray(a) for a in tree["strategy"]], counters["strategy"]
         )
-        self.updates = counters["updates"]
+        self.calls.updates = counters["updates"]
         self.clocks.restore(counters["clocks"])
         self.policy_version += 1
         limiter = self.limiter
@@ -149,6 +143,11 @@ class Learner:
             limiter.refill_from = limiter.inserted
 
     # --- the loop's calls ---
+
+    @property
+    def updates(self) -> int:
+        """Updates per member so far (`UpdateCalls`)."""
+        return self.calls.updates
 
     @property
     def member_env_steps(self) -> int:
@@ -200,57 +199,23 @@ class Learner:
         return self.limiter.can_sample() and self.replay.ready()
 
     def compile_update_ahead(self) -> None:
-        """The update's programs compiled in a thread from the shapes of the learner's arrays
-        (process mode: while the collectors start and step their warm-up); the first update
-        waits for it. One over a mesh, or whose compile here failed, compiles at its call."""
-        update = self.training.update
-        compile_ahead = getattr(update, "compile_ahead", None)  # the executors' (chunks)
-        if compile_ahead is None and hasattr(update, "lower"):  # jitted: CEM-RL's, DvD's
-            compile_ahead = lambda *shapes: update.lower(*shapes).compile()
-        if compile_ahead is None or self.mesh is not None:
-            return
-        arrays = (*self._update_inputs(), self.key)
-        shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), arrays)
-        # Its failure is left to the first update's own compile, which raises it.
-        self._update_ahead = in_background(compile_ahead, *shapes)
+        """The update's programs compiled in a thread (process mode: while the collectors start
+        and step their warm-up): `UpdateCalls.compile_ahead`."""
+        self.calls.compile_ahead(self.training.update, *self._update_inputs(), self.key)
 
     def update_phase(self, first: bool) -> str:
-        """What the progress line calls the next update (`first`: the run's first), which may
-        wait for more than the update itself: see `first_update_phase`; a later one, on a CPU,
-        for the members per chunk measured (fastpop.population.chunking)."""
-        if first:
-            return self.first_update_phase()
-        measures_again = getattr(self.training.update, "measures_again", None)
-        if measures_again is not None and measures_again(self.member_hparams):
-            return "population update (measuring members per chunk on this CPU)"
-        return "population update"
-
-    def first_update_phase(self) -> str:
-        """What the progress line calls the first update, which waits for more than the others:
-        its programs' compile (where none was made ahead, or it is still running) or, on a CPU,
-        the measurement of its members per chunk (fastpop.population.chunking)."""
-        ahead, update = self._update_ahead, self.training.update
-        candidates = getattr(update, "chunks_ahead", None)  # the executors' chunk sizes
-        arrays = (*self._update_inputs(), self.key)
-        if candidates is not None and self.mesh is None and len(candidates(*arrays)) > 1:
-            return "first population update (measuring members per chunk on this CPU)"
-        if ahead is None or (ahead.done() and ahead.exception() is not None):
-            return "first population update (compiling)"  # none ahead, or it failed
-        if not ahead.done():
-            return "first population update (compiling, started during the warm-up)"
-        return "first population update"
+        """What the progress line calls the next update (`first`: the run's first):
+        `UpdateCalls.phase`."""
+        return self.calls.phase(first, self.training.update, *self._update_inputs(), self.key)
 
     def update(self) -> None:
         """Dispatches an update call (it runs while the host goes on; the states are donated)."""
-        if self._update_ahead is not None:  # its programs are the ones this call runs
-            self._update_ahead.exception()  # waits; an error is raised by the call below
-            self._update_ahead = None
+        self.calls.wait_for_ahead()
         self.key, update_key = jax.random.split(self.key)
         self.states, metrics = self.training.update(*self._update_inputs(), update_key)
         self.limiter.record_sample()
-        self.updates += self.updates_per_call
+        self.calls.record(1, metrics)
         self.policy_version += 1
-        self.metrics = metrics  # read (a device-to-host copy) only when logged
 
     def wait_for_update(self) -> None:
         """Until the last update's states are computed."""
@@ -263,7 +228,7 @@ class Learner:
     @property
     def last_metrics(self) -> dict[str, float]:
         """The latest update call's metrics, averaged over members and updates."""
-        return averaged_metrics(self.metrics or {})
+        return averaged_metrics(self.calls.metrics or {})
 
     def all_member_hparams(self) -> list[dict]:
         return update_protocol.member_hparams_list(self.hparams)

@@ -47,7 +47,7 @@ def train_in_process(config: config_lib.Config) -> InProcessResult:
     num_envs = size * per_member
     atari = config_lib.atari_options(config)
     envs = LockstepEnvs(make_vector_env(config.env.id, num_envs, config.seed, atari=atari))
-    stream = RowStream(learner.replay_spec, num_envs)
+    stream = RowStream(learner.replay.spec, num_envs)
     act = jax.jit(population.population_act(learner.agent, env_steps_per_member=True))
     key = jax.random.key(config.seed + 1)
     returns: list[list[float]] = [[] for _ in range(size)]

@@ -87,7 +87,7 @@ def resume_run(run_dir: Path, overrides: list[str], log=print) -> Run:
     if config is None:
         raise checkpoint.CheckpointError(f"{directory}: no checkpoint has a readable manifest")
     run = Run(build_run(config), Path(run_dir), log)
-    run.restore_latest(log)
+    run.checkpoints.restore_latest(log)
     train = config.train
     if run.member_env_steps >= train.total_env_steps:
         raise config_lib.ConfigError(

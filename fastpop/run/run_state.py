@@ -25,6 +25,7 @@ from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.sources import Collection
 from fastpop.learn.learner import Learner
+from fastpop.run.evaluation_rounds import EvaluationRounds
 from fastpop.run.metrics import MetricsWriter
 from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.schema import ConfigError
@@ -37,7 +38,7 @@ class Run(Protocol):
     learner: Learner
     collection: Collection
     progress: RunProgress
-    pending: PendingEvaluations
+    evaluations: EvaluationRounds  # its `pending` snapshots are saved
     metrics: MetricsWriter
     member_env_steps: int
 
@@ -66,7 +67,7 @@ SAFE_ON_RESUME = (
 def capture(run: Run, reason: str) -> tuple[dict, dict]:
     """(tree, metadata) of a checkpoint of `run` as it is now."""
     with_replay = run.config.checkpoint.replay
-    pending_arrays, pending_data = run.pending.saved()
+    pending_arrays, pending_data = run.evaluations.pending.saved()
     tree = {
         "learner": run.learner.saved_tree(with_replay),
         "collection": run.collection.saved(),  # device mode: env states and their key
@@ -99,7 +100,7 @@ def template(run: Run, metadata: dict) -> dict:
 
 
 class Restored(NamedTuple):
-    """The run's own state as a checkpoint left it (what `Run.restore` adopts)."""
+    """The run's own state as a checkpoint left it (what `RunCheckpoints.restore` adopts)."""
 
     progress: RunProgress
     pending: PendingEvaluations

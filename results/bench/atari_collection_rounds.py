@@ -74,7 +74,7 @@ def collect(env_id, pop, seconds, vector, warmup):
     # Workers take the published tree since stop 41, its leaves before.
     new = hasattr(learner, "host_policy_tree")
     policy = learner.host_policy_tree() if new else learner.policy_leaves()
-    with Workers(config, policy, learner.replay_spec) as workers:
+    with Workers(config, policy, learner.replay.spec) as workers:
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
             workers.check()

@@ -55,13 +55,13 @@ def collect(env_id, pop, seconds):
     try:  # since the run's one front door (27fe65a)
         from fastpop.run.parts import build_learner
         learner = build_learner(config)
-        workers = Workers(config, learner.host_policy_tree(), learner.replay_spec)
+        workers = Workers(config, learner.host_policy_tree(), learner.replay.spec)
     except ImportError:  # an older checkout
         from fastpop.learn.learner import Learner, prepare
         spec, agent = prepare(config)
         learner = Learner(config, spec, agent)
         new = "replay_spec" in inspect.signature(Workers).parameters  # before: the env spec
-        workers = Workers(config, learner.policy_leaves(), learner.replay_spec if new else spec)
+        workers = Workers(config, learner.policy_leaves(), learner.replay.spec if new else spec)
     with workers:
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
