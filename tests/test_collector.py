@@ -135,10 +135,10 @@ def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_
 
     try:
         deadline = time.monotonic() + 120
-        while len(workers.rings[0]) < warm_up_chunks and time.monotonic() < deadline:
+        while len(workers.channels.rings[0]) < warm_up_chunks and time.monotonic() < deadline:
             time.sleep(0.05)
         assert chunks_within(1.5) == warm_up_chunks  # and nothing after them
-        assert workers.evaluator is None  # started with the first trained policies
+        assert workers.processes.evaluator is None  # started with the first trained policies
         learner = Learner(parts.learner_parts())
         with collection.running(learner, lambda *_: None, generation=0):
             assert chunks_within(60, enough=1) == 1  # policy steps, once published

@@ -18,7 +18,7 @@ from tests.runs import ENDLESS, FAST, TD3_PENDULUM
 
 def signal_the_group(run) -> None:
     """What a group SIGTERM does: every worker dies, the trainer's handler records it."""
-    workers = run.collection.workers
+    workers = run.collection.workers.processes
     processes = [p for p in (*workers.collectors, workers.evaluator) if p is not None]
     for process in processes:
         process.terminate()  # SIGTERM
