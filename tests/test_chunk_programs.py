@@ -113,17 +113,18 @@ def test_the_evaluation_compiled_beside_the_loop_equals_the_jitted_call():
     running.__enter__()
     while not learner.updates:  # not beside the chunk program's compile or the warm-up
         assert collection.evaluations() == []  # the loop asks every pass
-        assert collection._evaluate_program is None
+        assert collection.evaluation.compiling is None
         collection.feed(learner)
-    assert collection._evaluate_program is not None
+    assert collection.evaluation.compiling is not None
     collection.feed(learner)
     meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
     arrays = snapshot.encode(learner.policy_leaves(), meta)
     collection.evaluate(arrays)
     [result] = collection.evaluations(timeout=120)  # independent members: maybe compiling still
-    assert isinstance(collection._evaluation_program(), jax.stages.Compiled)
-    policy, hparams, _ = jax.tree.unflatten(collection._treedef, snapshot.decode(arrays)[0])
-    jitted = collection._evaluate(policy, hparams, collection._evaluation_key(meta))
+    assert isinstance(collection.evaluation.program(), jax.stages.Compiled)
+    evaluation = collection.evaluation
+    policy, hparams, _ = jax.tree.unflatten(evaluation.treedef, snapshot.decode(arrays)[0])
+    jitted = evaluation.jitted(policy, hparams, evaluation.key(meta))
     returns = np.asarray(jitted, np.float64)
     assert returns.shape == (2, 2) and result["eval_index"] == 1
     assert result["return_mean"] == returns.mean(axis=1).tolist()
@@ -140,13 +141,13 @@ def test_a_snapshot_handed_in_while_the_evaluation_compiles(monkeypatch, acts_on
     learner, collection = learner_and_collection(config)
     assert learner.strategy.acts_on_evaluations is False  # the preset's independent members
     learner.strategy = learner.strategy._replace(acts_on_evaluations=acts_on_evaluations)
-    release, compile_evaluation = threading.Event(), collection._compile_evaluation
+    release, compile_evaluation = threading.Event(), collection.evaluation._compile
 
     def held_back():
         release.wait(120)
         return compile_evaluation()
 
-    monkeypatch.setattr(collection, "_compile_evaluation", held_back)
+    monkeypatch.setattr(collection.evaluation, "_compile", held_back)
     meta = snapshot.SnapshotMeta(eval_index=1, env_steps=96, updates=6, wall_time=0.0)
     with collection.running(learner, log_event=None, generation=0):
         while not learner.updates:
@@ -164,8 +165,9 @@ def test_a_snapshot_handed_in_while_the_evaluation_compiles(monkeypatch, acts_on
             assert learner.updates > updates and collection.evaluations() == []
             release.set()
             [result] = collection.evaluations(timeout=120)
-    policy, hparams, _ = jax.tree.unflatten(collection._treedef, snapshot.decode(arrays)[0])
-    jitted = collection._evaluate(policy, hparams, collection._evaluation_key(meta))
+    evaluation = collection.evaluation
+    policy, hparams, _ = jax.tree.unflatten(evaluation.treedef, snapshot.decode(arrays)[0])
+    jitted = evaluation.jitted(policy, hparams, evaluation.key(meta))
     assert result["return_mean"] == np.asarray(jitted, np.float64).mean(axis=1).tolist()
 
 
@@ -191,7 +193,7 @@ def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_a
     parts = build_run(config_lib.load_config(PRESET, SMALL))
     ahead = DeviceCollection(parts.device_parts())  # no policy template yet
     learner_ahead = ahead.make_ahead(parts.learner_parts())
-    assert ahead._lanes_ahead is not None and ahead._programs_ahead is not None
+    assert ahead.env_lanes._ahead is not None and ahead._programs_ahead is not None
     learner = learner_ahead.result()
     assert make_collection(parts, learner, device=ahead) is ahead
     for compiling in ahead._programs_ahead[1:]:
@@ -207,7 +209,8 @@ def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_a
     for _ in range(CHUNKS - 1):
         ahead.feed(learner)
         after.feed(after_learner)
-    assert ahead._programs._cache_size() == 2 and ahead._treedef == after._treedef
+    assert ahead._programs._cache_size() == 2
+    assert ahead.evaluation.treedef == after.evaluation.treedef
     for name, a, b in (
         ("states", learner.states, after_learner.states),
         ("replay", learner.replay.buffers, after_learner.replay.buffers),

@@ -93,8 +93,8 @@ def test_device_modes_programs_lower_for_cuda(algo, env_id, strategy):
     lower_for(programs.update, buffers, states, learner_key, member_hparams, plan)
     lanes, states, hparams = collection.lanes, learner.states, learner.hparams
     lower_for(collection._chunk, lanes, key, states, hparams, jnp.int32(0))
-    policy, hparams, _ = collection._snapshot
-    lower_for(collection._evaluate, policy, hparams, key)
+    policy, hparams, _ = collection.evaluation.snapshot_shapes
+    lower_for(collection.evaluation.jitted, policy, hparams, key)
 
 
 def test_dvds_log_det_and_cems_refit_lower_for_cuda():

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Iterator
-from concurrent import futures
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from fastpop.collect import chunk_programs, device_rollout, snapshot
+from fastpop.collect import chunk_programs, device_rollout
+from fastpop.collect.device_evaluation import DeviceEvaluation
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
@@ -48,44 +46,84 @@ class DeviceParts(NamedTuple):
     program_identity: str | None = None
 
 
+class EnvLanes:
+    """The env lanes' states: made at first use by their stored program, or in a thread by
+    `make_ahead`. Member-major: over a mesh, split like the members they serve (their
+    scalars, a key, on every device)."""
+
+    def __init__(self, env, count: int, key, mesh, identity: str | None, at_once: bool):
+        """`at_once`: made now (else at first use or by `make_ahead`); always so over a mesh."""
+        init = device_rollout.lanes_init(env, count)
+        self.placement = None
+        if mesh is not None:
+            split, everywhere = sharding.members(mesh), sharding.replicated(mesh)
+            shapes = jax.eval_shape(init, key)
+            self.placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
+        self._states, self._ahead = None, None
+        self.program = stored_programs.stored_jit(init, identity, "lanes")
+        self.key = key
+        if self.placement is not None:
+            self.states = jax.jit(init, out_shardings=self.placement)(key)
+        elif at_once:
+            self.states = self.program(key)
+
+    @property
+    def states(self):
+        if self._ahead is not None:  # made in a thread: its error, if any, raises here
+            self._states, self._ahead = self._ahead.result(), None
+        elif self._states is None:
+            self._states = self.program(self.key)
+        return self._states
+
+    @states.setter
+    def states(self, states) -> None:
+        self._states, self._ahead = states, None
+
+    def make_ahead(self) -> None:
+        self._ahead = in_background(self.program, self.key)
+
+    def shapes(self):
+        return stored_programs.output_shapes(self.program, self.key)
+
+    def restore(self, lanes) -> None:
+        """From a checkpoint's host arrays."""
+        if self.placement is None:
+            self.states = jax.tree.map(jnp.asarray, lanes)
+        else:
+            self.states = sharding.place_from_host(lanes, self.placement)
+
+
 class DeviceCollection:
     """P members x E device envs stepped on the device, two jitted calls per chunk of rows (env
     states donated), acting with each member's current exploration; evaluation on a separate
-    batch of envs with the snapshot's policy held constant. With population.devices > 1 each
-    device steps the envs of its own members. The learner's state it acts with comes in as
-    arguments (`feed`, `next_chunk`)."""
+    batch of envs with the snapshot's policy held constant (`DeviceEvaluation`). With
+    population.devices > 1 each device steps the envs of its own members. The learner's state
+    it acts with comes in as arguments (`feed`, `next_chunk`)."""
 
     evaluator_restarts = 0  # nothing to restart
     chunks_per_pass = 1  # every call makes one: the loop checks signals and evaluations between
+    evaluation_type = DeviceEvaluation
 
     def __init__(self, parts: DeviceParts, policy_template=None):
         """policy_template: shapes of the learner's `policy_tree` (what a snapshot decodes to);
         None: given later by `set_policy_template`, before the loop (`make_ahead` may then
         make the lanes and the chunk program beside the learner's making)."""
         self.parts = parts
-        self.env, self.episode_length = parts.env, parts.episode_length
         key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
         self.key, lanes_key = jax.random.split(key)
-        lanes = parts.population_size * parts.collect.envs_per_member
-        init = device_rollout.lanes_init(self.env, lanes)
-        # Lanes are member-major: split over the learner's mesh like the members they serve
-        # (their scalars, a key, on every device).
-        self._placement = None
-        if parts.mesh is not None:
-            split, everywhere = sharding.members(parts.mesh), sharding.replicated(parts.mesh)
-            shapes = jax.eval_shape(init, lanes_key)
-            self._placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
         self._identity = parts.program_identity  # None on a mesh (run/parts.stored_identity)
-        self._lanes, self._lanes_ahead = None, None  # made at first use, or by `make_ahead`
-        self._lanes_program = stored_programs.stored_jit(init, self._identity, "lanes")
-        self._lanes_key = lanes_key
-        if self._placement is not None:
-            self.lanes = jax.jit(init, out_shardings=self._placement)(lanes_key)
-        elif policy_template is not None or jax.process_count() > 1:
-            self.lanes = self._lanes_program(lanes_key)
+        at_once = policy_template is not None or jax.process_count() > 1
+        self.env_lanes = EnvLanes(
+            parts.env,
+            parts.population_size * parts.collect.envs_per_member,
+            lanes_key,
+            parts.mesh,
+            self._identity,
+            at_once,
+        )
         members = device_rollout.MemberLanes(
-            self.env,
-            self.episode_length,
+            parts.env,
+            parts.episode_length,
             parts.agent,
             parts.env_spec,
             parts.training.policies,
@@ -101,35 +139,21 @@ class DeviceCollection:
         self._programs = None  # the chunk's programs, made at the first `feed`
         # or by `make_ahead`: (programs, their collect's compile, their update's compile)
         self._programs_ahead: tuple | None = None
-        self._evaluate = stored_programs.stored_jit(
-            self._evaluate_members, self._identity, "evaluate", compiler_options=stepping
-        )
-        self._evaluate_program: Future | None = None
-        self._evaluation_wanted = False  # compiled ahead once `running` (after the first update)
-        self._evaluations_wait = True  # `running` tells: each snapshot evaluated when handed in
-        self._snapshots: list[dict] = []  # handed in, evaluated once the program is compiled
-        self._results: list[dict] = []
+        self.evaluation = self.evaluation_type(parts, self._identity)
         if policy_template is not None:
             self.set_policy_template(policy_template)
 
     def set_policy_template(self, policy_template) -> None:
         """What an evaluation snapshot decodes to: host arrays of the policy tree's shapes."""
-        self._snapshot = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), policy_template
-        )
-        self._treedef = jax.tree.structure(policy_template)
+        self.evaluation.set_policy_template(policy_template)
 
     @property
     def lanes(self):
-        if self._lanes_ahead is not None:  # made in a thread: its error, if any, raises here
-            self._lanes, self._lanes_ahead = self._lanes_ahead.result(), None
-        elif self._lanes is None:
-            self._lanes = self._lanes_program(self._lanes_key)
-        return self._lanes
+        return self.env_lanes.states
 
     @lanes.setter
     def lanes(self, lanes) -> None:
-        self._lanes, self._lanes_ahead = lanes, None
+        self.env_lanes.states = lanes
 
     # --- checkpoints ---
 
@@ -137,11 +161,7 @@ class DeviceCollection:
         return {"lanes": self.lanes, "key": self.key}
 
     def restore(self, tree: dict) -> None:
-        lanes = tree["lanes"]
-        if self._placement is None:
-            self.lanes = jax.tree.map(jnp.asarray, lanes)
-        else:
-            self.lanes = sharding.place_from_host(lanes, self._placement)
+        self.env_lanes.restore(tree["lanes"])
         self.key = tree["key"]
 
     # --- the run loop's interface ---
@@ -154,14 +174,8 @@ class DeviceCollection:
         the GIL while tracing and the cores while compiling, and the first chunk came ~3 s
         later; traced beside the warm-up's chunks, it held the loop's thread back and the
         first update came ~1 s later (the brax preset on 2 cores, results/startup/README.md)."""
-        self._evaluation_wanted = True
-        self._evaluations_wait = learner.strategy.acts_on_evaluations
+        self.evaluation.start(wait_for_program=learner.strategy.acts_on_evaluations)
         yield
-
-    def _compile_evaluation_ahead(self) -> None:
-        """The evaluation's compile started in a thread, once, if the loop is `running`."""
-        if self._evaluation_wanted and self._evaluate_program is None:
-            self._evaluate_program = in_background(self._compile_evaluation)
 
     def stop(self) -> dict:
         return {}  # no worker processes, no stats of theirs
@@ -180,13 +194,13 @@ class DeviceCollection:
         if self._programs is None:
             self._programs = self._chunk_programs(learner)
         self.key, key = jax.random.split(self.key)
-        per_member, commit = self.parts.collect.envs_per_member, self._placement is None
+        per_member, commit = self.parts.collect.envs_per_member, self.env_lanes.placement is None
         # One device: the arguments committed to it, as `make_ahead` compiles the programs.
         self.lanes = chunk_programs.run_chunk(
             self._programs, learner, self.lanes, key, per_member, commit
         )
         if learner.updates:
-            self._compile_evaluation_ahead()
+            self.evaluation.compile_ahead()
         return []
 
     def make_ahead(self, learner_parts: LearnerParts) -> Future | None:
@@ -198,16 +212,16 @@ class DeviceCollection:
         makes it). A cold brax start ~1-2 s sooner than with the learner made after the trace,
         and 1-3 s sooner again with the two programs compiled at once (alternating pairs,
         results/startup/README.md)."""
-        if self._placement is not None or jax.process_count() > 1:
+        if self.env_lanes.placement is not None or jax.process_count() > 1:
             return None
-        self._lanes_ahead = in_background(self._lanes_program, self._lanes_key)
+        self.env_lanes.make_ahead()
         add_rows, state = chunk_programs.chunk_program_inputs(learner_parts)
         learner = in_background(Learner, learner_parts)
         rollout, identity = self.chunk_rollout, self._identity
         programs = chunk_programs.chunk_programs(
             self.parts.training, add_rows, rollout, None, identity
         )
-        lanes = stored_programs.output_shapes(self._lanes_program, self._lanes_key)
+        lanes = self.env_lanes.shapes()
         compiles = [
             in_background(lowered.compile)
             for lowered in chunk_programs.lowerings(programs, lanes, state)
@@ -241,81 +255,7 @@ class DeviceCollection:
         return rows, []
 
     def evaluate(self, arrays: dict) -> None:
-        """Evaluates the snapshot now, or, where the strategy does not act on evaluations and
-        the evaluation program is still compiling, once `evaluations` finds it compiled: the
-        loop trains meanwhile (a cold brax pendulum run's first evaluation held training ~4 s
-        for that compile). Where the strategy acts on them, waiting keeps a run's rounds, and
-        so its numbers, the same from run to run."""
-        self._snapshots.append(arrays)
-        self._evaluate_handed_in(None if self._evaluations_wait else 0.0)
+        self.evaluation.evaluate(arrays)
 
     def evaluations(self, timeout: float = 0.0) -> list[dict]:
-        self._evaluate_handed_in(timeout)
-        results, self._results = self._results, []
-        return results
-
-    def _evaluate_handed_in(self, timeout: float | None) -> None:
-        """Evaluates the snapshots handed in, in order, once the evaluation program is compiled
-        (waiting for it at most `timeout` seconds; None: as long as it takes). Without one it
-        starts nothing: the loop asks every pass, and the compile waits for the first update."""
-        if not self._snapshots:
-            return
-        self._compile_evaluation_ahead()
-        if self._evaluate_program is not None:
-            futures.wait([self._evaluate_program], timeout)
-            if not self._evaluate_program.done():
-                return
-        while self._snapshots:
-            self._evaluate_now(self._snapshots.pop(0))
-
-    def _evaluate_now(self, arrays: dict) -> None:
-        leaves, meta = snapshot.decode(arrays)
-        policy, hparams, _ = jax.tree.unflatten(self._treedef, leaves)
-        start = time.perf_counter()
-        returns = self._member_returns(policy, hparams, self._evaluation_key(meta))
-        self._results.append(
-            {
-                "eval_index": meta.eval_index,
-                "env_steps": meta.env_steps,
-                "updates": meta.updates,
-                "wall_time": meta.wall_time,
-                "return_mean": returns.mean(axis=1).tolist(),
-                "return_std": returns.std(axis=1).tolist(),
-                "seconds": time.perf_counter() - start,
-            }
-        )
-
-    def _member_returns(self, policy, hparams, key) -> np.ndarray:
-        """(P, episodes) returns of a decoded snapshot's members."""
-        return np.asarray(self._evaluation_program()(policy, hparams, key), np.float64)
-
-    def _evaluation_key(self, meta: snapshot.SnapshotMeta):
-        return jax.random.fold_in(jax.random.key(self.parts.seed), 7919 * (meta.eval_index + 1))
-
-    def _compile_evaluation(self):
-        """The evaluation program for a decoded snapshot, as `evaluate` passes it (so it runs
-        where the jitted call would). Shapes only: the learner's state is the loop's."""
-        key = jax.eval_shape(lambda: self._evaluation_key(snapshot.SnapshotMeta(0, 0, 0, 0.0)))
-        policy, hparams, _ = self._snapshot
-        return self._evaluate.lower(policy, hparams, key).compile()
-
-    def _evaluation_program(self):
-        """The program compiled in the background (started now by an evaluation that comes
-        before the first update: compiled from shapes either way, so that the program stored on
-        disk is the same whichever came first), or, where that failed (or it was not
-        `running`), the jitted call, which raises the same error here in the loop."""
-        self._compile_evaluation_ahead()
-        if self._evaluate_program is not None:
-            try:
-                return self._evaluate_program.result()
-            except Exception:  # the jitted call below raises it where the loop reports it
-                pass
-        return self._evaluate
-
-    # --- compiled programs ---
-
-    def _evaluate_members(self, policy, hparams, key):
-        episodes, agent = self.parts.eval_episodes, self.parts.agent
-        return device_rollout.evaluate_members(
-            self.env, self.episode_length, agent, policy, hparams, key, episodes
-        )
+        return self.evaluation.evaluations(timeout)

@@ -23,14 +23,26 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from fastpop.collect.device_collection import DeviceCollection, DeviceParts
+from fastpop.collect.device_evaluation import DeviceEvaluation
 from fastpop.distributed.lockstep import AgreedSignals, Lockstep
 from fastpop.learn.learner import Learner
 from fastpop.population import sharding
 from fastpop.run.stop_signals import stop_exception
 
 
+class LockstepEvaluation(DeviceEvaluation):
+    """The evaluation over the global mesh, never compiled ahead (module docstring)."""
+
+    def _member_returns(self, policy, hparams, key) -> np.ndarray:
+        """The snapshot holds this process's members; every member's returns come back."""
+        policy, hparams = sharding.from_local_members((policy, hparams), self.parts.mesh)
+        return sharding.to_host(self.jitted(policy, hparams, key)).astype(np.float64)
+
+
 class LockstepDeviceCollection(DeviceCollection):
     """A `DeviceCollection` on one process of several (module docstring)."""
+
+    evaluation_type = LockstepEvaluation
 
     def __init__(
         self,
@@ -64,8 +76,3 @@ class LockstepDeviceCollection(DeviceCollection):
 
     def abandon(self) -> None:
         """Another process is lost: no worker process to stop, nothing left behind."""
-
-    def _member_returns(self, policy, hparams, key) -> np.ndarray:
-        """The snapshot holds this process's members; every member's returns come back."""
-        policy, hparams = sharding.from_local_members((policy, hparams), self.parts.mesh)
-        return sharding.to_host(self._evaluate(policy, hparams, key)).astype(np.float64)

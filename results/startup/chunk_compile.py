@@ -23,7 +23,6 @@ from fastpop import config as config_lib
 from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
-from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.run.parts import build_run
 
@@ -56,7 +55,7 @@ def main() -> None:
     collection = DeviceCollection(parts.device_parts())
     add_rows, state = chunk_programs.chunk_program_inputs(parts.learner_parts())
     programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
-    lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
+    lanes = collection.env_lanes.shapes()
 
     started, cpu_started = time.perf_counter(), time.process_time()
     if args.way == "one":

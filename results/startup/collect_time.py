@@ -37,7 +37,7 @@ def main() -> None:
     collection = DeviceCollection(parts.device_parts())
     add_rows, shapes = chunk_program_inputs(parts.learner_parts())
     programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
-    lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
+    lanes = collection.env_lanes.shapes()
     lowered = next(chunk_programs.lowerings(programs, lanes, shapes))
     compiled = {way: lowered.compile(options) for way, options in WAYS.items()}
     learner = Learner(parts.learner_parts())
@@ -45,7 +45,7 @@ def main() -> None:
     print(f"P = {args.pop}, ENV_STEPPING = {xla_defaults.ENV_STEPPING}")
     for round_ in range(args.rounds):
         for way, program in compiled.items():
-            lanes = collection._lanes_program(collection._lanes_key)
+            lanes = collection.env_lanes.program(collection.env_lanes.key)
             lanes, state = stored_programs.committed((lanes, device_state(learner)))
             buffers, calls, start = state.buffers, 0, time.perf_counter()
             while time.perf_counter() - start < args.seconds:

@@ -38,7 +38,6 @@ else:
 from fastpop import config as config_lib
 from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
-from fastpop.compilation import stored_programs
 from fastpop.run import parts as run_parts
 
 parts = run_parts.build_run(config_lib.load_config(sys.argv[2]))
@@ -46,7 +45,7 @@ device = DeviceCollection(parts.device_parts())
 start = time.perf_counter()
 add_rows, state = chunk_programs.chunk_program_inputs(parts.learner_parts())
 programs = chunk_programs.chunk_programs(parts.training, add_rows, device.chunk_rollout)
-lanes = stored_programs.output_shapes(device._lanes_program, device._lanes_key)
+lanes = device.env_lanes.shapes()
 for _ in chunk_programs.lowerings(programs, lanes, state):
     pass
 print(time.perf_counter() - start)

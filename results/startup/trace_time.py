@@ -18,7 +18,6 @@ from fastpop import config as config_lib
 from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
-from fastpop.compilation import stored_programs
 from fastpop.run.parts import build_run
 
 
@@ -38,7 +37,7 @@ def main() -> None:
     started = time.perf_counter()
     add_rows, state = chunk_programs.chunk_program_inputs(learner_parts)
     programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
-    lanes = stored_programs.output_shapes(collection._lanes_program, collection._lanes_key)
+    lanes = collection.env_lanes.shapes()
     for _ in chunk_programs.lowerings(programs, lanes, state):
         pass
     traced = time.perf_counter() - started
