@@ -39,7 +39,9 @@ class ObservationStats(NamedTuple):
 
     mean: jax.Array  # (obs_dim,) float32
     var: jax.Array  # (obs_dim,) float32: the population variance (numpy's var, ddof 0)
-    count: jax.Array  # () float32: observations merged so far
+    # () float32: observations merged so far. Past 2**24 its rounding changes a new batch's
+    # weight (batch / count, by then tiny) by ~1e-7 of itself: the statistics settle regardless.
+    count: jax.Array
 
 
 def initial_stats(spec: EnvSpec) -> ObservationStats:
