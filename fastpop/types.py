@@ -61,6 +61,23 @@ def stored_obs(spec, obs):
     return obs[..., -(spec.obs_shape[-1] // spec.frame_stack) :]
 
 
+# `agent.observation_norm` (fastpop/agents/observation_norm.py): the published policy params
+# hold a member's observation statistics under this key, {"mean": (obs_dim,), "var": (obs_dim,)},
+# beside its network's ("params"); every consumer normalizes with `normalized_observation`.
+OBSERVATION_NORM_KEY = "observation_norm"
+OBSERVATION_NORM_EPSILON = 1e-8  # keeps a constant feature (variance 0) finite
+OBSERVATION_NORM_CLIP = 10.0  # normalized features beyond +-10 standard deviations are clipped
+
+
+def normalized_observation(obs, mean, var, xp):
+    """clip((obs - mean) / sqrt(var + 1e-8), -10, 10): the one formula of `agent.observation_norm`,
+    in `xp` (jax.numpy in the agents' programs, numpy in a collector without JAX), so that
+    every path applies it alike. `obs`: float32 (uint8 scaled to [0, 1] first)."""
+    scale = xp.sqrt(var + np.float32(OBSERVATION_NORM_EPSILON))
+    clip = np.float32(OBSERVATION_NORM_CLIP)
+    return xp.clip((obs - mean) / scale, -clip, clip)
+
+
 class DeviceEnv(NamedTuple):
     """An environment stepped inside jit, whatever simulator family it comes from (adapters:
     fastpop/envs/device_envs.py). `reset(key) -> state` and `step(state, action) -> state` are

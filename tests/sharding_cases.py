@@ -41,6 +41,17 @@ CASES = {  # name -> (overrides, population.devices); 4 host devices
         "3",
     ),
     "sac": (["algo=sac", "population.size=4", "agent.n_step=3"], "2"),  # n-step windows too
+    # agent.observation_norm: each member's statistics, updated on its device, copied by PBT
+    "td3-pbt-observation-norm": (
+        [
+            "strategy=pbt",
+            "pbt.interval=1",
+            "population.size=4",
+            PRIOR,
+            "agent.observation_norm=true",
+        ],
+        "2",
+    ),
     "dqn-shared-replay": (
         ["algo=dqn", "env.id=CartPole-v1", "population.size=4", "replay.shared=true"],
         "all",
@@ -130,6 +141,9 @@ def run_case(name: str) -> None:
         assert any(moves for moves, _ in decisions), "PBT moved no member"
         check_rows_on_member_devices(sharded, reference, count)
         check_local_update(sharded)
+    if name == "td3-pbt-observation-norm":  # members moved with their statistics, all counted
+        assert any(moves for moves, _ in decisions), "PBT moved no member"
+        assert np.all(np.asarray(sharded.states.observation_norm.count) > 0)
     expected, actual = host(reference.saved_tree(True)), host(sharded.saved_tree(True))
     assert jax.tree.structure(expected) == jax.tree.structure(actual)
     assert sharded.saved_counters() == reference.saved_counters()

@@ -22,13 +22,21 @@ SLOT_MEMBERS = np.array([0, 1, 1, 2])  # a collector's block of slots 1..4
 STEPS = 8
 
 
-def _published(algo: str, **per_member):
-    """(agent, the learner's published tree as host arrays: stacked policies, hparams, steps)."""
-    agent = make_agent(algo, DISCRETE if algo == "dqn" else SPEC, hidden_sizes=(16, 16))
+def _published(algo: str, observation_norm: bool = False, **per_member):
+    """(agent, the learner's published tree as host arrays: stacked policies, hparams, steps).
+    With `observation_norm`, each member's statistics are its own, some features clipping."""
+    spec = DISCRETE if algo == "dqn" else SPEC
+    agent = make_agent(algo, spec, hidden_sizes=(16, 16), observation_norm=observation_norm)
     if algo == "td3":
         per_member = {"exploration_noise": [0.1, 0.4, 0.9], **per_member}
     hparams = population.broadcast_hparams(agent.default_hparams(), MEMBERS, **per_member)
     states = population.init_population(agent, jax.random.key(3), hparams)
+    if observation_norm:
+        rng = np.random.default_rng(1)
+        mean = rng.normal(size=(MEMBERS, 5)).astype(np.float32)
+        var = rng.uniform(0.05, 4.0, (MEMBERS, 5)).astype(np.float32)
+        stats = states.observation_norm._replace(mean=mean, var=var)
+        states = states._replace(observation_norm=stats)
     policy = population.member_policies(agent, states)
     return agent, jax.tree.map(np.asarray, (policy, hparams, np.int32(0)))
 
@@ -72,9 +80,10 @@ def _jax_actions(agent, published, observations, key) -> np.ndarray:
     return _actions(jitted, observations)
 
 
+@pytest.mark.parametrize("observation_norm", [False, True], ids=["raw", "observation_norm"])
 @pytest.mark.parametrize("algo", ["td3", "sac"])
-def test_numpy_policy_acts_as_the_jitted_agent_given_the_same_normals(algo):
-    agent, published = _published(algo)
+def test_numpy_policy_acts_as_the_jitted_agent_given_the_same_normals(algo, observation_norm):
+    agent, published = _published(algo, observation_norm)
     observations, key = _observations(STEPS), jax.random.key(11)
     numpy = _actions(_numpy_acting(algo, published, JaxNormals(key)), observations)
     assert numpy.shape == (STEPS, len(SLOT_MEMBERS), 3) and numpy.dtype == np.float32

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.runs import with_this_checkout
 
 # JAX imported before `force_cpu_jax` (by a test, or by whatever imports it first).
@@ -98,10 +100,15 @@ def test_a_collectors_warm_up_ends_on_a_chunk_boundary():
     assert [whole_chunks(steps, rows) for steps in (0, 1, 32, 1_000)] == [0, 32, 32, 1_024]
 
 
-def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_its_policies():
+@pytest.mark.parametrize("observation_norm", [False, True], ids=["raw", "observation_norm"])
+def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_its_policies(
+    observation_norm,
+):
     """A fresh run starts its collectors before it makes its learner (run/parts.local_pieces):
     they send exactly their warm-up's random rows, then wait for the learner's first publish
-    rather than step on at random, and act with its policies once `running` publishes them."""
+    rather than step on at random, and act with its policies once `running` publishes them
+    (with agent.observation_norm, the statistics published beside the actor's params: still in
+    numpy)."""
     import math
     import time
 
@@ -116,7 +123,7 @@ def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_
             "algo": "td3",
             "env": {"id": "Pendulum-v1"},
             "population": {"size": 2},
-            "agent": {"hidden_sizes": [8, 8]},
+            "agent": {"hidden_sizes": [8, 8], "observation_norm": observation_norm},
             "collect": {"num_collectors": 1, "chunk_len": 8, "warmup_steps": 64, "ring_slots": 32},
         }
     )

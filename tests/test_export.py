@@ -37,6 +37,8 @@ CASES = {
     "td3": ["algo=td3", "env.id=Pendulum-v1"],
     "sac": ["algo=sac", "env.id=Pendulum-v1"],
     "dqn": ["algo=dqn", "env.id=CartPole-v1"],
+    # the member's observation statistics among the weights, applied inside the function
+    "td3_observation_norm": ["algo=td3", "env.id=Pendulum-v1", "agent.observation_norm=true"],
 }
 if importlib.util.find_spec("ale_py") is not None:  # uint8 frames, a frame stack, Nature CNN
     CASES["dqn_atari"] = ["algo=dqn", "env.id=ALE/Pong-v5", "collect.chunk_len=8"]

@@ -50,6 +50,11 @@ def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, upda
 EQUIVALENCE_CASES = [
     *(pytest.param(name, {}, id=name) for name in ("td3", "sac", "dqn", "dqn_atari")),
     *(pytest.param(name, {"n_step": 3}, id=f"{name}-n_step") for name in ("td3", "sac", "dqn")),
+    *(
+        pytest.param(name, {"observation_norm": True}, id=f"{name}-observation_norm")
+        for name in ("td3", "sac", "dqn")
+    ),
+    pytest.param("td3", {"n_step": 3, "observation_norm": True}, id="td3-n_step-observation_norm"),
 ]
 
 
@@ -72,6 +77,8 @@ def test_vectorized_equals_sequential(name, options):
         np.testing.assert_allclose(vec_metrics[key], seq_metrics[key], rtol=1e-4, atol=1e-5)
     # The update really moved the states away from their initial values.
     assert not leaves_allclose(vec_states, states)
+    if options.get("observation_norm"):  # every observation of a member's 2 x 4 batches
+        assert np.all(vec_states.observation_norm.count == 2 * updates * agent.batch_size)
 
 
 @pytest.mark.parametrize("name", ["td3", "sac", "dqn", "dqn_atari"])

@@ -116,6 +116,12 @@ class ActorCriticConfig:
     n_step: int = 1
     """Env steps a transition's return spans before it bootstraps (n-step returns): never
     across a termination, through a truncation (population/n_step.py); 1: one-step TD."""
+    observation_norm: bool = False
+    """Normalize observations by the member's running mean and variance, clip((obs - mean) /
+    sqrt(var + 1e-8), -10, 10), wherever its networks see one: in its update and in every policy
+    made from its published params (collectors, evaluation, fastpop eval and export). The
+    statistics are updated from the batches it learns from and kept in its state (checkpoints,
+    PBT's copies). Vector observations only; not with strategies that share one critic."""
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -22,6 +22,7 @@ from fastpop.agents.base import (
     select_tree,
 )
 from fastpop.agents.networks import QNetwork
+from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 
@@ -46,6 +47,12 @@ class DQNConfig:
     n_step: int = 1
     """Env steps a transition's return spans before it bootstraps (n-step returns): never
     across a termination, through a truncation (population/n_step.py); 1: one-step TD."""
+    observation_norm: bool = False
+    """Normalize observations by the member's running mean and variance, clip((obs - mean) /
+    sqrt(var + 1e-8), -10, 10), wherever its networks see one: in its update and in every policy
+    made from its published params (collectors, evaluation, fastpop eval and export). The
+    statistics are updated from the batches it learns from and kept in its state (checkpoints,
+    PBT's copies). Vector observations only; not with strategies that share one critic."""
 
 
 class DQNHParams(NamedTuple):
@@ -62,6 +69,7 @@ class DQNState(NamedTuple):
     target_params: PyTree
     opt_state: optax.OptState
     step: jax.Array
+    observation_norm: ObservationStats | None = None  # agent.observation_norm's; else None
 
 
 def epsilon(hparams: DQNHParams, env_steps) -> jax.Array:
@@ -148,7 +156,7 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         target_params = select_tree(copy_now, params, state.target_params)
         return DQNState(params, target_params, opt_state, step), {"loss": loss, "q_mean": q_mean}
 
-    return Agent(
+    agent = Agent(
         name="dqn",
         init=init,
         act=act,
@@ -160,6 +168,7 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         batch_size=config.batch_size,
         n_step=config.n_step,
     )
+    return with_observation_norm(agent, spec) if config.observation_norm else agent
 
 
 ENTRY = AlgorithmEntry(

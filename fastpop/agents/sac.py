@@ -24,6 +24,7 @@ from fastpop.agents.base import (
     polyak,
 )
 from fastpop.agents.networks import GaussianActor, TwinCritic
+from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 
@@ -51,6 +52,7 @@ class SACState(NamedTuple):
     critic_opt: optax.OptState
     alpha_opt: optax.OptState
     step: jax.Array
+    observation_norm: ObservationStats | None = None  # agent.observation_norm's; else None
 
 
 def squashed_gaussian_sample(mean, log_std, noise, half_range, center):
@@ -237,7 +239,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         )
         return state, {**critic_metrics, **actor_metrics}
 
-    return Agent(
+    agent = Agent(
         name="sac",
         init=init,
         act=act,
@@ -250,6 +252,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         n_step=config.n_step,
         parts=parts,
     )
+    return with_observation_norm(agent, spec) if config.observation_norm else agent
 
 
 ENTRY = AlgorithmEntry(

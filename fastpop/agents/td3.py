@@ -25,6 +25,7 @@ from fastpop.agents.base import (
     select_tree,
 )
 from fastpop.agents.networks import DeterministicActor, TwinCritic
+from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
 
 
@@ -66,6 +67,7 @@ class TD3State(NamedTuple):
     actor_opt: optax.OptState
     critic_opt: optax.OptState
     step: jax.Array  # critic updates done
+    observation_norm: ObservationStats | None = None  # agent.observation_norm's; else None
 
 
 class TD3Parts(NamedTuple):
@@ -207,7 +209,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         )
         return state, {**metrics, "actor_loss": policy_loss}
 
-    return Agent(
+    agent = Agent(
         name="td3",
         init=init,
         act=act,
@@ -220,6 +222,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         n_step=config.n_step,
         parts=parts,
     )
+    return with_observation_norm(agent, spec) if config.observation_norm else agent
 
 
 ENTRY = AlgorithmEntry(

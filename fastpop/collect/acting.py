@@ -15,7 +15,7 @@ from fastpop import population
 from fastpop.agents import registry
 from fastpop.agents.networks import GaussianActor
 from fastpop.collect.numpy_policy import KeyPath, NumpyPolicy
-from fastpop.types import EnvSpec
+from fastpop.types import OBSERVATION_NORM_KEY, EnvSpec
 
 # Up to here the slots' actor weights stay in cache. Beyond, numpy streams them from memory slot
 # by slot and XLA's batched dots win: 16 HalfCheetah slots (256-256, 4.5 MiB) took 350 us per
@@ -82,7 +82,7 @@ def numpy_policy_for(
     if kind is None or len(spec.obs_shape) != 1:
         return None
     paths = leaf_paths(published)
-    if not all(_dense_layer_leaf(path[1:]) for path in paths if path[0] == 0):
+    if not all(_numpy_policy_leaf(path[1:]) for path in paths if path[0] == 0):
         return None  # an actor of other layers than NumpyActing computes
     params = jax.tree.leaves(published[0])
     member_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in params) // params[0].shape[0]
@@ -93,9 +93,13 @@ def numpy_policy_for(
     return NumpyPolicy(kind, envs_per_member, low, high, bounds, paths)
 
 
-def _dense_layer_leaf(path: KeyPath) -> bool:
+def _numpy_policy_leaf(path: KeyPath) -> bool:
     """Whether an actor param's path is a Dense layer's kernel or bias, in the actor or in its
-    MLP: ("params", "MLP_0", "Dense_1", "kernel"), ("params", "Dense_0", "bias")."""
+    MLP: ("params", "MLP_0", "Dense_1", "kernel"), ("params", "Dense_0", "bias"); or one of
+    the observation statistics published beside them (agent.observation_norm), which
+    NumpyActing applies: ("observation_norm", "mean")."""
+    if path in ((OBSERVATION_NORM_KEY, "mean"), (OBSERVATION_NORM_KEY, "var")):
+        return True
     *modules, leaf = path
     if not modules or modules[0] != "params" or leaf not in ("kernel", "bias"):
         return False

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fastpop.types import OBSERVATION_NORM_KEY, normalized_observation
+
 # How each kind acts: "deterministic" a tanh MLP actor plus Gaussian noise of std
 # exploration_noise (TD3's), "squashed_gaussian" tanh of a sample of mean and log-std heads
 # (SAC's), "epsilon_greedy" a uniform random action with probability epsilon, else argmax Q
@@ -109,10 +111,17 @@ class NumpyActing:
         self.half_range = (policy.action_high - policy.action_low) / 2.0
         self.center = (policy.action_high + policy.action_low) / 2.0
         self._torso = self._heads = self._hparams = self._noise_scale = None
+        self._observation_norm: tuple[np.ndarray, np.ndarray] | None = None
 
     def set_policy(self, params: dict, hparams: dict) -> None:
-        """params: the slots' actor params ({"params": {"MLP_0": ...}}, leading axis: slot);
+        """params: the slots' actor params ({"params": {"MLP_0": ...}}, leading axis: slot, and
+        with agent.observation_norm their statistics, {"observation_norm": {"mean", "var"}});
         hparams: their hparams by name."""
+        norm = params.get(OBSERVATION_NORM_KEY)
+        if norm is not None:  # (slots, 1, obs_dim), as the observations are shaped
+            self._observation_norm = tuple(
+                np.asarray(norm[name], np.float32)[:, None, :] for name in ("mean", "var")
+            )
         params = params["params"]
         self._torso = _dense_layers(params["MLP_0"])
         self._heads = _dense_layers(params)  # SAC's mean and log-std, DQN's action values
@@ -125,6 +134,8 @@ class NumpyActing:
         """`env_steps`: per env so far, of each slot's trial (an array, or one for all): DQN's
         epsilon decays over its member's trial's env steps."""
         x = _float_observation(np.asarray(obs)).reshape(len(obs), 1, -1)
+        if self._observation_norm is not None:  # the agents' `act`, with the same formula
+            x = normalized_observation(x, *self._observation_norm, np)
         if self.policy.kind == "deterministic":  # one MLP, its last layer linear
             return self._deterministic(x)
         x = _mlp(self._torso, x, activate_final=True)

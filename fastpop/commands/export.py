@@ -6,11 +6,15 @@ DIR holds three files:
     policy.jax    `jax.export` serialization of the deterministic inference function
                   action = policy(weights, obs), lowered for CPU and CUDA, batch size symbolic
     policy.json   its spaces (observation shape and dtype, action shape and bounds or number of
-                  actions, frame stack, Atari preprocessing), algo, env, run, member, checkpoint
+                  actions, frame stack, Atari preprocessing), algo, env, run, member, checkpoint,
+                  and with agent.observation_norm the normalization the function applies
 
 The function is fastpop's own `agent.act(..., explore=False)`: TD3's actor, SAC's mean action
 squashed and scaled to the bounds, DQN's greedy argmax; the member's hparams are constants in
-it. Reading it back needs jax, numpy and flatbuffers:
+it. With agent.observation_norm the member's observation statistics are weights too
+(`observation_norm/mean`, `observation_norm/var`), applied inside the function as everywhere
+else in fastpop (policy.json's "observation_norm" gives the formula). Reading it back needs jax,
+numpy and flatbuffers:
 
     exported = jax.export.deserialize(bytearray(Path("DIR/policy.jax").read_bytes()))
     weights = dict(np.load("DIR/weights.npz", allow_pickle=False))
@@ -260,6 +264,25 @@ def describe(config, spec, loaded, member: int, reason: str, run_dir: Path, hpar
         "strategy": config.strategy,
         "hparams": plain_hparams(hparams),
         "seed": config.seed,
+        "observation_norm": observation_norm(config),
+    }
+
+
+def observation_norm(config) -> dict | None:
+    """How the function normalizes observations before its network (agent.observation_norm);
+    None where it does not."""
+    from fastpop import types
+
+    if not config.agent.get("observation_norm"):
+        return None
+    key = types.OBSERVATION_NORM_KEY
+    return {
+        "mean": f"{key}/mean",
+        "var": f"{key}/var",
+        "applied": "inside policy.jax, before the network: clip((obs - mean) / sqrt(var + "
+        "epsilon), -clip, clip), obs as float32 (uint8 scaled to [0, 1] first)",
+        "epsilon": types.OBSERVATION_NORM_EPSILON,
+        "clip": types.OBSERVATION_NORM_CLIP,
     }
 
 

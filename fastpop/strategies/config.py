@@ -151,6 +151,9 @@ def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
         ("population.grid", bool(c.population.grid or c.population.priors),
          f"strategy {strategy} shares one critic, whose hparams are equal across members; "
          "population.grid and population.priors are for independent and pbt"),
+        ("agent.observation_norm", bool(c.agent.get("observation_norm")),
+         f"strategy {strategy} trains the members' actors against one shared critic, which "
+         "does not normalize observations: set agent.observation_norm: false"),
     )  # fmt: skip
     for dotted, violated, problem in checks:
         if violated:
