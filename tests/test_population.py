@@ -11,6 +11,7 @@ from fastpop import population
 from fastpop.compilation import compile_stats
 from fastpop.population import UpdatePlan, chunked, chunking, executors, tuning_cache
 from tests.helpers import (
+    TINY_OPTIONS,
     leaves_allclose,
     program_names,
     random_buffers,
@@ -47,9 +48,20 @@ def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, upda
     return executor.release(states), metrics
 
 
-@pytest.mark.parametrize("name", ["td3", "sac", "dqn", "dqn_atari"])
-def test_vectorized_equals_sequential(name):
-    agent = tiny_agent(name)
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("td3", None),
+        ("sac", None),
+        ("dqn", None),
+        ("dqn_atari", None),
+        ("td3", "distributional"),
+        ("sac", "distributional"),
+        ("dqn", "dueling"),
+    ],
+)
+def test_vectorized_equals_sequential(name, options):
+    agent = tiny_agent(name, **TINY_OPTIONS.get(options, {}))
     size = 3
     spec, buffers = random_buffers(name, size)
     hparams = stacked_hparams(agent, size, **PER_MEMBER[name])
