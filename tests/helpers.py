@@ -25,10 +25,25 @@ TINY_SPECS = {
 }
 
 
-def tiny_agent(name: str, **options):
-    """16-16 networks, batches of 8; `options`: other fields of the algo's config."""
+# Static agent options the equivalence tests run with too: FastTD3's critic (C51 on a support
+# the random rewards' returns fit in, LayerNorm), a dueling DQN head.
+TINY_OPTIONS = {
+    "distributional": {
+        "critic": "distributional",
+        "num_atoms": 11,
+        "v_min": -10.0,
+        "v_max": 10.0,
+        "layer_norm": True,
+    },
+    "dueling": {"dueling": True},
+}
+
+
+def tiny_agent(name: str, **config_fields):
+    """16-16 networks, batches of 8; `config_fields`: other fields of the algo's config."""
     algo = "dqn" if name.startswith("dqn") else name
-    return make_agent(algo, TINY_SPECS[name], hidden_sizes=(16, 16), batch_size=8, **options)
+    fields = {"hidden_sizes": (16, 16), "batch_size": 8, **config_fields}
+    return make_agent(algo, TINY_SPECS[name], **fields)
 
 
 def random_buffers(name: str, population_size: int, rows: int = 64, seed: int = 0):

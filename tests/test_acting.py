@@ -22,11 +22,13 @@ SLOT_MEMBERS = np.array([0, 1, 1, 2])  # a collector's block of slots 1..4
 STEPS = 8
 
 
-def _published(algo: str, observation_norm: bool = False, **per_member):
+def _published(algo: str, observation_norm: bool = False, agent_fields=(), **per_member):
     """(agent, the learner's published tree as host arrays: stacked policies, hparams, steps).
-    With `observation_norm`, each member's statistics are its own, some features clipping."""
+    With `observation_norm`, each member's statistics are its own, some features clipping;
+    `agent_fields`: other fields of the algo's config."""
     spec = DISCRETE if algo == "dqn" else SPEC
-    agent = make_agent(algo, spec, hidden_sizes=(16, 16), observation_norm=observation_norm)
+    fields = {"observation_norm": observation_norm, **dict(agent_fields)}
+    agent = make_agent(algo, spec, hidden_sizes=(16, 16), **fields)
     if algo == "td3":
         per_member = {"exploration_noise": [0.1, 0.4, 0.9], **per_member}
     hparams = population.broadcast_hparams(agent.default_hparams(), MEMBERS, **per_member)
@@ -180,3 +182,21 @@ def test_dqn_acts_greedily_as_the_jitted_agent_and_explores_at_its_epsilon():
     assert 0.33 < np.mean(taken != numpy[0]) < 0.42
     assert set(np.unique(taken)) == {0, 1, 2, 3}
     assert np.all(np.stack([acting(many, 50) for _ in range(50)]) == numpy[0])  # epsilon 0
+
+
+def test_a_dueling_dqn_acts_greedily_as_the_jitted_agent():
+    """The numpy policy takes the argmax of the advantage stream (Dense_0), which is Q's: the
+    value stream and the mean advantage add the same to every action."""
+    greedy = {"epsilon_start": [0.0] * MEMBERS, "epsilon_end": [0.0] * MEMBERS}
+    agent, published = _published("dqn", agent_fields={"dueling": True}, **greedy)
+    heads = published[0]["params"]
+    assert heads["Dense_0"]["kernel"].shape[-1] == 4 and heads["Dense_1"]["kernel"].shape[-1] == 1
+    rng = np.random.default_rng(3)  # biases away from zero, the value's too
+    biased = jax.tree.map(lambda leaf: leaf + rng.normal(size=leaf.shape).astype(leaf.dtype), heads)
+    published = ({"params": biased}, *published[1:])
+    acting = _numpy_acting("dqn", published, np.random.default_rng(0))
+    observations = _observations(STEPS)
+    numpy = _actions(acting, observations)
+    jitted = _jax_actions(agent, published, observations, jax.random.key(0))
+    np.testing.assert_array_equal(numpy, jitted)
+    assert len(np.unique(numpy)) > 1  # the observations exercise more than one action

@@ -39,6 +39,13 @@ CASES = {
     "dqn": ["algo=dqn", "env.id=CartPole-v1"],
     # the member's observation statistics among the weights, applied inside the function
     "td3_observation_norm": ["algo=td3", "env.id=Pendulum-v1", "agent.observation_norm=true"],
+    "dqn_dueling": ["algo=dqn", "env.id=CartPole-v1", "agent.dueling=true"],
+    "td3_distributional": [
+        "algo=td3",
+        "env.id=Pendulum-v1",
+        "agent.critic=distributional",
+        "agent.layer_norm=true",
+    ],
 }
 if importlib.util.find_spec("ale_py") is not None:  # uint8 frames, a frame stack, Nature CNN
     CASES["dqn_atari"] = ["algo=dqn", "env.id=ALE/Pong-v5", "collect.chunk_len=8"]
@@ -145,7 +152,7 @@ def test_a_fresh_process_with_jax_and_numpy_reproduces_fastpops_actions(runs, tm
         if name.startswith("dqn"):
             assert actions.dtype == np.int32 and actions.shape == (64,)
             np.testing.assert_array_equal(actions, expected[name])
-            if name == "dqn":
+            if name in ("dqn", "dqn_dueling"):
                 assert len(set(actions.tolist())) > 1  # the observations exercise both actions
         else:
             assert actions.dtype == np.float32 and actions.shape == (64, 1)
@@ -181,6 +188,12 @@ def test_the_spaces_and_the_origin_are_described(runs, tmp_path, capsys):
     assert fastpop_export(runs["dqn"], "--member", "0", "--out", dqn) == 0
     action = json.loads((dqn / "policy.json").read_text())["action"]
     assert action == {"kind": "discrete", "num_actions": 2, "shape": [], "dtype": "int32"}
+    dueling = tmp_path / "dueling"
+    assert fastpop_export(runs["dqn_dueling"], "--member", "0", "--out", dueling) == 0
+    with np.load(dueling / "weights.npz", allow_pickle=False) as weights:
+        # Both streams: the advantages (one per action) and the value.
+        assert weights["params/Dense_0/kernel"].shape[-1] == 2
+        assert weights["params/Dense_1/kernel"].shape[-1] == 1
 
 
 def entries(directory: Path) -> set[str]:

@@ -12,7 +12,7 @@ import pytest
 from fastpop.agents import losses
 from fastpop.agents.base import polyak, select_tree
 from fastpop.types import Transition
-from tests.helpers import TINY_SPECS, tiny_agent
+from tests.helpers import TINY_OPTIONS, TINY_SPECS, tiny_agent
 
 f32 = jnp.float32
 
@@ -160,7 +160,7 @@ def test_losses_reject_wrong_ranks():
 
 # --- vmap over (members, batch) equals the per-transition loop ----------------------------------
 
-MEMBERS, BATCH = 3, 4
+MEMBERS, BATCH, ATOMS = 3, 4, 5
 
 
 def random_inputs(seed):
@@ -186,6 +186,10 @@ def random_inputs(seed):
         "alpha": jnp.asarray(rng.uniform(0.05, 0.5, MEMBERS), jnp.float32),
         "scale": jnp.asarray(rng.uniform(0.1, 5.0, MEMBERS), jnp.float32),
         "log_alpha": jnp.asarray(rng.normal(size=MEMBERS), jnp.float32),
+        "logits": normal(BATCH, 2, ATOMS),
+        "next_logits": normal(BATCH, 2, ATOMS),
+        "bootstrap": jnp.asarray(rng.uniform(0.0, 0.99, (MEMBERS, BATCH)), jnp.float32),
+        "support": jnp.tile(jnp.linspace(-2.0, 2.0, ATOMS), (MEMBERS, 1)),
     }
 
 
@@ -223,6 +227,29 @@ VMAP_CASES = {
     "sac_temperature": (
         losses.sac_temperature_loss,
         [("log_alpha", False), ("log_prob", True), ("discount", False)],
+    ),
+    "td3_distributional_critic": (
+        losses.td3_distributional_critic_loss,
+        [
+            ("logits", True),
+            ("reward", True),
+            ("bootstrap", True),
+            ("next_logits", True),
+            ("support", False),
+        ],
+    ),
+    "sac_distributional_critic": (
+        losses.sac_distributional_critic_loss,
+        [
+            ("logits", True),
+            ("reward", True),
+            ("bootstrap", True),
+            ("next_logits", True),
+            ("log_prob", True),
+            ("alpha", False),
+            ("scale", False),
+            ("support", False),
+        ],
     ),
     "dqn": (
         losses.dqn_loss,
@@ -286,10 +313,18 @@ def flagged_batch(name, terminated, truncated, batch_size=8, seed=0):
 
 
 @pytest.mark.parametrize(
-    ("name", "metric"), [("td3", "critic_loss"), ("sac", "critic_loss"), ("dqn", "loss")]
+    ("name", "metric", "options"),
+    [
+        ("td3", "critic_loss", None),
+        ("sac", "critic_loss", None),
+        ("dqn", "loss", None),
+        ("td3", "critic_loss", "distributional"),
+        ("sac", "critic_loss", "distributional"),
+        ("dqn", "loss", "dueling"),
+    ],
 )
-def test_agents_bootstrap_through_truncation_not_termination(name, metric):
-    agent = tiny_agent(name)
+def test_agents_bootstrap_through_truncation_not_termination(name, metric, options):
+    agent = tiny_agent(name, **TINY_OPTIONS.get(options, {}))
     hparams = agent.default_hparams()
     state = agent.init(jax.random.key(3), hparams)
     update = jax.jit(agent.update)

@@ -11,6 +11,7 @@ from fastpop import population
 from fastpop.compilation import compile_stats
 from fastpop.population import UpdatePlan, chunked, chunking, executors, tuning_cache
 from tests.helpers import (
+    TINY_OPTIONS,
     leaves_allclose,
     program_names,
     random_buffers,
@@ -46,7 +47,7 @@ def run_executor(execution, agent, spec, buffers, hparams, states, calls=2, upda
     return executor.release(states), metrics
 
 
-# Each algorithm as configured by default, and with the options that change its update's shape.
+# Each algorithm as configured by default, and with the options that change its update.
 EQUIVALENCE_CASES = [
     *(pytest.param(name, {}, id=name) for name in ("td3", "sac", "dqn", "dqn_atari")),
     *(pytest.param(name, {"n_step": 3}, id=f"{name}-n_step") for name in ("td3", "sac", "dqn")),
@@ -55,6 +56,12 @@ EQUIVALENCE_CASES = [
         for name in ("td3", "sac", "dqn")
     ),
     pytest.param("td3", {"n_step": 3, "observation_norm": True}, id="td3-n_step-observation_norm"),
+    *(
+        pytest.param(name, TINY_OPTIONS["distributional"], id=f"{name}-distributional")
+        for name in ("td3", "sac")
+    ),
+    pytest.param("sac", {**TINY_OPTIONS["distributional"], "n_step": 3}, id="sac-recipe"),
+    pytest.param("dqn", TINY_OPTIONS["dueling"], id="dqn-dueling"),
 ]
 
 

@@ -19,6 +19,7 @@ from fastpop.bench.portability import NotPortable, lower_for
 from fastpop.population import chunked, replay
 from fastpop.types import EnvSpec
 from tests.dependencies import require
+from tests.helpers import TINY_OPTIONS
 
 require("gymnax")
 
@@ -36,9 +37,20 @@ def abstract(function, *args):
     return jax.eval_shape(function, *args)
 
 
-@pytest.mark.parametrize("algo", ["td3", "sac", "dqn"])
-def test_each_algorithms_population_update_lowers_for_cuda(algo):
-    agent = make_agent(algo, SPECS[algo], hidden_sizes=(16, 16), batch_size=8)
+@pytest.mark.parametrize(
+    ("algo", "options"),
+    [
+        ("td3", None),
+        ("sac", None),
+        ("dqn", None),
+        ("td3", "distributional"),  # C51's projection: a scatter-add
+        ("sac", "distributional"),
+        ("dqn", "dueling"),
+    ],
+)
+def test_each_algorithms_population_update_lowers_for_cuda(algo, options):
+    options = TINY_OPTIONS.get(options, {})
+    agent = make_agent(algo, SPECS[algo], hidden_sizes=(16, 16), batch_size=8, **options)
     spec = replay.make_replay_spec(SPECS[algo], capacity=32, lanes=1, chunk_len=32)
     hparams = population.broadcast_hparams(agent.default_hparams(), 3)
     key = jax.random.key(0)

@@ -122,6 +122,19 @@ class ActorCriticConfig:
     made from its published params (collectors, evaluation, fastpop eval and export). The
     statistics are updated from the batches it learns from and kept in its state (checkpoints,
     PBT's copies). Vector observations only; not with strategies that share one critic."""
+    critic: str = "scalar"
+    """scalar: each twin critic outputs Q(s, a); distributional: each outputs logits over
+    num_atoms returns evenly spaced from v_min to v_max (C51, Bellemare et al. 2017, as FastTD3
+    uses it), trained by cross-entropy to the projected target distribution, its Q the mean."""
+    num_atoms: int = 101
+    """Returns (atoms) of a distributional critic's support (FastTD3: 101)."""
+    v_min: float = -250.0
+    """Lowest return of a distributional critic's support: lower targets are clipped to it.
+    Set it (and v_max) to the range of the env's discounted returns."""
+    v_max: float = 250.0
+    """Highest return of a distributional critic's support: higher targets are clipped to it."""
+    layer_norm: bool = False
+    """LayerNorm after each hidden layer of the critics (FastTD3's critic); the actor has none."""
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

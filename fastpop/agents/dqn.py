@@ -53,6 +53,9 @@ class DQNConfig:
     made from its published params (collectors, evaluation, fastpop eval and export). The
     statistics are updated from the batches it learns from and kept in its state (checkpoints,
     PBT's copies). Vector observations only; not with strategies that share one critic."""
+    dueling: bool = False
+    """A dueling head (Wang et al., 2016): Q = V(s) + A(s, a) - mean_a A(s, a), a value and an
+    advantage stream of one linear layer each on the torso."""
 
 
 class DQNHParams(NamedTuple):
@@ -87,7 +90,9 @@ def q_network(spec: EnvSpec, config: DQNConfig) -> QNetwork:
         raise ValueError(f"unknown torso {torso!r}; use one of {', '.join(networks.TORSOS)}")
     if torso != "mlp" and len(spec.obs_shape) != 3:
         raise ValueError(f"torso {torso} needs image observations (H, W, C), not {spec.obs_shape}")
-    return QNetwork(spec.num_actions, config.hidden_sizes, torso, len(spec.obs_shape))
+    return QNetwork(
+        spec.num_actions, config.hidden_sizes, torso, len(spec.obs_shape), config.dueling
+    )
 
 
 def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:

@@ -166,3 +166,132 @@ def dqn_loss(
     next_q = next_target_q_values[jnp.argmax(next_selector_q_values)]
     target = bootstrap_target(reward, discount, terminated, next_q)
     return optax.losses.huber_loss(q_values[action], target, delta=huber_delta)
+
+
+# --- distributional (C51) critics ----------------------------------------------------------------
+#
+# A distributional critic (Bellemare et al., 2017, as FastTD3 uses it) outputs, per twin, logits
+# over `num_atoms` fixed returns `support` (evenly spaced from v_min to v_max); its Q is the mean
+# of that distribution. Its target is the target critic's next-state distribution moved to
+# reward + bootstrap * z and projected back onto the support. These losses take the per-example
+# `bootstrap` multiplier (discount * (1 - terminated) for one step; discount**n * (1 -
+# terminated) for an n-step return, whose discounted reward sum is then `reward`), not the
+# discount and the flag.
+
+
+def bootstrap_multiplier(discount: Scalar, terminated: chex.Array) -> chex.Array:
+    """discount * (1 - terminated): what the next state's value is multiplied by."""
+    chex.assert_rank([discount, terminated], 0)
+    return discount * (1.0 - jnp.asarray(terminated).astype(jnp.float32))
+
+
+def categorical_mean(logits: chex.Array, support: chex.Array) -> chex.Array:
+    """The mean of the distributions of `logits` (any leading axes, atoms last) over `support`:
+    a distributional critic's Q."""
+    chex.assert_rank(support, 1)
+    chex.assert_axis_dimension(logits, -1, support.shape[0])
+    return jnp.sum(jax.nn.softmax(logits, axis=-1) * support, axis=-1)
+
+
+def categorical_projection(atoms: chex.Array, probs: chex.Array, support: chex.Array) -> chex.Array:
+    """The distribution with mass probs[i] at atoms[i], projected onto `support` (evenly spaced,
+    increasing): each atom is clipped to [support[0], support[-1]] and its mass split between
+    the two support points around it, in proportion to its closeness to each (Bellemare et al.,
+    2017, eq. 7); an atom on a support point gives it all its mass.
+
+    A scatter-add of 2 * len(atoms) masses: the same numbers as the dense form sum_i probs[i] *
+    max(0, 1 - |clip(atoms[i]) - support[j]| / spacing) (rlax's), a tenth of its time on a CPU
+    at 101 atoms (len(atoms) * len(support) products).
+    """
+    chex.assert_rank([atoms, probs, support], 1)
+    chex.assert_equal_shape([atoms, probs])
+    last = support.shape[0] - 1
+    # Clipped as positions, so that rounding never puts an index past either end.
+    position = jnp.clip((atoms - support[0]) / (support[1] - support[0]), 0.0, last)
+    lower, upper = jnp.floor(position), jnp.ceil(position)
+    # On a support point lower == upper: all the mass goes there, through `to_lower`.
+    to_lower = probs * (upper - position + (lower == upper))
+    to_upper = probs * (position - lower)
+    projected = jnp.zeros(support.shape, probs.dtype).at[lower.astype(jnp.int32)].add(to_lower)
+    return projected.at[upper.astype(jnp.int32)].add(to_upper)
+
+
+def categorical_target(
+    reward: chex.Array,
+    bootstrap: chex.Array,
+    next_probs: chex.Array,
+    support: chex.Array,
+    next_shift: chex.Array = 0.0,
+) -> chex.Array:
+    """The projection of reward + bootstrap * (Z' + next_shift), Z' of `next_probs` on
+    `support`, held constant. `next_shift` moves every next-state atom alike (SAC: -alpha *
+    log pi(a'|s'), the soft value's entropy term)."""
+    chex.assert_rank([reward, bootstrap, next_probs, support, next_shift], [0, 0, 1, 1, 0])
+    atoms = reward + bootstrap * (support + next_shift)
+    return jax.lax.stop_gradient(categorical_projection(atoms, next_probs, support))
+
+
+def categorical_twin_critic_loss(
+    logits: chex.Array,
+    reward: chex.Array,
+    bootstrap: chex.Array,
+    next_target_logits: chex.Array,
+    support: chex.Array,
+    next_shift: chex.Array = 0.0,
+) -> chex.Array:
+    """Sum over the twin critics of the cross-entropy of each one's distribution (`logits`,
+    (2, num_atoms)) against ONE projected target: that of the target critic whose next-state
+    mean is the smaller (clipped double Q, the distribution kept whole: FastTD3's choice).
+
+    FastTD3 projects both target critics' distributions and compares the projections' means;
+    this compares the means before the projection, which orders them alike (reward +
+    bootstrap * Q is increasing in Q for bootstrap >= 0) except where the clipping to [v_min,
+    v_max] evens them out, and projects one distribution instead of two.
+    """
+    chex.assert_rank([logits, next_target_logits], 2)
+    chex.assert_equal_shape([logits, next_target_logits])
+    chex.assert_shape(logits, (2, support.shape[0]))
+    next_probs = jax.nn.softmax(next_target_logits, axis=-1)
+    smaller = jnp.argmin(next_probs @ support)
+    target = categorical_target(reward, bootstrap, next_probs[smaller], support, next_shift)
+    return jnp.sum(optax.softmax_cross_entropy(logits, target[None, :]))
+
+
+def td3_distributional_critic_loss(
+    logits: chex.Array,
+    reward: chex.Array,
+    bootstrap: chex.Array,
+    next_target_logits: chex.Array,
+    support: chex.Array,
+) -> chex.Array:
+    """TD3's critic loss for distributional twin critics: `categorical_twin_critic_loss` of the
+    target critics at (next_obs, smoothed target action).
+
+    logits: (2, num_atoms) both critics at the stored (obs, action); next_target_logits: (2,
+    num_atoms); reward, bootstrap: scalars (`bootstrap_multiplier`); support: (num_atoms,).
+    """
+    return categorical_twin_critic_loss(logits, reward, bootstrap, next_target_logits, support)
+
+
+def sac_distributional_critic_loss(
+    logits: chex.Array,
+    reward: chex.Array,
+    bootstrap: chex.Array,
+    next_target_logits: chex.Array,
+    next_log_prob: chex.Array,
+    alpha: Scalar,
+    reward_scale: Scalar,
+    support: chex.Array,
+) -> chex.Array:
+    """SAC's critic loss for distributional twin critics: the soft value's entropy term shifts
+    the next-state distribution, reward_scale * reward + bootstrap * (Z' - alpha * log pi(a'|s'))
+    projected, Z' that of the target critic with the smaller mean at (next_obs, a' ~ pi).
+
+    Shapes as `td3_distributional_critic_loss`; next_log_prob, alpha, reward_scale: scalars.
+    """
+    chex.assert_rank([next_log_prob, alpha, reward_scale], 0)
+    shift = -alpha * next_log_prob
+    scaled = reward * reward_scale
+    return categorical_twin_critic_loss(
+        logits, scaled, bootstrap, next_target_logits, support, shift
+    )

@@ -114,18 +114,26 @@ class GaussianActor(nn.Module):
 
 
 class TwinCritic(nn.Module):
-    """Two independent Q(s, a) networks; returns both values, shape (B, 2). (As one vmapped
-    2-member ensemble they ran no faster on an H100: results/gpu/README.md.)"""
+    """Two independent Q(s, a) networks; returns both values, shape (B, 2), or with `num_atoms`
+    both critics' logits over that many returns, shape (B, 2, num_atoms) (a distributional
+    critic: `agents/critics.py`). `layer_norm`: LayerNorm after each hidden layer (FastTD3's
+    critic). (As one vmapped 2-member ensemble they ran no faster on an H100:
+    results/gpu/README.md.)"""
 
     hidden_sizes: Sequence[int]
     dtype: str = "float32"
+    layer_norm: bool = False
+    num_atoms: int | None = None
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([as_float_observation(obs), action], axis=-1)
-        q1 = MLP((*self.hidden_sizes, 1), dtype=self.dtype)(x)
-        q2 = MLP((*self.hidden_sizes, 1), dtype=self.dtype)(x)
-        return jnp.concatenate([q1, q2], axis=-1)
+        sizes = (*self.hidden_sizes, self.num_atoms or 1)
+        q1 = MLP(sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
+        q2 = MLP(sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
+        if self.num_atoms is None:
+            return jnp.concatenate([q1, q2], axis=-1)
+        return jnp.stack([q1, q2], axis=-2)
 
 
 class QNetwork(nn.Module):
@@ -135,6 +143,7 @@ class QNetwork(nn.Module):
     hidden_sizes: Sequence[int]
     torso: str
     obs_rank: int = 1  # the MLP flattens this many trailing axes
+    dueling: bool = False  # Q = V + A - mean(A) (Wang et al., 2016)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -146,4 +155,11 @@ class QNetwork(nn.Module):
             x = as_float_observation(obs)
             x = x.reshape(*x.shape[: x.ndim - self.obs_rank], -1)
             x = MLP(self.hidden_sizes, activate_final=True)(x)
-        return nn.Dense(self.num_actions)(x)
+        if not self.dueling:
+            return nn.Dense(self.num_actions)(x)
+        # The two streams are one linear layer each on the shared torso. The advantages are made
+        # first, so that they are Dense_0 as the plain head is: a numpy collector reads Dense_0
+        # and takes its argmax, which is Q's (Q and A differ by a per-state constant).
+        advantage = nn.Dense(self.num_actions)(x)
+        value = nn.Dense(1)(x)
+        return value + advantage - jnp.mean(advantage, axis=-1, keepdims=True)

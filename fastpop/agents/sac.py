@@ -23,14 +23,16 @@ from fastpop.agents.base import (
     keyed_update,
     polyak,
 )
-from fastpop.agents.networks import GaussianActor, TwinCritic
+from fastpop.agents.critics import Critic, make_critic
+from fastpop.agents.networks import GaussianActor
 from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 
 @dataclasses.dataclass(frozen=True)
 class SACConfig(ActorCriticConfig):
-    """Static shape of a SAC member (hidden sizes, batch size); equal across a population."""
+    """Static shape of a SAC member (hidden sizes, batch size, critic kind); equal across a
+    population."""
 
 
 class SACHParams(NamedTuple):
@@ -79,7 +81,8 @@ class SACParts(NamedTuple):
 
     sample_action(actor, obs, noise) -> (actions, log-densities) of the squashed Gaussian.
     critic_loss(critic, state, batch, hparams, noise) -> (loss, mean q): targets from
-    state.target_critic and next actions sampled from state.actor at temperature state.log_alpha.
+    state.target_critic and next actions sampled from state.actor at temperature state.log_alpha
+    (a distributional critic's target: its next-state distribution shifted by -alpha * log pi).
     actor_loss(actor, critic, log_alpha, obs, noise) -> (loss, log-densities of the sampled
     actions).
     critic_step(state, batch, hparams, noise) -> (state, metrics).
@@ -96,42 +99,76 @@ class SACParts(NamedTuple):
     optimizer: optax.GradientTransformation
 
 
+def critic_batch_loss(critic: Critic):
+    """loss(outputs, batch, hparams, next_target_outputs, next_log_prob, alpha) -> (B,) SAC
+    critic losses of the critic's kind, from both critics' outputs at (obs, action) and both
+    target critics' at (next_obs, a' ~ pi), with log pi(a'|s'); one-step or n-step transitions
+    (`losses.discounted_rewards`)."""
+    if critic.support is None:
+        scalar = jax.vmap(losses.sac_critic_loss, in_axes=(0, 0, 0, 0, 0, 0, None, None))
+
+        def squared_errors(q, batch, hparams, next_q, next_log_prob, alpha):
+            reward, discount = losses.discounted_rewards(batch, hparams.discount)
+            return scalar(
+                q,
+                reward,
+                discount,
+                batch.terminated,
+                next_q,
+                next_log_prob,
+                alpha,
+                hparams.reward_scale,
+            )
+
+        return squared_errors
+    distributional = jax.vmap(
+        losses.sac_distributional_critic_loss, in_axes=(0, 0, 0, 0, 0, None, None, None)
+    )
+    bootstrap = jax.vmap(losses.bootstrap_multiplier)
+
+    def cross_entropies(logits, batch, hparams, next_logits, next_log_prob, alpha):
+        reward, discount = losses.discounted_rewards(batch, hparams.discount)
+        return distributional(
+            logits,
+            reward,
+            bootstrap(discount, batch.terminated),
+            next_logits,
+            next_log_prob,
+            alpha,
+            hparams.reward_scale,
+            critic.support,
+        )
+
+    return cross_entropies
+
+
 def make_sac_parts(
     spec: EnvSpec,
     actor_net: GaussianActor,
-    critic_net: TwinCritic,
+    critic: Critic,
     optimizer: optax.GradientTransformation,
 ) -> SACParts:
     """Critic, actor and temperature steps of SAC: network applies here, arithmetic in losses."""
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
-    critic_example_loss = jax.vmap(losses.sac_critic_loss, in_axes=(0, 0, 0, 0, 0, 0, None, None))
+    critic_net, batch_loss = critic.network, critic_batch_loss(critic)
     actor_example_loss = jax.vmap(losses.sac_actor_loss, in_axes=(0, 0, None))
 
     def sample_action(actor, obs, noise):
         mean, log_std = actor_net.apply(actor, obs)
         return squashed_gaussian_sample(mean, log_std, noise, half_range, center)
 
-    def critic_loss(critic, state: SACState, batch: Transition, hparams: SACHParams, noise):
+    def critic_loss(critic_params, state: SACState, batch: Transition, hparams: SACHParams, noise):
         next_action, next_log_prob = sample_action(state.actor, batch.next_obs, noise)
-        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
-        q = critic_net.apply(critic, batch.obs, batch.action)
-        reward, discount = losses.discounted_rewards(batch, hparams.discount)
-        loss = critic_example_loss(
-            q,
-            reward,
-            discount,
-            batch.terminated,
-            next_q,
-            next_log_prob,
-            jnp.exp(state.log_alpha),
-            hparams.reward_scale,
-        )
-        return jnp.mean(loss), jnp.mean(q)
+        next_outputs = critic_net.apply(state.target_critic, batch.next_obs, next_action)
+        outputs = critic_net.apply(critic_params, batch.obs, batch.action)
+        alpha = jnp.exp(state.log_alpha)
+        loss = batch_loss(outputs, batch, hparams, next_outputs, next_log_prob, alpha)
+        return jnp.mean(loss), jnp.mean(critic.q_values(outputs))
 
-    def actor_loss(actor, critic, log_alpha, obs, noise):
+    def actor_loss(actor, critic_params, log_alpha, obs, noise):
         action, log_prob = sample_action(actor, obs, noise)
-        q = critic_net.apply(critic, obs, action)
+        q = critic.q_values(critic_net.apply(critic_params, obs, action))
         return jnp.mean(actor_example_loss(q, log_prob, jnp.exp(log_alpha))), log_prob
 
     def critic_step(state: SACState, batch: Transition, hparams: SACHParams, noise):
@@ -177,9 +214,9 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     if spec.discrete:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
     actor_net = GaussianActor(spec.action_dim, config.hidden_sizes, dtype=config.compute_dtype)
-    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype)
+    critic = make_critic(config)
     optimizer = optax.scale_by_adam()
-    parts = make_sac_parts(spec, actor_net, critic_net, optimizer)
+    parts = make_sac_parts(spec, actor_net, critic, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
 
@@ -198,15 +235,15 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
 
     def init(key: PRNGKey, hparams: SACHParams) -> SACState:
         del hparams
-        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
+        actor, critic_params = init_actor_critic(key, actor_net, critic.network, spec)
         log_alpha = jnp.zeros((), jnp.float32)
         return SACState(
             actor=actor,
-            critic=critic,
-            target_critic=critic,
+            critic=critic_params,
+            target_critic=critic_params,
             log_alpha=log_alpha,
             actor_opt=optimizer.init(actor),
-            critic_opt=optimizer.init(critic),
+            critic_opt=optimizer.init(critic_params),
             alpha_opt=optimizer.init(log_alpha),
             step=jnp.zeros((), jnp.int32),
         )

@@ -24,14 +24,16 @@ from fastpop.agents.base import (
     polyak,
     select_tree,
 )
-from fastpop.agents.networks import DeterministicActor, TwinCritic
+from fastpop.agents.critics import Critic, make_critic
+from fastpop.agents.networks import DeterministicActor
 from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
 
 
 @dataclasses.dataclass(frozen=True)
 class TD3Config(ActorCriticConfig):
-    """Static shape of a TD3 member (hidden sizes, batch size); equal across a population."""
+    """Static shape of a TD3 member (hidden sizes, batch size, critic kind); equal across a
+    population."""
 
 
 class TD3HParams(NamedTuple):
@@ -78,8 +80,9 @@ class TD3Parts(NamedTuple):
     targets where `due`, the state unchanged elsewhere.
     critic_loss(critic, state, batch, hparams, noise) -> (loss, mean q): the targets come from
     state.target_actor and state.target_critic, smoothed by `noise`, standard normal of the
-    batch's action shape (`jax.random.normal(key, batch.action.shape)`).
-    actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)).
+    batch's action shape (`jax.random.normal(key, batch.action.shape)`); squared errors of a
+    scalar critic, cross-entropies of a distributional one.
+    actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)) (a distributional Q1: its mean).
     actor_apply(actor, obs) -> deterministic actions.
     optimizer: the moment-only optimizer of `adam_step`.
     """
@@ -92,10 +95,33 @@ class TD3Parts(NamedTuple):
     optimizer: optax.GradientTransformation
 
 
+def critic_batch_loss(critic: Critic) -> Callable:
+    """loss(outputs, batch, hparams, next_target_outputs) -> (B,) TD3 critic losses of the
+    critic's kind, from both critics' outputs at (obs, action) and both target critics' at
+    (next_obs, smoothed target action)."""
+    if critic.support is None:
+        scalar = jax.vmap(losses.td3_critic_loss)
+
+        def squared_errors(q, batch, hparams, next_q):
+            reward, discount = losses.discounted_rewards(batch, hparams.discount)
+            return scalar(q, reward, discount, batch.terminated, next_q)
+
+        return squared_errors
+    distributional = jax.vmap(losses.td3_distributional_critic_loss, in_axes=(0, 0, 0, 0, None))
+    bootstrap = jax.vmap(losses.bootstrap_multiplier)
+
+    def cross_entropies(logits, batch, hparams, next_logits):
+        reward, discount = losses.discounted_rewards(batch, hparams.discount)
+        multiplier = bootstrap(discount, batch.terminated)
+        return distributional(logits, reward, multiplier, next_logits, critic.support)
+
+    return cross_entropies
+
+
 def make_td3_parts(
     spec: EnvSpec,
     actor_net: DeterministicActor,
-    critic_net: TwinCritic,
+    critic: Critic,
     optimizer: optax.GradientTransformation,
 ) -> TD3Parts:
     """The critic and actor halves of a TD3 update: network applies here, arithmetic in losses."""
@@ -104,23 +130,22 @@ def make_td3_parts(
         losses.td3_target_action, action_low=spec.action_low, action_high=spec.action_high
     )
     smoothed_action = jax.vmap(bounded, in_axes=(0, 0, None, None))
-    critic_example_loss = jax.vmap(losses.td3_critic_loss)
+    critic_net, batch_loss = critic.network, critic_batch_loss(critic)
 
-    def critic_loss(critic, state: TD3State, batch: Transition, hparams: TD3HParams, noise):
+    def critic_loss(critic_params, state: TD3State, batch: Transition, hparams: TD3HParams, noise):
         next_action = smoothed_action(
             actor_net.apply(state.target_actor, batch.next_obs),
             noise,
             hparams.policy_noise,
             hparams.noise_clip,
         )
-        next_q = critic_net.apply(state.target_critic, batch.next_obs, next_action)
-        q = critic_net.apply(critic, batch.obs, batch.action)
-        reward, discount = losses.discounted_rewards(batch, hparams.discount)
-        loss = critic_example_loss(q, reward, discount, batch.terminated, next_q)
-        return jnp.mean(loss), jnp.mean(q)
+        next_outputs = critic_net.apply(state.target_critic, batch.next_obs, next_action)
+        outputs = critic_net.apply(critic_params, batch.obs, batch.action)
+        loss = batch_loss(outputs, batch, hparams, next_outputs)
+        return jnp.mean(loss), jnp.mean(critic.q_values(outputs))
 
-    def actor_loss(actor, critic, obs):
-        q = critic_net.apply(critic, obs, actor_net.apply(actor, obs))
+    def actor_loss(actor, critic_params, obs):
+        q = critic.q_values(critic_net.apply(critic_params, obs, actor_net.apply(actor, obs)))
         return jnp.mean(jax.vmap(losses.td3_actor_loss)(q))
 
     def actor_and_targets_step(state: TD3State, obs, hparams: TD3HParams, due):
@@ -164,9 +189,9 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         spec.action_high,
         config.compute_dtype,
     )
-    critic_net = TwinCritic(config.hidden_sizes, config.compute_dtype)
+    critic = make_critic(config)
     optimizer = optax.scale_by_adam()
-    parts = make_td3_parts(spec, actor_net, critic_net, optimizer)
+    parts = make_td3_parts(spec, actor_net, critic, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
 
     def default_hparams() -> TD3HParams:
@@ -174,14 +199,14 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
 
     def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
         del hparams
-        actor, critic = init_actor_critic(key, actor_net, critic_net, spec)
+        actor, critic_params = init_actor_critic(key, actor_net, critic.network, spec)
         return TD3State(
             actor=actor,
-            critic=critic,
+            critic=critic_params,
             target_actor=actor,
-            target_critic=critic,
+            target_critic=critic_params,
             actor_opt=optimizer.init(actor),
-            critic_opt=optimizer.init(critic),
+            critic_opt=optimizer.init(critic_params),
             step=jnp.zeros((), jnp.int32),
         )
 

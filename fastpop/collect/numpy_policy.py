@@ -124,7 +124,10 @@ class NumpyActing:
             )
         params = params["params"]
         self._torso = _dense_layers(params["MLP_0"])
-        self._heads = _dense_layers(params)  # SAC's mean and log-std, DQN's action values
+        # SAC's mean and log-std heads; DQN's action values, or with a dueling head its
+        # advantages then value (Dense_0, Dense_1): Q = V + A - mean(A) differs from A by a
+        # per-state constant, so the argmax of the advantages is Q's (agents/networks.QNetwork).
+        self._heads = _dense_layers(params)
         self._hparams = {name: np.asarray(value) for name, value in hparams.items()}
         if self.policy.kind == "deterministic":  # its noise per slot, fixed until the next policy
             noise = self._hparams["exploration_noise"].astype(np.float32) * self.half_range

@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from fastpop.agents import registry
+from fastpop.agents.critics import CRITICS
 from fastpop.agents.networks import COMPUTE_DTYPES, TORSOS
 from fastpop.config.env import (
     EnvConfig,
@@ -56,6 +57,10 @@ _AGENT_RANGES = {
     "n_step": {"min": 1},
     "torso": {"choices": TORSOS},
     "compute_dtype": {"choices": COMPUTE_DTYPES},
+    "critic": {"choices": CRITICS},
+    "num_atoms": {"min": 2},
+    "v_min": {},  # any return; v_max above it (`_check_consistency`)
+    "v_max": {},
 }
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
@@ -178,6 +183,9 @@ def _check_consistency(r: Reader, c: Config) -> None:
          f"(one chunk per lane), got {capacity}"),
         ("replay.min_size", c.replay.min_size > capacity,
          f"must be <= replay.capacity ({capacity}), got {c.replay.min_size}"),
+        ("agent.v_max", c.agent.get("v_max", 1.0) <= c.agent.get("v_min", 0.0),
+         f"must be > agent.v_min ({c.agent.get('v_min')}): the distributional critic's "
+         f"support runs from v_min to v_max, got {c.agent.get('v_max')}"),
     )  # fmt: skip
     for dotted, violated, problem in checks:
         if violated:

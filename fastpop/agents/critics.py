@@ -1,0 +1,56 @@
+"""The twin critic of a TD3 or SAC member (`ActorCriticConfig.critic`): scalar, one Q per
+critic, or distributional, logits over a fixed support of returns (C51) whose mean is Q.
+
+An agent applies `Critic.network` and reads Q from its outputs with `Critic.q_values`; its
+losses (`agents/losses.py`) take the outputs themselves, and the distributional ones the
+support.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from fastpop.agents import losses
+from fastpop.agents.base import ActorCriticConfig
+from fastpop.agents.networks import TwinCritic
+
+CRITICS = ("scalar", "distributional")
+
+
+class Critic(NamedTuple):
+    """A twin critic's network and, distributional, its support: the atoms' returns, (num_atoms,),
+    static as the network's shape (None for a scalar critic)."""
+
+    network: TwinCritic
+    support: np.ndarray | None
+
+    def q_values(self, outputs: jax.Array) -> jax.Array:
+        """Both critics' Q from the network's outputs: (..., 2)."""
+        if self.support is None:
+            return outputs
+        return losses.categorical_mean(outputs, self.support)
+
+
+def make_critic(config: ActorCriticConfig) -> Critic:
+    """The twin critic `config` describes."""
+    if config.critic not in CRITICS:
+        raise ValueError(
+            f"agent.critic: must be one of {', '.join(CRITICS)}, got {config.critic!r}"
+        )
+    if config.critic == "scalar":
+        return Critic(
+            TwinCritic(config.hidden_sizes, config.compute_dtype, config.layer_norm), None
+        )
+    if config.num_atoms < 2 or not config.v_min < config.v_max:
+        raise ValueError(
+            f"a distributional critic needs agent.num_atoms >= 2 and agent.v_min < agent.v_max, "
+            f"got {config.num_atoms}, {config.v_min} and {config.v_max}"
+        )
+    network = TwinCritic(
+        config.hidden_sizes, config.compute_dtype, config.layer_norm, config.num_atoms
+    )
+    support = np.linspace(config.v_min, config.v_max, config.num_atoms, dtype=np.float32)
+    return Critic(network, support)
