@@ -48,9 +48,26 @@ CASES = {  # name -> (overrides, population.devices); 4 host devices
         ],
         "3",
     ),
-    "sac": (["algo=sac", "population.size=4", "agent.n_step=3"], "2"),  # n-step windows too
+    # the recipe's critic: C51 with LayerNorm, on n-step windows
+    "sac": (
+        [
+            "algo=sac",
+            "population.size=4",
+            "agent.n_step=3",
+            "agent.critic=distributional",
+            "agent.num_atoms=11",
+            "agent.layer_norm=true",
+        ],
+        "2",
+    ),
     "dqn-shared-replay": (
-        ["algo=dqn", "env.id=CartPole-v1", "population.size=4", "replay.shared=true"],
+        [
+            "algo=dqn",
+            "env.id=CartPole-v1",
+            "population.size=4",
+            "replay.shared=true",
+            "agent.dueling=true",
+        ],
         "all",
     ),
     "td3-cemrl": (["strategy=cemrl", "population.size=3", "replay.shared=true"], "3"),
