@@ -139,10 +139,13 @@ def load_curve(run_dir: Path) -> Curve:
     mean, legend = (), ""
     if entry is not None and entry.mean_member is not None:
         mean = tuple(
-            next((r["return_mean"] for r in group if r["member"] == entry.mean_member), math.nan)
+            next(
+                (r["return_mean"] for r in group if r["member"] == entry.mean_member.index),
+                math.nan,
+            )
             for group in rounds
         )
-        legend = f"{entry.mean_label} (member {entry.mean_member})"
+        legend = f"{entry.mean_member.label} (member {entry.mean_member.index})"
     return Curve(
         mean_member_return=mean,
         mean_legend=legend,

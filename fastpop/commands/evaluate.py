@@ -160,7 +160,8 @@ def resolve_member(requested: str | int, metadata: dict, config) -> tuple[int, s
     if entry.mean_member is not None:
         # cemrl's samples are redrawn after every evaluation round: the latest returns describe
         # actors no longer in the checkpoint; the refitted mean is the policy CEM-RL reports.
-        return entry.mean_member, f"best: {entry.name}'s {entry.mean_label}"
+        mean = entry.mean_member
+        return mean.index, f"best: {entry.name}'s {mean.label}"
     returns = (metadata.get("run") or {}).get("latest_returns") or []
     finite = [
         (value, index)

@@ -169,6 +169,14 @@ class StrategySetting(NamedTuple):
     """Env steps per member of the whole run (`train.total_env_steps`)."""
 
 
+class MeanMember(NamedTuple):
+    """A member that is the population's search mean (`StrategyEntry.mean_member`)."""
+
+    index: int
+    label: str
+    """What it is, in words ("CEM mean")."""
+
+
 class StrategyEntry(NamedTuple):
     """Everything fastpop needs to know about one strategy (`strategies/registry.py` lists them):
     each strategy's module defines its entry next to its factory. Code elsewhere reads these
@@ -211,10 +219,8 @@ class StrategyEntry(NamedTuple):
     replayable: bool = True
     """A member's line (lineage.jsonl) has an hparam schedule of its own that `fastpop
     pbt-replay` can train afresh; false where members share parameters or restart."""
-    mean_member: int | None = None
+    mean_member: MeanMember | None = None
     """The member whose evaluations are the population's search mean, not a sample (cemrl's
-    0): `fastpop eval --member best` picks it and `fastpop plot` draws its return."""
-    mean_label: str = ""
-    """What that member is, in words ("CEM mean")."""
+    0, "CEM mean"): `fastpop eval --member best` picks it and `fastpop plot` draws its return."""
     devices_note: str = ""
     """Appended to the advice when population.size does not split over the devices."""

@@ -31,7 +31,7 @@ from fastpop import population
 from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.schema import field
 from fastpop.strategies import cem, shared_critic
-from fastpop.strategies.base import Evaluation, StrategyEntry
+from fastpop.strategies.base import Evaluation, MeanMember, StrategyEntry
 
 MEAN_MEMBER = 0
 
@@ -162,7 +162,6 @@ ENTRY = StrategyEntry(
     check=check_size,
     shared_critic=True,
     replayable=False,
-    mean_member=MEAN_MEMBER,
-    mean_label="CEM mean",
+    mean_member=MeanMember(MEAN_MEMBER, "CEM mean"),
     devices_note=" (cemrl's size is 1 + an even number: use an odd device count)",
 )

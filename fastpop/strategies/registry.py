@@ -27,8 +27,8 @@ DEFAULT = independent.ENTRY.name  # a config's strategy when it names none: memb
 
 
 def _check(entry: StrategyEntry) -> None:
-    if entry.mean_member is not None and not entry.mean_label:
-        raise ValueError(f"strategy {entry.name!r}: a mean_member needs a mean_label")
+    if entry.mean_member is not None and not entry.mean_member.label:
+        raise ValueError(f"strategy {entry.name!r}: its mean member needs a label")
 
 
 _REGISTRY = Registry("strategy", _check)
