@@ -24,12 +24,18 @@ import optax
 Scalar = chex.Numeric
 
 
+def bootstrap_multiplier(discount: Scalar, terminated: chex.Array) -> chex.Array:
+    """discount * (1 - terminated): what the next state's value is multiplied by."""
+    chex.assert_rank([discount, terminated], 0)
+    return discount * (1.0 - jnp.asarray(terminated).astype(jnp.float32))
+
+
 def bootstrap_target(
     reward: chex.Array, discount: Scalar, terminated: chex.Array, next_value: chex.Array
 ) -> chex.Array:
     """reward + discount * next_value, dropping the bootstrap only where the episode terminated."""
-    chex.assert_rank([reward, discount, terminated, next_value], 0)
-    bootstrap = discount * (1.0 - jnp.asarray(terminated).astype(jnp.float32))
+    chex.assert_rank([reward, next_value], 0)
+    bootstrap = bootstrap_multiplier(discount, terminated)
     return jax.lax.stop_gradient(reward + bootstrap * next_value)
 
 
@@ -177,12 +183,6 @@ def dqn_loss(
 # `bootstrap` multiplier (discount * (1 - terminated) for one step; discount**n * (1 -
 # terminated) for an n-step return, whose discounted reward sum is then `reward`), not the
 # discount and the flag.
-
-
-def bootstrap_multiplier(discount: Scalar, terminated: chex.Array) -> chex.Array:
-    """discount * (1 - terminated): what the next state's value is multiplied by."""
-    chex.assert_rank([discount, terminated], 0)
-    return discount * (1.0 - jnp.asarray(terminated).astype(jnp.float32))
 
 
 def categorical_mean(logits: chex.Array, support: chex.Array) -> chex.Array:

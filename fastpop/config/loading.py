@@ -128,9 +128,10 @@ def _build(raw: dict, r: Reader) -> Config:
         r, "", {k: v for k, v in raw.items() if k == "plugins"}, {"plugins": specs["plugins"]}
     )["plugins"]
     import_plugins(r, plugins)
+    allowed = _top_level_keys()
     for key in raw:
-        if key not in _top_level_keys():
-            r.unknown(str(key), _top_level_keys())
+        if key not in allowed:
+            r.unknown(str(key), allowed)
     scalars = {name: spec for name, spec in specs.items() if name in _SCALARS}
     values = read_fields(r, "", {k: v for k, v in raw.items() if k in _SCALARS}, scalars)
     if "/" in values["name"] or values["name"] in ("", ".", ".."):
