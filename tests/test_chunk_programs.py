@@ -41,7 +41,7 @@ CHUNKS = 8
 
 def learner_and_collection(config) -> tuple[Learner, DeviceCollection]:
     parts = build_run(config)
-    learner = Learner(parts.learner_parts())
+    learner = Learner(parts.learner)
     return learner, make_collection(parts, learner)
 
 
@@ -191,8 +191,8 @@ def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_a
     chunk gives the numbers of a collection that made them after a learner made first, bit for
     bit."""
     parts = build_run(config_lib.load_config(PRESET, SMALL))
-    ahead = DeviceCollection(parts.device_parts())  # no policy template yet
-    learner_ahead = ahead.make_ahead(parts.learner_parts())
+    ahead = DeviceCollection(parts.device)  # no policy template yet
+    learner_ahead = ahead.make_ahead(parts.learner)
     assert ahead.env_lanes._ahead is not None and ahead._programs_ahead is not None
     learner = learner_ahead.result()
     assert make_collection(parts, learner, device=ahead) is ahead
@@ -203,7 +203,7 @@ def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_a
     assert compiled == []  # compiled for the very arguments the first chunk passes
 
     other = build_run(config_lib.load_config(PRESET, SMALL))
-    after_learner = Learner(other.learner_parts())
+    after_learner = Learner(other.learner)
     after = make_collection(other, after_learner)
     after.feed(after_learner)
     for _ in range(CHUNKS - 1):
@@ -247,10 +247,14 @@ def test_the_chunk_programs_trace_the_envs_reset_and_step_and_the_update_once(mo
     device_envs.make_device_env.cache_clear()  # built anew with the counting env, and after
     try:
         parts = build_run(config_lib.load_config(PRESET, SMALL))
-        training = parts.training._replace(update=counted("update", parts.training.update))
-        parts = parts._replace(training=training)
-        ahead = DeviceCollection(parts.device_parts())
-        ahead.make_ahead(parts.learner_parts()).result()
+        training = parts.learner.training
+        training = training._replace(update=counted("update", training.update))
+        parts = parts._replace(
+            learner=parts.learner._replace(training=training),
+            device=parts.device._replace(training=training),
+        )
+        ahead = DeviceCollection(parts.device)
+        ahead.make_ahead(parts.learner).result()
         for compiling in ahead._programs_ahead[1:]:
             compiling.result()
     finally:

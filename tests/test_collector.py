@@ -128,8 +128,8 @@ def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_
         }
     )
     parts = build_run(config)
-    collection = ProcessCollection(config, parts.replay_spec, log=lambda *_: None)
-    collection.start_ahead(parts.agent)
+    collection = ProcessCollection(config, parts.learner.replay_spec, log=lambda *_: None)
+    collection.start_ahead(parts.learner.agent)
     workers, warm_up_chunks = collection.workers, 64 // 8
 
     def chunks_within(seconds: float, enough: float = math.inf) -> int:
@@ -146,7 +146,7 @@ def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_
             time.sleep(0.05)
         assert chunks_within(1.5) == warm_up_chunks  # and nothing after them
         assert workers.processes.evaluator is None  # started with the first trained policies
-        learner = Learner(parts.learner_parts())
+        learner = Learner(parts.learner)
         with collection.running(learner, lambda *_: None, generation=0):
             assert chunks_within(60, enough=1) == 1  # policy steps, once published
             stats = workers.stop()["collector 0"]
@@ -209,7 +209,7 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
             "collect": {"num_collectors": 1, "chunk_len": 8, "warmup_steps": 16, "ring_slots": 4},
         }
     )
-    learner = Learner(build_run(config).learner_parts())
+    learner = Learner(build_run(config).learner)
     policy = learner.training.policies(learner.states)
 
     def acted(member: int, obs):

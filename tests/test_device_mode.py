@@ -191,9 +191,9 @@ def test_memory_estimate_counts_the_device_environments(monkeypatch):
     from fastpop.run.parts import env_state_bytes
 
     config = config_lib.load_config(PRESET, SHORT)
-    gym = config_lib.load_config(REPO / "configs" / "td3_pendulum_cpu.yaml")
-    assert env_state_bytes(gym) == 0 and env_state_bytes(config) > 0
-    replay_bytes = config_lib.memory_estimate(config, build_run(config).env_spec).bytes_needed
+    parts = build_run(config)
+    assert env_state_bytes(config, parts.device.env, parts.device.program_identity) > 0
+    replay_bytes = config_lib.memory_estimate(config, parts.learner.env_spec).bytes_needed
     # Room for the replay but not for the env states as well: refused, naming both.
     monkeypatch.setattr(replay, "default_available_bytes", lambda: replay_bytes + 1)
     with pytest.raises(config_lib.ConfigError, match="device environments' states need"):

@@ -137,8 +137,10 @@ def test_minatar_grids_go_through_the_chosen_torso(tmp_path, torso):
     overrides = ["env.id=gymnax/Breakout-MinAtar", f"agent.torso={torso}"]
     config = config_lib.load_config(CARTPOLE, overrides)
     parts = build_run(config)
-    assert parts.env_spec.obs_shape == (10, 10, 4) and parts.env_spec.num_actions == 3
-    state = parts.agent.init(jax.random.key(0), parts.agent.default_hparams())
+    assert (
+        parts.learner.env_spec.obs_shape == (10, 10, 4) and parts.learner.env_spec.num_actions == 3
+    )
+    state = parts.learner.agent.init(jax.random.key(0), parts.learner.agent.default_hparams())
     shapes = {leaf.shape for leaf in jax.tree.leaves(state)}
     if torso == "minatar_cnn":  # 3x3 convolutions of 4 channels into 16, 8x8x16 -> 128 units
         assert {(3, 3, 4, 16), (8 * 8 * 16, 128), (128, 3)} <= shapes, shapes

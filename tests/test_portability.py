@@ -76,7 +76,7 @@ def device_learner(algo: str, env_id: str, strategy: str = "independent", size: 
         data["replay"]["shared"] = True
         data["dvd"] = {"embedding_states": 8}
     parts = build_run(config_lib.config_from_dict(data))
-    learner = Learner(parts.learner_parts())
+    learner = Learner(parts.learner)
     return learner, make_collection(parts, learner)
 
 

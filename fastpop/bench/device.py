@@ -100,7 +100,7 @@ class Fused:
 
         start = time.perf_counter()
         self.parts = parts = build_run(config)
-        self.learner = learner = Learner(parts.learner_parts())
+        self.learner = learner = Learner(parts.learner)
         self.collection = collection = make_collection(parts, learner)
         jax.block_until_ready((learner.states, collection.lanes))
         self.compile = {"build": time.perf_counter() - start}
@@ -231,7 +231,9 @@ def measure(config: config_lib.Config, seconds: float, log, process=None) -> dic
     learner = fused.learner
     env = make_device_env(config.env.id, config.env.backend)
     env_alone = EnvAlone(env, size * per_member, chunk_len)
-    update_alone = UpdateAlone(learner.agent, fused.parts.env_spec, learner.hparams, updates)
+    update_alone = UpdateAlone(
+        learner.agent, fused.parts.learner.env_spec, learner.hparams, updates
+    )
     compile_seconds = dict(fused.compile)
     for name, call in (("env", env_alone), ("update_alone", update_alone)):
         first, second = timed(call), timed(call)

@@ -30,7 +30,6 @@ import numpy as np
 
 from fastpop.compilation import stored_programs
 from fastpop.learn.learner import Learner, LearnerParts
-from fastpop.learn.replay_store import make_layout, rows_adder
 from fastpop.learn.update_protocol import Training
 from fastpop.types import PRNGKey, PyTree
 from fastpop.xla_defaults import env_stepping_options
@@ -105,9 +104,15 @@ def chunk_program_inputs(parts: LearnerParts) -> tuple:
     """(add_rows, the `DeviceState`'s shapes) of the learner `parts` make, without making it:
     nothing allocated or compiled (device mode traces its chunk programs from them while the
     learner initialises: `DeviceCollection.make_ahead`). One device."""
-    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size)
-    shapes = jax.eval_shape(lambda: device_state(Learner(parts)))
-    return rows_adder(layout, parts.population_size), shapes
+    made = []
+
+    def state() -> DeviceState:
+        learner = Learner(parts)
+        made.append(learner.replay.add_rows)  # a pure function of its layout: no array held
+        return device_state(learner)
+
+    shapes = jax.eval_shape(state)
+    return made[0], shapes
 
 
 class ChunkPrograms(NamedTuple):

@@ -29,7 +29,7 @@ from fastpop.xla_defaults import env_stepping_options
 
 
 class DeviceParts(NamedTuple):
-    """What device collection is made of (fastpop.run.parts.RunParts.device_parts)."""
+    """What device collection is made of (`RunParts.device`, fastpop.run.parts)."""
 
     env: Any  # the DeviceEnv
     episode_length: int
@@ -111,7 +111,7 @@ class DeviceCollection:
         self.parts = parts
         key = jax.random.fold_in(jax.random.key(parts.seed), 0xDE1)
         self.key, lanes_key = jax.random.split(key)
-        self._identity = parts.program_identity  # None on a mesh (run/parts.stored_identity)
+        self._identity = parts.program_identity  # None on a mesh (run/parts.build_run)
         at_once = policy_template is not None or jax.process_count() > 1
         self.env_lanes = EnvLanes(
             parts.env,

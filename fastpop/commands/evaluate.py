@@ -253,7 +253,7 @@ def _template(config):
 
     from fastpop.config.build import build_agent, build_env_spec, build_strategy
     from fastpop.learn import update_protocol
-    from fastpop.run.parts import initial_hparams, make_training
+    from fastpop.run.parts import initial_hparams, make_training, run_execution
 
     try:
         spec = build_env_spec(config)
@@ -261,7 +261,8 @@ def _template(config):
     except ValueError as error:  # ConfigError, MissingExtra: the environment cannot be built
         raise EvalError(str(error)) from None
     strategy = build_strategy(config)
-    run_training = make_training(config, spec, agent, strategy, sample_batch=None)
+    execution = run_execution(config, spec)
+    run_training = make_training(config, spec, agent, strategy, None, execution)
     hparams = initial_hparams(config, agent)
     states = update_protocol.state_template(run_training, hparams)
     template = {"learner": {"states": states, "hparams": jax.eval_shape(lambda: hparams)}}

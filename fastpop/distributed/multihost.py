@@ -287,18 +287,18 @@ class DistributedRun(Run):
             log = lambda message, log=log: log(f"[process {process}] {message}")
         config = parts.config
         self.lockstep = Lockstep()
-        learner = HostLearner(parts.learner_parts())
+        learner = HostLearner(parts.learner)
         elapsed = lambda: self.progress.elapsed()
         if parts.collection_mode == "device":
             from fastpop.distributed.device_lockstep import LockstepDeviceCollection
 
             template = learner.policy_template()
-            collection = LockstepDeviceCollection(
-                self.lockstep, parts.device_parts(), template, elapsed
-            )
+            collection = LockstepDeviceCollection(self.lockstep, parts.device, template, elapsed)
         else:
             local = local_config(config, process, jax.process_count())
-            collection = LockstepCollection(self.lockstep, local, parts.replay_spec, log, elapsed)
+            collection = LockstepCollection(
+                self.lockstep, local, parts.learner.replay_spec, log, elapsed
+            )
         directory = run_dir / CHECKPOINTS_DIR
         checkpoints = AgreedCheckpoints(directory, config.checkpoint.keep, self.lockstep.exchange)
         pieces = RunPieces(learner, collection, collection.signals, checkpoints)

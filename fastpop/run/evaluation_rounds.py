@@ -23,7 +23,7 @@ class EvaluationRounds:
 
     def __init__(self, run):
         self.run = run
-        self.strategy = run.parts.strategy
+        self.strategy = run.parts.learner.strategy
         self.pending = PendingEvaluations()
         self.training_done = False  # no strategy steps on the final evaluation
         self.evaluator_restarts_seen = 0

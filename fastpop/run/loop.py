@@ -30,7 +30,7 @@ from fastpop.run.phases import PhaseClock, PhaseWatch
 from fastpop.run.progress import RunProgress
 from fastpop.run.run_checkpoints import RunCheckpoints, TrainError
 from fastpop.run.stop_signals import StopRequested
-from fastpop.run.trackers import check_trackers, open_trackers
+from fastpop.run.trackers import open_trackers
 from fastpop.run.update_pipeline import UpdatePipeline
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -43,7 +43,6 @@ class Run:
     (`evaluations`) and checkpoints (`checkpoints`) kept apart."""
 
     def __init__(self, parts: RunParts, run_dir: Path, log=print, pieces: RunPieces | None = None):
-        check_trackers(parts.config.log)  # a missing wandb: refused before anything starts
         self.parts = parts
         self.config = config = parts.config  # the record written with the run
         self.run_dir = run_dir
@@ -51,7 +50,7 @@ class Run:
         if pieces is None:
             pieces = local_pieces(parts, run_dir / CHECKPOINTS_DIR, log)
         self.learner, self.collection, self.signals, store = pieces
-        interval = parts.strategy.evaluation_interval
+        interval = parts.learner.strategy.evaluation_interval
         self.progress = RunProgress(config.population.size, next_eval=interval)
         self.evaluations = EvaluationRounds(self)
         self.checkpoints = RunCheckpoints(self, store, run_dir / CHECKPOINTS_DIR)

@@ -1,12 +1,13 @@
-"""The one front door: a config becomes a run's parts here, each decided once.
+"""The one front door: a config becomes a run's parts here, each made once.
 
-    build_run(config) -> RunParts    env spec (and, device mode, the DeviceEnv), agent, replay
-                                     spec, strategy, training, rate limiter, mesh, collection
-                                     mode; refused (ConfigError) before any process or file
-                                     exists
+    build_run(config) -> RunParts    collection mode, and what the learner (`LearnerParts`:
+                                     env spec, agent, replay spec, strategy, training, rate
+                                     limiter, mesh, hparams) and device collection
+                                     (`DeviceParts`: its DeviceEnv) are made of; refused
+                                     (ConfigError) before any process or file exists
 
-The learner, the collections and the run are made from the parts (`RunParts.learner_parts`,
-`make_collection`): none of them reads the config's fields on its own or works the collection
+The learner, the collections and the run are made from the parts (`make_collection`,
+`local_pieces`): none of them reads the config's fields on its own or works the collection
 mode out again. `fastpop.config.build` keeps the low-level builders that collector and evaluator
 processes (which get the config, not the parts: agents do not cross the spawn boundary) use.
 """
@@ -15,17 +16,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from fastpop import config as config_lib
 from fastpop import population, strategies
-from fastpop.agents import Agent
 from fastpop.collect.device_collection import DeviceCollection, DeviceParts
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
 from fastpop.collect.sources import Collection, ProcessCollection
 from fastpop.compilation import compile_cache
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.envs.device_envs import make_device_env
 from fastpop.learn import update_protocol
 from fastpop.learn.learner import Learner, LearnerParts
 from fastpop.learn.rate_limiter import InProgramLimiter, RateLimiter
@@ -34,57 +35,20 @@ from fastpop.machine import usable_cores
 from fastpop.population import replay, sharding
 from fastpop.run.checkpoint import CheckpointStore, LocalCheckpoints
 from fastpop.run.stop_signals import StopSignals
-from fastpop.strategies.base import Strategy
+from fastpop.run.trackers import check_trackers
 from fastpop.types import EnvSpec
 
 
 class RunParts(NamedTuple):
-    """Everything a run is made of. `config` is the record written with the run (config.yaml,
-    checkpoints) and what collector processes rebuild their envs and agents from."""
+    """Everything a run is made of, each part made once. `config` is the record written with
+    the run (config.yaml, checkpoints) and what collector processes rebuild their envs and
+    agents from; `learner` what its learner is made of; `device` what device collection is made
+    of (None in process mode)."""
 
     config: config_lib.Config
     collection_mode: str  # "processes" or "device", worked out here only
-    env_spec: EnvSpec
-    device_env: Any  # device mode: the DeviceEnv (brax, gymnax), built once; None in processes
-    agent: Agent
-    replay_spec: replay.ReplaySpec
-    strategy: Strategy
-    training: update_protocol.Training
-    limiter: RateLimiter
-    mesh: Any  # jax.sharding.Mesh over population.devices, or None: one device
-
-    def learner_parts(self) -> LearnerParts:
-        config = self.config
-        return LearnerParts(
-            self.agent,
-            self.env_spec,
-            self.replay_spec,
-            layout_for(config.replay.shared, run_execution(config, self.env_spec, self.mesh)),
-            config.population.size,
-            self.strategy,
-            self.training,
-            self.limiter,
-            self.mesh,
-            initial_hparams(config, self.agent),
-            config.seed,
-            config.train.updates_per_call,
-        )
-
-    def device_parts(self) -> DeviceParts:
-        config = self.config
-        return DeviceParts(
-            self.device_env,
-            config.env.episode_length,
-            config.collect,
-            config.eval.episodes,
-            config.population.size,
-            config.seed,
-            self.agent,
-            self.env_spec,
-            self.training,
-            self.mesh,
-            stored_identity(config),
-        )
+    learner: LearnerParts
+    device: DeviceParts | None
 
 
 # Config fields no compiled program of a run reads (its length, its outputs, its name; the seed
@@ -107,12 +71,6 @@ def program_identity(config: config_lib.Config) -> str:
     return json.dumps(fields, sort_keys=True)
 
 
-def stored_identity(config: config_lib.Config) -> str | None:
-    """`program_identity` where the run's device programs may be stored: on one device (on a
-    mesh their placement decides them too); None elsewhere."""
-    return program_identity(config) if sharding.device_count(config.population) == 1 else None
-
-
 def build_run(config: config_lib.Config) -> RunParts:
     """A run's parts; everything that can refuse the config is checked here (ConfigError: the
     factories' own checks raise ValueError, which callers must not confuse with JAX's)."""
@@ -125,46 +83,82 @@ def build_run(config: config_lib.Config) -> RunParts:
 
 
 def _build_run(config: config_lib.Config) -> RunParts:
+    check_trackers(config.log)  # a missing wandb
     if not config.train.compile_cache:  # before anything compiles: JAX opens its cache once
         compile_cache.disable("train.compile_cache: false")
-    mode, device_env = _collection(config)
+    mode = config_lib.collection_mode(config)
     if mode == "processes" and (problem := memory_order_problem()) is not None:
         raise config_lib.ConfigError(f"{problem} (or step device envs with collect.mode: device)")
+    device_env = None if mode != "device" else make_device_env(config.env.id, config.env.backend)
     spec = build_env_spec(config)
     agent = build_agent(config, spec)
-    _check_memory(config, spec, device_env)
-    sharding.device_count(config.population)  # enough devices, an even split
+    mesh = sharding.mesh_for(config.population)  # refuses too few devices, an uneven split
+    # Device programs are kept on disk on one device only (on a mesh their placement decides
+    # them too).
+    identity = program_identity(config) if mesh is None else None
+    _check_memory(config, spec, env_state_bytes(config, device_env, identity))
     replay_spec = build_replay_spec(config, spec)
     strategy = config_lib.build_strategy(config)
-    mesh = sharding.mesh_for(config.population)
+    execution = run_execution(config, spec, mesh)
     sampler = replay.Sampler(replay_spec, agent.batch_size, agent.n_step)
-    training = make_training(config, spec, agent, strategy, sampler, mesh)
-    limiter = make_limiter(config, agent, mode)
-    return RunParts(
-        config, mode, spec, device_env, agent, replay_spec, strategy, training, limiter, mesh
+    training = make_training(config, spec, agent, strategy, sampler, execution, mesh)
+    kind = InProgramLimiter if mode == "device" else RateLimiter
+    # Device mode keeps samples_per_insert exactly inside its programs per chunk; process mode
+    # lets collection and learning drift apart by the tolerance.
+    limiter = kind(
+        config.replay.samples_per_insert,
+        config.replay.min_size,
+        config.replay.tolerance,
+        samples_per_call=config.train.updates_per_call * agent.batch_size,
+        insert_size=config.collect.chunk_len * config.collect.envs_per_member,
     )
+    learner = LearnerParts(
+        agent=agent,
+        env_spec=spec,
+        replay_spec=replay_spec,
+        replay_layout=layout_for(config.replay.shared, execution),
+        population_size=config.population.size,
+        strategy=strategy,
+        training=training,
+        limiter=limiter,
+        mesh=mesh,
+        hparams=initial_hparams(config, agent),
+        seed=config.seed,
+        updates_per_call=config.train.updates_per_call,
+    )
+    device = None
+    if device_env is not None:
+        device = DeviceParts(
+            env=device_env,
+            episode_length=config.env.episode_length,
+            collect=config.collect,
+            eval_episodes=config.eval.episodes,
+            population_size=config.population.size,
+            seed=config.seed,
+            agent=agent,
+            env_spec=spec,
+            training=training,
+            mesh=mesh,
+            program_identity=identity,
+        )
+    return RunParts(config, mode, learner, device)
 
 
 def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
     """The config's learner alone (no collection): tests, benchmarks, `fastpop eval`."""
-    return learner_class(build_run(config).learner_parts())
+    return learner_class(build_run(config).learner)
 
 
-def make_collection(parts: RunParts, learner: Learner, log=print, device=None):
-    """The parts' collection: collector processes, or envs stepped on the device (`device`: a
-    DeviceCollection made before the learner, given its policy template here)."""
-    if parts.collection_mode == "device":
-        if device is None:
-            return DeviceCollection(parts.device_parts(), learner.policy_template())
-        device.set_policy_template(learner.policy_template())
-        return device
-    return process_collection(parts, log)
-
-
-def process_collection(parts: RunParts, log=print) -> ProcessCollection:
-    """Process mode's collection (its evaluator starts early where the strategy waits for it)."""
-    waits = parts.strategy.waits_for_evaluation
-    return ProcessCollection(parts.config, parts.replay_spec, log, waits)
+def make_collection(parts: RunParts, learner: Learner | None, log=print, device=None):
+    """The parts' collection: collector processes, or envs stepped on the device, which decode
+    evaluation snapshots to `learner`'s policy template (`device`: a DeviceCollection made
+    before the learner, given the template here)."""
+    if parts.device is None:
+        waits = parts.learner.strategy.waits_for_evaluation  # its evaluator starts early
+        return ProcessCollection(parts.config, parts.learner.replay_spec, log, waits)
+    device = device or DeviceCollection(parts.device)
+    device.set_policy_template(learner.policy_template())
+    return device
 
 
 class RunPieces(NamedTuple):
@@ -186,50 +180,37 @@ def local_pieces(
     # Device mode: the learner made in a thread while the chunk program is traced, then
     # compiled in one. Process mode, fresh: the collectors step their warm-up.
     device, ahead, learner_ahead = None, None, None
-    learner_parts = parts.learner_parts()
-    if parts.collection_mode == "device":
-        device = DeviceCollection(parts.device_parts())
-        learner_ahead = device.make_ahead(learner_parts)
+    if parts.device is not None:
+        device = DeviceCollection(parts.device)
+        learner_ahead = device.make_ahead(parts.learner)
     elif collectors_ahead and parts.config.collect.num_collectors <= usable_cores():
         # (more collectors than cores made the learner late: 16 on 2 cores put the paper
         # preset's first env step at 10-15 s against 8.5-9.3)
-        ahead = process_collection(parts, log)
-        ahead.start_ahead(parts.agent)
-    learner = Learner(learner_parts) if learner_ahead is None else learner_ahead.result()
+        ahead = make_collection(parts, None, log)
+        ahead.start_ahead(parts.learner.agent)
+    learner = Learner(parts.learner) if learner_ahead is None else learner_ahead.result()
     collection = ahead or make_collection(parts, learner, log, device)  # processes or device
     checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
     return RunPieces(learner, collection, StopSignals(), checkpoints)
 
 
-def _collection(config: config_lib.Config) -> tuple[str, Any]:
-    """The collection mode (`collect.mode`, resolved per env id) and, device mode, its env."""
-    mode = config_lib.collection_mode(config)
-    if mode != "device":
-        return mode, None
-    from fastpop.envs.device_envs import make_device_env
-
-    return mode, make_device_env(config.env.id, config.env.backend)
-
-
-def env_state_bytes(config: config_lib.Config, device_env=None) -> int:
+def env_state_bytes(config: config_lib.Config, device_env, identity: str | None) -> int:
     """Device bytes of the env states a run holds besides its replay: the P x E training lanes
-    and the P x eval.episodes evaluation lanes of device mode (0 in process mode)."""
-    if device_env is None:
-        device_env = _collection(config)[1]
+    and the P x eval.episodes evaluation lanes of device mode (0 in process mode: no
+    `device_env`), scaled from the training lanes' shapes: those of the program the run makes
+    them with (kept on disk under `identity`, or not: None)."""
     if device_env is None:
         return 0
     size, per_member = config.population.size, config.collect.envs_per_member
     lanes = size * (per_member + config.eval.episodes)
-    # Scaled from the training lanes' shapes: those of the program the run makes them with.
-    return device_env_state_bytes(device_env, lanes, size * per_member, stored_identity(config))
+    return device_env_state_bytes(device_env, lanes, size * per_member, identity)
 
 
-def _check_memory(config: config_lib.Config, spec: EnvSpec, device_env) -> None:
+def _check_memory(config: config_lib.Config, spec: EnvSpec, env_bytes: int) -> None:
+    """The replay fits, and the device environments' states (`env_bytes`) beside it."""
     estimate = config_lib.memory_estimate(config, spec)
     if not estimate.fits:
         raise config_lib.ConfigError(estimate.message)
-    # device mode: env states live beside the replay
-    env_bytes = 0 if device_env is None else env_state_bytes(config, device_env)
     if estimate.bytes_needed + env_bytes > estimate.bytes_available:
         raise config_lib.ConfigError(
             f"{estimate.message}, and the device environments' states need "
@@ -248,10 +229,12 @@ def initial_hparams(config: config_lib.Config, agent):
     )
 
 
-def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch, mesh=None):
-    """The strategy's `Training` under the config's execution and replay layout, with its
-    members split over `mesh` (population.devices > 1). Its update makes train.updates_per_call
-    updates per member: in one program, or in calls of a shorter one
+def make_training(
+    config: config_lib.Config, spec, agent, strategy, sample_batch, execution, mesh=None
+):
+    """The strategy's `Training` under `execution` (`run_execution`) and the config's replay
+    layout, with its members split over `mesh` (population.devices > 1). Its update makes
+    train.updates_per_call updates per member: in one program, or in calls of a shorter one
     (`population.updates_per_program`)."""
     updates = config.train.updates_per_call
     per_program = population.updates_per_program(spec.obs_shape, spec.obs_dtype, updates)
@@ -259,7 +242,6 @@ def make_training(config: config_lib.Config, spec, agent, strategy, sample_batch
     fresh_trials = strategies.registry.get(config.strategy).fresh_trials
     fresh_wait = config.replay.min_size if fresh_trials else 0
     plan = population.UpdatePlan(agent, sample_batch, per_program, config.replay.shared, fresh_wait)
-    execution = run_execution(config, spec, mesh)
     training = update_protocol.make_training(strategy, execution, plan, mesh)
     return training._replace(update=population.repeated(training.update, updates // per_program))
 
@@ -271,16 +253,3 @@ def run_execution(config: config_lib.Config, spec, mesh=None) -> str:
     if mesh is None and population.image_agent_on_cpu(spec.obs_shape, spec.obs_dtype):
         return "sequential"
     return config.population.execution
-
-
-def make_limiter(config: config_lib.Config, agent, mode: str) -> RateLimiter:
-    """Device mode keeps samples_per_insert exactly inside its programs per chunk; process
-    mode lets collection and learning drift apart by the tolerance."""
-    kind = InProgramLimiter if mode == "device" else RateLimiter
-    return kind(
-        config.replay.samples_per_insert,
-        config.replay.min_size,
-        config.replay.tolerance,
-        samples_per_call=config.train.updates_per_call * agent.batch_size,
-        insert_size=config.collect.chunk_len * config.collect.envs_per_member,
-    )
