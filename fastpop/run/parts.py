@@ -46,9 +46,14 @@ class RunParts(NamedTuple):
     of (None in process mode)."""
 
     config: config_lib.Config
-    collection_mode: str  # "processes" or "device", worked out here only
     learner: LearnerParts
     device: DeviceParts | None
+
+    @property
+    def collection_mode(self) -> str:
+        """The mode, "processes" or "device", as `build_run` worked it out: it makes `device`
+        in device mode alone."""
+        return "processes" if self.device is None else "device"
 
 
 # Config fields no compiled program of a run reads (its length, its outputs, its name; the seed
@@ -89,7 +94,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
     mode = config_lib.collection_mode(config)
     if mode == "processes" and (problem := memory_order_problem()) is not None:
         raise config_lib.ConfigError(f"{problem} (or step device envs with collect.mode: device)")
-    device_env = None if mode != "device" else make_device_env(config.env.id, config.env.backend)
+    device_env = make_device_env(config.env.id, config.env.backend) if mode == "device" else None
     spec = build_env_spec(config)
     agent = build_agent(config, spec)
     mesh = sharding.mesh_for(config.population)  # refuses too few devices, an uneven split
@@ -141,7 +146,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
             mesh=mesh,
             program_identity=identity,
         )
-    return RunParts(config, mode, learner, device)
+    return RunParts(config, learner, device)
 
 
 def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
@@ -156,7 +161,8 @@ def make_collection(parts: RunParts, learner: Learner | None, log=print, device=
     if parts.device is None:
         waits = parts.learner.strategy.waits_for_evaluation  # its evaluator starts early
         return ProcessCollection(parts.config, parts.learner.replay_spec, log, waits)
-    device = device or DeviceCollection(parts.device)
+    if device is None:  # its env lanes made now
+        return DeviceCollection(parts.device, learner.policy_template())
     device.set_policy_template(learner.policy_template())
     return device
 
