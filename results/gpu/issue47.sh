@@ -6,6 +6,9 @@
 #       at 16 envs per member; the learner with 14 collectors; the 256-member SAC PBT
 #   bash results/gpu/issue47.sh command-buffers  # TD3's vectorized update under XLA's GPU
 #       command-buffer settings (the lever that is flags, not code), one process per setting
+#   bash results/gpu/issue47.sh remaining  # what the first H100 run left out: TD3 at P = 256
+#       against its floor and baselines, the unroll levers, command buffers off / with loops
+#       at P = 80, and brax/ant in device mode at 16 envs per member (~7 minutes)
 # Into results/gpu/<gpu model>-issue47 (BENCH_OUT replaces it), packed into $OUT/gpu.tgz
 # without run checkpoints, the console log beside it.
 set -uo pipefail
@@ -25,6 +28,27 @@ if [ "${1:-programme}" = command-buffers ]; then
       --algo td3 --pop 80,256 --impl vectorized --min-seconds 0.5 \
       --out "$out/command_buffers_$name" 2>&1 | tee -a "$log" || status=1
   done
+elif [ "${1:-programme}" = remaining ]; then
+  part() {  # part NAME SECONDS COMMAND...: one measurement, its console into the log
+    local name=$1 seconds=$2
+    shift 2
+    echo "== $name: $*" | tee -a "$log"
+    timeout "$seconds" "$@" 2>&1 | tee -a "$log" || status=1
+  }
+  part td3-256 150 python3 -m fastpop bench update --algo td3 --pop 256 --min-seconds 0.5 \
+    --impl vectorized,sequential-in-one-program,torch-func,vectorized+bf16 --anatomy-from 80 \
+    --out "$out/update_td3_256"
+  part unroll 90 python3 -m fastpop bench update --algo td3 --pop 80 --min-seconds 0.5 \
+    --impl vectorized,vectorized+unroll-2,vectorized+unroll-5 --anatomy-from 1000 \
+    --out "$out/update_td3_unroll"
+  for flags in "off:--xla_gpu_enable_command_buffer=" \
+    "loops:--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"; do
+    XLA_FLAGS="${flags#*:}" part "command-buffers-${flags%%:*}" 50 python3 -m fastpop bench \
+      update --algo td3 --pop 80 --impl vectorized --min-seconds 0.5 --anatomy-from 1000 \
+      --out "$out/command_buffers_${flags%%:*}"
+  done
+  part ant-e16 140 python3 -m fastpop bench device --env brax/ant --pop 256 \
+    --envs-per-member 16 --process-env none --seconds 10 --out "$out/device_ant_e16"
 else
   shift || true
   timeout "${BENCH_SECONDS:-560}" python3 -m fastpop bench gpu --short --out "$out" "$@" 2>&1 \
