@@ -151,7 +151,7 @@ def test_drawing_once_per_call_halves_the_kernels_of_a_population_update_step():
 def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_floor():
     from fastpop.bench.update import bench_update
 
-    settings = tiny_update_bench()
+    settings = tiny_update_bench()._replace(kernel_times=True)
     impls = [
         "vectorized",
         "sequential-in-one-program",
@@ -168,4 +168,10 @@ def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_
         row = rows[name]
         assert row["times_floor"] > 0 and row["kernels_per_update_step"] > 0
         assert any(line.startswith(f"td3 {name} P=2: step") for line in lines)
+        # the profiler's kernels of the row's own call (fastpop.bench.kernel_times)
+        times = row["kernel_times"]
+        assert times["kernels_per_call"] > 0 and times["top_kernels"]
+        assert 0 < times["busy_seconds_per_call"] <= times["wall_seconds_per_call"]
+        assert any(line.startswith(f"td3 {name} P=2: kernels busy") for line in lines)
     assert "times_floor" not in rows["sequential-in-one-program"]
+    assert "kernel_times" not in rows["sequential-in-one-program"]

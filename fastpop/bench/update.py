@@ -23,7 +23,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import Agent, make_agent
-from fastpop.bench import anatomy, levers
+from fastpop.bench import anatomy, kernel_times, levers
 from fastpop.bench.common import best_seconds, device_label, two_panel_figure, write_json
 from fastpop.population import replay
 from fastpop.types import EnvSpec, Transition, stored_obs
@@ -92,7 +92,7 @@ def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
         analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
         return np.array([analysis["flops"], analysis["bytes accessed"]], float)
 
-    state = agent.init(jax.random.key(0), hparams)
+    state = jax.jit(agent.init)(jax.random.key(0), hparams)  # one compile, not one per op
     key = jax.random.key(1)
     if agent.name == "td3":
         critic = cost(agent.parts.critic_step, state, batch, hparams, agent.draw(key))
@@ -171,6 +171,7 @@ class UpdateBenchSettings(NamedTuple):
     agent: dict | None = None  # more of the agent's config fields (hidden_sizes, ...)
     anatomy_from: int | None = None  # vectorized rows from this P get fastpop.bench.anatomy's
     memory_megabytes: float | None = None  # of the bandwidth measurement; None: its default
+    kernel_times: bool = False  # those rows also get fastpop.bench.kernel_times' trace
 
 
 class Setup(NamedTuple):
@@ -185,16 +186,20 @@ class Setup(NamedTuple):
 
 def make_setups(settings, implementations, spec, buffers) -> dict[str, Setup]:
     """A `Setup` per JAX implementation (its levers' agent and plan)."""
-    setups = {}
+    setups, costs = {}, {}
     for impl in implementations:
         config = dict(settings.agent or {}) | impl.agent
         if settings.batch_size is not None:
             config["batch_size"] = settings.batch_size
         agent = make_agent(settings.algo, BENCH_SPECS[settings.algo], **config)
         executor, plan = make_executor(impl, agent, spec, settings.updates_per_call)
-        batch = plan.sample_batch(population.member(buffers, 0), jax.random.key(0))
-        cost = tuple(map(float, update_cost(agent, agent.default_hparams(), batch)))
-        setups[impl.name] = Setup(executor, plan, agent, cost)
+        # Implementations of one agent config (every executor, a plan lever) cost the same.
+        agent_key = tuple(sorted((name, repr(value)) for name, value in config.items()))
+        if agent_key not in costs:
+            sample = jax.jit(plan.sample_batch)
+            batch = sample(population.member(buffers, 0), jax.random.key(0))
+            costs[agent_key] = tuple(map(float, update_cost(agent, agent.default_hparams(), batch)))
+        setups[impl.name] = Setup(executor, plan, agent, costs[agent_key])
     return setups
 
 
@@ -249,10 +254,18 @@ def bench_update(
                     taken=actor_step_fraction(setup.agent),
                 )
                 anatomy.add_floors([row], rates, updates_per_call)
+                if settings.kernel_times:
+                    row |= kernel_times.executor_kernel_times(
+                        setup.executor, states[impl.name], buffers, hparams
+                    )
             rows.append(row)
             log(row_line(algo, row))
             if "times_floor" in row:
                 log(anatomy.floor_line(algo, row))
+            if "kernel_times" in row:
+                log(kernel_times.kernel_line(algo, row, updates_per_call))
+            elif "kernel_times_error" in row:
+                log(f"{algo} {impl.name} P={size}: no kernel times: {row['kernel_times_error']}")
         del buffers, states
         flops = next(iter(setups.values())).cost[0] if setups else float("nan")
         for variant in torch_impls if torch_bench is not None else ():

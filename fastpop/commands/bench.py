@@ -90,6 +90,12 @@ def add_update_parser(benchmarks) -> None:
         "bytes at the measured matmul rate and memory bandwidth (on a CPU one more compile "
         "per size)",
     )
+    update.add_argument(
+        "--kernel-times",
+        action="store_true",
+        help="those rows also trace a few calls with JAX's profiler: the device's busy time "
+        "against the step's wall time, and the kernels that take most of it",
+    )
     update.add_argument("--out", type=Path, default=Path("results/bench"))
 
 
@@ -203,6 +209,7 @@ def run_update(args: argparse.Namespace) -> int:
         args.batch_size,
         args.min_seconds,
         anatomy_from=args.anatomy_from,
+        kernel_times=args.kernel_times,
     )
     result = bench_update(settings, args.pop, args.impl)
     json_path, png_path = write_results(result, args.out)

@@ -9,6 +9,8 @@
 #   bash results/gpu/issue47.sh remaining  # what the first H100 run left out: TD3 at P = 256
 #       against its floor and baselines, the unroll levers, command buffers off / with loops
 #       at P = 80, and brax/ant in device mode at 16 envs per member (~7 minutes)
+#   bash results/gpu/issue47.sh kernels  # where the vectorized step's time goes: TD3 and SAC
+#       at P = 80 and 256 (TD3 also with bf16) traced by `bench update --kernel-times` (~3 min)
 # Into results/gpu/<gpu model>-issue47 (BENCH_OUT replaces it), packed into $OUT/gpu.tgz
 # without run checkpoints, the console log beside it.
 set -uo pipefail
@@ -27,6 +29,15 @@ if [ "${1:-programme}" = command-buffers ]; then
     XLA_FLAGS="${flags#*:}" timeout "${ROW_SECONDS:-60}" python3 -m fastpop bench update \
       --algo td3 --pop 80,256 --impl vectorized --min-seconds 0.5 \
       --out "$out/command_buffers_$name" 2>&1 | tee -a "$log" || status=1
+  done
+elif [ "${1:-programme}" = kernels ]; then
+  for algo in td3 sac; do
+    impls=vectorized
+    [ "$algo" = td3 ] && impls=vectorized,vectorized+bf16
+    echo "== kernel times: $algo" | tee -a "$log"
+    timeout "${ROW_SECONDS:-150}" python3 -m fastpop bench update --algo "$algo" --pop 80,256 \
+      --impl "$impls" --min-seconds 0.5 --anatomy-from 80 --kernel-times \
+      --out "$out/kernel_times_$algo" 2>&1 | tee -a "$log" || status=1
   done
 elif [ "${1:-programme}" = remaining ]; then
   part() {  # part NAME SECONDS COMMAND...: one measurement, its console into the log
