@@ -106,8 +106,11 @@ def bench_pipeline(
         )
         if on_part is not None:
             on_part(result)
-    # (its small reference matmul is not read here)
-    settings = UpdateBenchSettings(algo, min_seconds=seconds, matmul_size=256, agent=agent)
+    # Only the rate is read here: no anatomy (one more compile on a CPU) and a small
+    # reference matmul.
+    settings = UpdateBenchSettings(
+        algo, min_seconds=seconds, matmul_size=256, agent=agent, anatomy_from=population_size + 1
+    )
     update = bench_update(settings, [population_size], ["vectorized"], log=lambda line: None)
     training = {"seconds": train_seconds, "collectors": train_collectors, "warmup": warmup_steps}
     result["learner"] = learner_utilisation(
