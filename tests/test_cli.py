@@ -66,12 +66,15 @@ def test_bench_update_writes_json_and_png(tmp_path, capsys, monkeypatch):
             "2",
             "--min-seconds",
             "0",
+            "--anatomy-from",  # (the anatomy is tested in tests/test_update_levers.py)
+            "3",
             "--out",
             str(tmp_path),
         ]
     )
     assert code == 0
     result = json.loads((tmp_path / "update_td3_cpu.json").read_text())
+    assert not any("kernels_per_update_step" in row for row in result["rows"])
     assert (tmp_path / "update_td3_cpu.png").stat().st_size > 0
     rows = {(row["impl"], row["population"]): row for row in result["rows"]}
     assert set(rows) == {(impl, size) for impl in ("vectorized", "sequential") for size in (2,)}
