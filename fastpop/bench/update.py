@@ -243,29 +243,10 @@ def bench_update(
             row = jax_row(settings, impl, setups[impl.name], timings[impl.name], size)
             if impl.base == "vectorized" and size >= anatomy_from:
                 setup = setups[impl.name]
-                per_program = row["seconds_per_call"] * setup.plan.num_updates / updates_per_call
-                row |= anatomy.read_safely(
-                    setup.plan,
-                    setup.executor.update,
-                    states[impl.name],
-                    buffers,
-                    hparams,
-                    per_program,
-                    taken=actor_step_fraction(setup.agent),
-                )
-                anatomy.add_floors([row], rates, updates_per_call)
-                if settings.kernel_times:
-                    row |= kernel_times.executor_kernel_times(
-                        setup.executor, states[impl.name], buffers, hparams
-                    )
+                row = what_bounds(settings, setup, row, rates, states[impl.name], buffers, hparams)
             rows.append(row)
-            log(row_line(algo, row))
-            if "times_floor" in row:
-                log(anatomy.floor_line(algo, row))
-            if "kernel_times" in row:
-                log(kernel_times.kernel_line(algo, row, updates_per_call))
-            elif "kernel_times_error" in row:
-                log(f"{algo} {impl.name} P={size}: no kernel times: {row['kernel_times_error']}")
+            for line in row_lines(algo, row, updates_per_call):
+                log(line)
         del buffers, states
         flops = next(iter(setups.values())).cost[0] if setups else float("nan")
         for variant in torch_impls if torch_bench is not None else ():
@@ -291,6 +272,33 @@ def bench_update(
         **rates,
         "rows": rows,
     }
+
+
+def what_bounds(settings, setup: Setup, row: dict, rates: dict, states, replay, hparams) -> dict:
+    """A vectorized row's anatomy and floors (`anatomy`), and with `settings.kernel_times` its
+    calls' kernels as the profiler saw them (`kernel_times`)."""
+    steps = settings.updates_per_call
+    per_program = row["seconds_per_call"] * setup.plan.num_updates / steps
+    taken = actor_step_fraction(setup.agent)
+    plan, update = setup.plan, setup.executor.update
+    row = row | anatomy.read_safely(plan, update, states, replay, hparams, per_program, taken)
+    anatomy.add_floors([row], rates, steps)
+    if settings.kernel_times:
+        row |= kernel_times.executor_kernel_times(setup.executor, states, replay, hparams)
+    return row
+
+
+def row_lines(algo: str, row: dict, steps: int) -> list[str]:
+    """What the console shows of a row: its rate, and what bounds it where that was read."""
+    lines = [row_line(algo, row)]
+    if "times_floor" in row:
+        lines.append(anatomy.floor_line(algo, row))
+    if "kernel_times" in row:
+        lines.append(kernel_times.kernel_line(algo, row, steps))
+    elif "kernel_times_error" in row:
+        name = f"{algo} {row['impl']} P={row['population']}"
+        lines.append(f"{name}: no kernel times: {row['kernel_times_error']}")
+    return lines
 
 
 def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
