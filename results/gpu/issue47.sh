@@ -20,40 +20,38 @@ source results/gpu/device_env.sh
 out="${BENCH_OUT:-results/gpu/${model:-unknown-gpu}-issue47}"
 log="${OUT:-/tmp}/log.txt"
 status=0
+part() {  # part NAME SECONDS COMMAND...: one measurement under a time cap, its console logged
+  local name=$1 seconds=$2
+  shift 2
+  echo "== $name: $*" | tee -a "$log"
+  timeout "$seconds" "$@" 2>&1 | tee -a "$log" || status=1
+}
+# XLA's GPU command buffers: off, and with loops and conditionals inside the graphs too
+buffers_off="--xla_gpu_enable_command_buffer="
+buffers_loops="--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 if [ "${1:-programme}" = command-buffers ]; then
-  # off; XLA's default; loops and conditionals inside the graphs too
-  for flags in "off:--xla_gpu_enable_command_buffer=" "default:" \
-    "loops:--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"; do
+  for flags in "off:$buffers_off" "default:" "loops:$buffers_loops"; do
     name=${flags%%:*}
-    echo "== command buffers: $name (XLA_FLAGS=${flags#*:})" | tee -a "$log"
-    XLA_FLAGS="${flags#*:}" timeout "${ROW_SECONDS:-60}" python3 -m fastpop bench update \
-      --algo td3 --pop 80,256 --impl vectorized --min-seconds 0.5 \
-      --out "$out/command_buffers_$name" 2>&1 | tee -a "$log" || status=1
+    XLA_FLAGS="${flags#*:}" part "command buffers: $name (XLA_FLAGS=${flags#*:})" \
+      "${ROW_SECONDS:-60}" python3 -m fastpop bench update --algo td3 --pop 80,256 \
+      --impl vectorized --min-seconds 0.5 --out "$out/command_buffers_$name"
   done
 elif [ "${1:-programme}" = kernels ]; then
   for algo in td3 sac; do
     impls=vectorized
     [ "$algo" = td3 ] && impls=vectorized,vectorized+bf16
-    echo "== kernel times: $algo" | tee -a "$log"
-    timeout "${ROW_SECONDS:-150}" python3 -m fastpop bench update --algo "$algo" --pop 80,256 \
-      --impl "$impls" --min-seconds 0.5 --anatomy-from 80 --kernel-times \
-      --out "$out/kernel_times_$algo" 2>&1 | tee -a "$log" || status=1
+    part "kernel times: $algo" "${ROW_SECONDS:-150}" python3 -m fastpop bench update \
+      --algo "$algo" --pop 80,256 --impl "$impls" --min-seconds 0.5 --anatomy-from 80 \
+      --kernel-times --out "$out/kernel_times_$algo"
   done
 elif [ "${1:-programme}" = remaining ]; then
-  part() {  # part NAME SECONDS COMMAND...: one measurement, its console into the log
-    local name=$1 seconds=$2
-    shift 2
-    echo "== $name: $*" | tee -a "$log"
-    timeout "$seconds" "$@" 2>&1 | tee -a "$log" || status=1
-  }
   part td3-256 150 python3 -m fastpop bench update --algo td3 --pop 256 --min-seconds 0.5 \
     --impl vectorized,sequential-in-one-program,torch-func,vectorized+bf16 --anatomy-from 80 \
     --out "$out/update_td3_256"
   part unroll 90 python3 -m fastpop bench update --algo td3 --pop 80 --min-seconds 0.5 \
     --impl vectorized,vectorized+unroll-2,vectorized+unroll-5 --anatomy-from 1000 \
     --out "$out/update_td3_unroll"
-  for flags in "off:--xla_gpu_enable_command_buffer=" \
-    "loops:--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"; do
+  for flags in "off:$buffers_off" "loops:$buffers_loops"; do
     XLA_FLAGS="${flags#*:}" part "command-buffers-${flags%%:*}" 50 python3 -m fastpop bench \
       update --algo td3 --pop 80 --impl vectorized --min-seconds 0.5 --anatomy-from 1000 \
       --out "$out/command_buffers_${flags%%:*}"
