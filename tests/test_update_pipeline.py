@@ -115,8 +115,9 @@ def test_the_policies_published_after_update_n_are_those_of_its_resulting_states
 
 
 def test_the_time_breakdown_accounts_for_the_whole_wall_time(tmp_path):
-    """A short process-mode run: every phase of the loop timed, each second once, and `other`
-    (what no phase covered) small and non-negative: the parts sum to the run's wall time."""
+    """A short process-mode run: every phase of the loop timed, each second once, the loop's
+    own Python between them as `loop`, and `other` (what no phase covered: the run's setup
+    before its workers start) next to nothing: the parts sum to the run's wall time."""
     overrides = [*FAST, "train.total_env_steps=512", "eval.interval=256"]
     config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
     run_dir = tmp_path / "run"
@@ -127,8 +128,8 @@ def test_the_time_breakdown_accounts_for_the_whole_wall_time(tmp_path):
     assert set(seconds) == {*TIMERS, "other"}
     assert all(value >= 0 for value in seconds.values()), seconds
     assert sum(seconds.values()) == pytest.approx(wall, abs=0.01), (seconds, wall)
-    assert seconds["other"] < 0.05 * wall, seconds
-    for phase in ("starting", "transport", "update_dispatch", "publish_write", "stopping"):
+    assert seconds["other"] < 0.01 * wall, seconds
+    for phase in ("starting", "transport", "update_dispatch", "publish_write", "loop", "stopping"):
         assert seconds[phase] > 0, (phase, seconds)
     assert seconds["final_evaluation"] + seconds["evaluation_results"] > 0, seconds
     breakdown = next(line for line in lines if line.startswith("time breakdown")).splitlines()

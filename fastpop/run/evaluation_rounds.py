@@ -123,7 +123,7 @@ class EvaluationRounds:
         final = run.progress.eval_index - 1  # the last snapshot: of the final policies
         late = sum(index != final for index in self.pending.snapshots)
         deadline = time.monotonic() + 600
-        with run.watch.phase("waiting for the final evaluation"):
+        with run.watch.phase("waiting for the final evaluation"), run.clock("final_evaluation"):
             while self.pending and time.monotonic() < deadline:
                 run.signals.check()
                 self.receive(timeout=0.1)

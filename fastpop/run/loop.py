@@ -128,27 +128,29 @@ class Run:
         total = self.config.train.total_env_steps
         max_seconds = self.config.train.max_wall_seconds or math.inf
         evaluations = self.evaluations
-        while self.member_env_steps < total and self.elapsed() < max_seconds:
-            self.signals.check()
-            busy = self._collect()  # rows move while the update in flight computes
-            # What must see finished updates (a strategy step, the progress line, a checkpoint)
-            # waits for the one in flight first.
-            evaluations.receive(timeout=0.01 if evaluations.waiting() else 0.0)
-            self._progress()
-            every, steps = self.config.checkpoint, self.member_env_steps
-            if self.progress.checkpoint_due(every, self.elapsed(), steps):
-                self.checkpoints.save("interval")
-            if not evaluations.waiting() and self.updates.can_start():
-                if self.progress.learning_started_at is None:
-                    self.progress.learning_started_at = self.elapsed()
-                self.updates.start()  # then publishes the policies of the update before it
-                busy = True
-            elif self.updates.publish_if_done():
-                busy = True
-            if not busy:
-                with self.clock("idle"):
-                    time.sleep(0.001)
-        self.updates.finish()
+        # The loop's own Python counts as `loop`: each phase opened inside it pauses it.
+        with self.clock("loop"):
+            while self.member_env_steps < total and self.elapsed() < max_seconds:
+                self.signals.check()
+                busy = self._collect()  # rows move while the update in flight computes
+                # What must see finished updates (a strategy step, the progress line, a
+                # checkpoint) waits for the one in flight first.
+                evaluations.receive(timeout=0.01 if evaluations.waiting() else 0.0)
+                self._progress()
+                every, steps = self.config.checkpoint, self.member_env_steps
+                if self.progress.checkpoint_due(every, self.elapsed(), steps):
+                    self.checkpoints.save("interval")
+                if not evaluations.waiting() and self.updates.can_start():
+                    if self.progress.learning_started_at is None:
+                        self.progress.learning_started_at = self.elapsed()
+                    self.updates.start()  # then publishes the policies of the update before it
+                    busy = True
+                elif self.updates.publish_if_done():
+                    busy = True
+                if not busy:
+                    with self.clock("idle"):
+                        time.sleep(0.001)
+            self.updates.finish()
 
     def _collect(self) -> bool:
         """Moves complete chunks (one per collector) into the replay while the limiter allows;

@@ -31,6 +31,8 @@ TIMERS = (
     "progress",  # progress lines and the learner's metrics
     "checkpoints",
     "idle",  # nothing to do: no rows to move, no update the rate limiter allows
+    "loop",  # the loop's own Python between those phases: stop checks, the evaluation and
+    # checkpoint schedules, the limiter's decisions (each phase above pauses it)
     "final_evaluation",  # waiting for the final evaluation after training
     "stopping",  # the workers stopped
 )
@@ -241,7 +243,8 @@ def progress_line(
 
 
 def time_breakdown(timers: dict, wall_time: float) -> dict:
-    """Seconds per phase (`timers`), and `other`: the part of `wall_time` no phase covered."""
+    """Seconds per phase (`timers`), and `other`: the part of `wall_time` no phase covered
+    (outside the loop: the run's setup and its summary)."""
     return timers | {"other": wall_time - sum(timers.values())}
 
 
