@@ -59,11 +59,11 @@ def test_smoke_runs_every_phase_and_writes_its_files(smoke):
     update = json.loads((out / "phase_update.json").read_text())
     assert set(update["matmul_gflops_per_s"]) == {"float32", "default"}
     td3 = json.loads((out / "update_td3_cpu.json").read_text())
-    assert {(r["impl"], r["population"]) for r in td3["rows"]} == {
+    assert [(r["impl"], r["population"]) for r in td3["rows"]] == [
         (impl, 1) for impl in ("vectorized", "sequential")
-    }
-    vectorized = next(r for r in td3["rows"] if r["impl"] == "vectorized")  # what bounds it
-    assert vectorized["kernels_per_update_step"] >= 1 and td3["memory_gbps"] > 0
+    ]
+    vectorized = td3["rows"][0]
+    assert vectorized["kernels_per_update_step"] >= 1 and td3["memory_gbps"] > 0  # what bounds it
     # (a smoke-sized matmul is slow: the floors are only checked to be there)
     assert vectorized["compute_floor_seconds"] > 0 and vectorized["memory_floor_seconds"] > 0
     device = json.loads((out / "device_gymnax_Pendulum-v1_cpu.json").read_text())
@@ -119,6 +119,44 @@ def test_sweeps_of_one_env_share_its_file_and_a_failed_sweep_is_recorded(
         "device_gymnax_Pendulum-v1_cpu.json",
         "device_gymnax_Pendulum-v1_cpu.png",
     ]
+
+
+def test_sweeps_of_one_algorithm_share_its_file_and_those_past_the_cap_are_recorded(
+    smoke, tmp_path, monkeypatch
+):
+    """The update phase's sweeps, most wanted first: one algorithm's rows merge into its file,
+    their ratios worked out over all of them; a sweep that would start after the phase's cap
+    is recorded as skipped. (`bench_update` returns the smoke's rows, renamed.)"""
+    from fastpop.bench import update as update_bench
+
+    out, _ = smoke
+    measured = json.loads((out / "update_td3_cpu.json").read_text())
+    row = next(r for r in measured["rows"] if r["impl"] == "vectorized")
+    rates = {"vectorized": 400.0, "sequential": 100.0, "torch-func": 200.0}
+    sweeps = [("td3", [1], ["vectorized"]), ("sac", [1], ["vectorized"])]
+    sweeps += [("td3", [1], ["sequential", "torch-func"]), ("sac", [1], ["sequential"])]
+    record = None
+
+    def bench_update(settings, populations, impls, log, on_row):
+        rows = [{**row, "impl": i, "agent_updates_per_s": rates[i]} for i in impls]
+        on_row(rows)
+        if impls[0] == "sequential":  # the cap passes during the third sweep
+            record.deadline = 0.0
+        return {**measured, "algo": settings.algo, "rows": rows}
+
+    monkeypatch.setattr(update_bench, "bench_update", bench_update)
+    plan = {**gpu_phases.SMOKE_PLANS["update"], "sweeps": sweeps}
+    record = gpu_phases.PhaseRecord(tmp_path, "update", plan, cap=60.0)
+    gpu_phases.update_phase(tmp_path, plan, record)
+    td3 = json.loads((tmp_path / "update_td3_cpu.json").read_text())
+    assert [r["impl"] for r in td3["rows"]] == ["vectorized", "sequential", "torch-func"]
+    assert td3["rows"][0]["speedup_over_sequential"] == 4.0
+    assert td3["rows"][0]["speedup_over_best_torch"] == 2.0
+    sac = json.loads((tmp_path / "update_sac_cpu.json").read_text())
+    assert [r["impl"] for r in sac["rows"]] == ["vectorized"]
+    assert record["algos"]["sac"]["json"] == "update_sac_cpu.json"  # its first sweep's file
+    assert record["cut_short"] and "skipped" not in record["sweeps"][2]
+    assert record["sweeps"][3]["skipped"] == "the phase's time cap had passed"
 
 
 def test_the_summary_names_the_machine_phases_and_targets(smoke):

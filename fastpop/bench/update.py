@@ -383,7 +383,8 @@ def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
         ax.set_xlabel("population size")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # (no speedup line without a sequential row)
+            ax.legend()
     fig.suptitle(
         f"{result['algo'].upper()} update step on {result['device']} "
         f"(large matmul: {result['matmul_gflops_per_s']:.0f} GFLOP/s)"
