@@ -24,20 +24,17 @@ NUMPY_MAX_POLICY_BYTES = 2 * 2**20
 
 
 def batched_policy_step(agent, num_slots: int, envs_per_member: int):
-    """One call per env step: next key, and an exploring action for every slot.
+    """One call per env step: next key, and an exploring action for every slot (one env each).
 
     Splitting keys inside the compiled call keeps it to one dispatch per step.
     """
-    act = population.population_act(agent, env_steps_per_member=True)
+    step = population.policy_step(agent, num_slots, envs_per_member)
 
-    def step(policy, obs, key, hparams, env_steps_per_env):
-        key, act_key = jax.random.split(key)
-        keys = jax.random.split(act_key, num_slots)
-        member_steps = env_steps_per_env * envs_per_member  # (slots,): each slot's trial's
-        actions = act(policy, obs[:, None], keys, hparams, True, member_steps)
+    def slots_step(policy, obs, key, hparams, env_steps_per_env):
+        actions, key = step(policy, obs[:, None], key, hparams, env_steps_per_env)
         return actions[:, 0], key
 
-    return step
+    return slots_step
 
 
 class JaxActing:

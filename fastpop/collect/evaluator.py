@@ -42,7 +42,9 @@ def evaluate_population(agent, policy, hparams, env_id, episodes, seed, atari=No
 
     size = population.population_size(hparams)
     envs = make_vector_env(env_id, size, seed, training=False, atari=atari)
-    act = jax.jit(population.population_act(agent))
+    # The keys split inside the policy's call: one dispatch per step (a loop of thousands).
+    step = jax.jit(population.policy_step(agent, size, 1, explore=False))
+    no_steps = np.zeros(size, np.int32)  # greedy: no exploration schedule
     returns: list[list[float]] = [[] for _ in range(size)]
     running = np.zeros(size)
     needs_reset = np.zeros(size, bool)  # next step is the autoreset step: not part of an episode
@@ -50,8 +52,7 @@ def evaluate_population(agent, policy, hparams, env_id, episodes, seed, atari=No
     obs, _ = envs.reset(seed=seed)
     try:
         while min(len(r) for r in returns) < episodes:
-            key, act_key = jax.random.split(key)
-            actions = act(policy, obs[:, None], jax.random.split(act_key, size), hparams, False, 0)
+            actions, key = step(policy, obs[:, None], key, hparams, no_steps)
             obs, reward, terminated, truncated, _ = envs.step(np.asarray(actions)[:, 0])
             running += np.where(needs_reset, 0.0, reward)
             done = (terminated | truncated) & ~needs_reset

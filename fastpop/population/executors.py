@@ -136,6 +136,22 @@ def population_act(agent: Agent, env_steps_per_member: bool = False):
     return jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, 0 if env_steps_per_member else None))
 
 
+def policy_step(agent: Agent, size: int, envs_per_member: int, explore: bool = True):
+    """One call per env step for `size` members (to be jitted): `step(policy, obs (P, N, ...),
+    key, hparams, env_steps_per_env (P,))` -> (actions (P, N, ...), the next key). The keys are
+    split inside it, as `key, act_key = split(key)` and `split(act_key, P)` by hand would: one
+    dispatch per step instead of three."""
+    act = population_act(agent, env_steps_per_member=True)
+
+    def step(policy, obs, key, hparams, env_steps_per_env):
+        key, act_key = jax.random.split(key)
+        keys = jax.random.split(act_key, size)
+        member_steps = env_steps_per_env * envs_per_member  # each member's trial's env steps
+        return act(policy, obs, keys, hparams, explore, member_steps), key
+
+    return step
+
+
 def member_policies(agent: Agent, states: PyTree) -> PyTree:
     """The stacked policy parameters of every member (what collectors act with)."""
     return jax.vmap(agent.policy_params)(states)

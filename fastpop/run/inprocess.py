@@ -48,7 +48,8 @@ def train_in_process(config: config_lib.Config) -> InProcessResult:
     atari = config_lib.atari_options(config)
     envs = LockstepEnvs(make_vector_env(config.env.id, num_envs, config.seed, atari=atari))
     stream = RowStream(learner.replay.spec, num_envs)
-    act = jax.jit(population.population_act(learner.agent, env_steps_per_member=True))
+    # The keys split inside the policy's call: one dispatch per env step.
+    step_policy = jax.jit(population.policy_step(learner.agent, size, per_member))
     key = jax.random.key(config.seed + 1)
     returns: list[list[float]] = [[] for _ in range(size)]
     evaluations: list[tuple[int, np.ndarray]] = []
@@ -63,11 +64,8 @@ def train_in_process(config: config_lib.Config) -> InProcessResult:
         if warming.all():
             actions = envs.action_space.sample()
         else:
-            key, act_key = jax.random.split(key)
             member_obs = obs.reshape(size, per_member, *obs.shape[1:])
-            keys = jax.random.split(act_key, size)
-            member_steps = trial_steps * per_member
-            chosen = act(policy, member_obs, keys, learner.hparams, True, member_steps)
+            chosen, key = step_policy(policy, member_obs, key, learner.hparams, trial_steps)
             actions = np.asarray(chosen).reshape(num_envs, *chosen.shape[2:])
             if warming.any():
                 lanes = np.repeat(warming, per_member).reshape(-1, *[1] * (actions.ndim - 1))
