@@ -116,7 +116,8 @@ def record_episode(agent, policy, hparams, env, seed: int, path: Path, fps: floa
 
     from fastpop import population
 
-    act = jax.jit(population.population_act(agent))
+    step = jax.jit(population.policy_step(agent, 1, 1, explore=False))  # as the evaluator's
+    no_steps = np.zeros(1, np.int32)
     key = jax.random.key(seed)
     obs, _ = env.reset(seed=seed)
     episode_return, frames = 0.0, 0
@@ -130,9 +131,7 @@ def record_episode(agent, policy, hparams, env, seed: int, path: Path, fps: floa
             frames += 1
             done = False
             while not done:
-                key, act_key = jax.random.split(key)
-                keys = jax.random.split(act_key, 1)
-                action = act(policy, obs[None, None], keys, hparams, False, 0)
+                action, key = step(policy, obs[None, None], key, hparams, no_steps)
                 obs, reward, terminated, truncated, _ = env.step(np.asarray(action)[0, 0])
                 episode_return += float(reward)
                 writer.append_data(env.render())
