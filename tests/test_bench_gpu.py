@@ -225,6 +225,30 @@ def test_a_directory_fastpop_did_not_write_is_refused_untouched(tmp_path, capsys
     assert "is a file" in capsys.readouterr().err
 
 
+def test_set_reaches_every_pbt_run_and_a_bad_value_exits_2_leaving_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "gpu"
+    assert run(["--out", str(out), "--smoke", "--set", "agent.widths=[8]"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("fastpop: error: --set: ") and "widths" in error
+    assert not out.exists()
+    seen = {}
+
+    def run_phases(out_dir, phases, plans, caps, command, programme):
+        seen.update(plans=plans, command=command)
+        return {"phases": {phase: {"status": "done"} for phase in phases}}
+
+    monkeypatch.setattr(gpu_runner, "run_phases", run_phases)
+    bf16 = "agent.compute_dtype=bfloat16"
+    assert run(["--out", str(out), "--short", "--phases", "pbt", "--set", bf16]) == 0
+    runs = dict(seen["plans"]["pbt"]["runs"])
+    assert runs == {
+        preset: [*overrides, bf16] for preset, overrides in gpu_phases.SHORT_PLANS["pbt"]["runs"]
+    }
+    assert seen["command"].endswith(f"--phases pbt --set {bf16} --short")
+
+
 def test_the_command_line_knows_every_phase():
     assert bench_gpu.PHASES == gpu_phases.PHASES
     for plans, caps in gpu_phases.PROGRAMMES.values():

@@ -199,6 +199,19 @@ PROGRAMMES = {
 }
 
 
+def with_run_overrides(plans: dict, overrides: list[str]) -> dict:
+    """`plans` with `overrides` (`--set` values) after each pbt-phase run's own, each run's
+    config loaded once to check them (a ConfigError names what was wrong)."""
+    from fastpop.config import load_config
+
+    if not overrides:
+        return plans
+    runs = [(preset, [*own, *overrides]) for preset, own in plans["pbt"]["runs"]]
+    for preset, run_overrides in runs:
+        load_config(CONFIGS_DIR / f"{preset}.yaml", [*RUN_OVERRIDES, *run_overrides])
+    return {**plans, "pbt": {**plans["pbt"], "runs": runs}}
+
+
 class PhaseRecord(dict):
     """`phase_<name>.json`: what the phase has done so far, written again at each `save`."""
 

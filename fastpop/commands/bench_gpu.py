@@ -51,14 +51,24 @@ def add_gpu_parser(benchmarks) -> None:
         help="seconds for the chosen phases together, shared in proportion to their default "
         "caps (default: the sum of their caps)",
     )
+    gpu.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value of every training run of the pbt phase (repeatable), "
+        "e.g. agent.compute_dtype=bfloat16",
+    )
     programme = gpu.add_mutually_exclusive_group()
     programme.add_argument(
         "--short",
         action="store_true",
-        help="issue 47's targets in about 9 minutes: TD3 and SAC at P 80 and 256 against "
-        "their floors, the best sequential JAX and PyTorch rows and each lever, brax/ant at 16 "
-        "envs per member, the 80-member learner with 14 collectors, the 256-member SAC PBT on "
-        "brax/ant (caps: update 260 s, device 60 s, pipeline 80 s, pbt 110 s)",
+        help="issue 47's targets in about 9 minutes: TD3 then SAC at P 80 (vectorized against "
+        "its floor, the best sequential JAX and PyTorch rows, bf16) and vectorized at P 256, "
+        "brax/ant at 16 envs per member, the 80-member learner with 14 collectors, the "
+        "256-member SAC PBT on brax/ant (caps: update 190 s, device 100 s, pipeline 95 s, pbt "
+        "125 s)",
     )
     programme.add_argument(
         "--smoke",
@@ -91,6 +101,8 @@ def gpu_command(args: argparse.Namespace) -> str:
     words = ["fastpop", "bench", "gpu", "--out", str(args.out), "--phases", ",".join(args.phases)]
     if args.budget_seconds is not None:
         words += ["--budget-seconds", f"{args.budget_seconds:g}"]
+    for override in args.overrides:
+        words += ["--set", override]
     programme = programme_name(args)
     return shlex.join(words + ([f"--{programme}"] if programme != "full" else []))
 
@@ -104,11 +116,16 @@ def run_gpu(args: argparse.Namespace) -> int:
     """The `fastpop bench gpu` handler: 0 when every chosen phase ended, 1 otherwise."""
     from fastpop.bench import gpu_phases
     from fastpop.bench.gpu_runner import MANIFEST, run_phases
+    from fastpop.config import ConfigError
 
     if problem := check_out_dir(args.out, MANIFEST):
         return fail(problem)
     phases = [phase for phase in gpu_phases.PHASES if phase in args.phases]
     plans, caps = gpu_phases.PROGRAMMES[programme_name(args)]
+    try:  # checked before any phase runs: a bad override leaves nothing behind
+        plans = gpu_phases.with_run_overrides(plans, args.overrides)
+    except ConfigError as error:
+        return fail(f"--set: {error}")
     if args.budget_seconds is not None:
         scale = args.budget_seconds / sum(caps[phase] for phase in phases)
         caps = {phase: cap * scale for phase, cap in caps.items()}

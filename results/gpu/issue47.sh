@@ -11,6 +11,9 @@
 #       at P = 80, and brax/ant in device mode at 16 envs per member (~7 minutes)
 #   bash results/gpu/issue47.sh kernels  # where the vectorized step's time goes: TD3 and SAC
 #       at P = 80 and 256 (TD3 also with bf16) traced by `bench update --kernel-times` (~3 min)
+#   bash results/gpu/issue47.sh pbt-bf16  # the 256-member SAC PBT on brax/ant with bfloat16
+#       matmuls (`--short`'s pbt phase with --set agent.compute_dtype=bfloat16, ~2.5 min): the
+#       lever for the 5 s target with the evaluation pauses in (device mode is update-bound)
 # Into results/gpu/<gpu model>-issue47 (BENCH_OUT replaces it), packed into $OUT/gpu.tgz
 # without run checkpoints, the console log beside it.
 set -uo pipefail
@@ -58,6 +61,9 @@ elif [ "${1:-programme}" = remaining ]; then
   done
   part ant-e16 140 python3 -m fastpop bench device --env brax/ant --pop 256 \
     --envs-per-member 16 --process-env none --seconds 10 --out "$out/device_ant_e16"
+elif [ "${1:-programme}" = pbt-bf16 ]; then
+  part "sac pbt, bf16" "${ROW_SECONDS:-170}" python3 -m fastpop bench gpu --short --phases pbt \
+    --set agent.compute_dtype=bfloat16 --out "$out/pbt_bf16"
 else
   shift || true
   timeout "${BENCH_SECONDS:-560}" python3 -m fastpop bench gpu --short --out "$out" "$@" 2>&1 \
