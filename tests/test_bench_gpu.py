@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from fastpop.bench import gpu_phases, gpu_runner
+from fastpop.bench import gpu_phases, gpu_plans, gpu_runner
 from fastpop.bench.gpu_report import judge_targets
 from fastpop.commands import bench as commands
 from fastpop.commands import bench_gpu
@@ -48,7 +48,7 @@ def test_smoke_runs_every_phase_and_writes_its_files(smoke):
     assert code == 0
     manifest = json.loads((out / "bench_gpu.json").read_text())
     assert manifest["smoke"] is True
-    assert list(manifest["phases"]) == list(gpu_phases.PHASES)
+    assert list(manifest["phases"]) == list(gpu_plans.PHASES)
     for phase, files in PHASE_FILES.items():
         entry = manifest["phases"][phase]
         assert entry["status"] == "done", entry
@@ -104,7 +104,7 @@ def test_sweeps_of_one_env_share_its_file_and_a_failed_sweep_is_recorded(
     monkeypatch.setattr(device_bench, "bench_device", bench_device)
     sweeps = [("gymnax/Pendulum-v1", [2, 4], [1]), ("brax/ant", [2], [1])]
     sweeps += [("gymnax/Pendulum-v1", [2], [2])]
-    plan = {**gpu_phases.SMOKE_PLANS["device"], "sweeps": sweeps}
+    plan = {**gpu_plans.SMOKE_PLANS["device"], "sweeps": sweeps}
     record = gpu_phases.PhaseRecord(tmp_path, "device", plan, cap=60.0)
     record["command"] = "fastpop bench gpu --smoke"
     gpu_phases.device_phase(tmp_path, plan, record)
@@ -145,7 +145,7 @@ def test_sweeps_of_one_algorithm_share_its_file_and_those_past_the_cap_are_recor
         return {**measured, "algo": settings.algo, "rows": rows}
 
     monkeypatch.setattr(update_bench, "bench_update", bench_update)
-    plan = {**gpu_phases.SMOKE_PLANS["update"], "sweeps": sweeps}
+    plan = {**gpu_plans.SMOKE_PLANS["update"], "sweeps": sweeps}
     record = gpu_phases.PhaseRecord(tmp_path, "update", plan, cap=60.0)
     gpu_phases.update_phase(tmp_path, plan, record)
     td3 = json.loads((tmp_path / "update_td3_cpu.json").read_text())
@@ -163,7 +163,7 @@ def test_the_summary_names_the_machine_phases_and_targets(smoke):
     out, _ = smoke
     readme = (out / "README.md").read_text()
     assert "**Smoke sizes**" in readme and "jax 0.10" in readme and "nvidia-smi" in readme
-    for phase in gpu_phases.PHASES:
+    for phase in gpu_plans.PHASES:
         assert f"| {phase} | done |" in readme
     assert readme.count("| not measured") == 10  # smoke sizes judge none of the 10 targets
     assert "| 2 | 2 |" in readme  # the device table
@@ -244,32 +244,32 @@ def test_set_reaches_every_pbt_run_and_a_bad_value_exits_2_leaving_nothing(
     assert run(["--out", str(out), "--short", "--phases", "pbt", "--set", bf16]) == 0
     runs = dict(seen["plans"]["pbt"]["runs"])
     assert runs == {
-        preset: [*overrides, bf16] for preset, overrides in gpu_phases.SHORT_PLANS["pbt"]["runs"]
+        preset: [*overrides, bf16] for preset, overrides in gpu_plans.SHORT_PLANS["pbt"]["runs"]
     }
     assert seen["command"].endswith(f"--phases pbt --set {bf16} --short")
 
 
 def test_the_command_line_knows_every_phase():
-    assert bench_gpu.PHASES == gpu_phases.PHASES
-    for plans, caps in gpu_phases.PROGRAMMES.values():
-        assert set(plans) == set(caps) == set(gpu_phases.PHASES)
-    assert sum(gpu_phases.FULL_CAPS.values()) <= 26 * 60  # the whole in about 25 minutes
-    assert gpu_phases.FULL_CAPS["update"] <= 570 and gpu_phases.FULL_CAPS["device"] <= 570
-    assert gpu_phases.FULL_CAPS["pipeline"] + gpu_phases.FULL_CAPS["pbt"] <= 570
+    assert bench_gpu.PHASES == gpu_plans.PHASES
+    for plans, caps in gpu_plans.PROGRAMMES.values():
+        assert set(plans) == set(caps) == set(gpu_plans.PHASES)
+    assert sum(gpu_plans.FULL_CAPS.values()) <= 26 * 60  # the whole in about 25 minutes
+    assert gpu_plans.FULL_CAPS["update"] <= 570 and gpu_plans.FULL_CAPS["device"] <= 570
+    assert gpu_plans.FULL_CAPS["pipeline"] + gpu_plans.FULL_CAPS["pbt"] <= 570
     # --short: one 10-minute remote command, every phase's grace time and the install included
-    grace = sum(min(30.0, 0.1 * cap + 2.0) for cap in gpu_phases.SHORT_CAPS.values())
-    assert sum(gpu_phases.SHORT_CAPS.values()) + grace <= 570
+    grace = sum(min(30.0, 0.1 * cap + 2.0) for cap in gpu_plans.SHORT_CAPS.values())
+    assert sum(gpu_plans.SHORT_CAPS.values()) + grace <= 570
 
 
-@pytest.mark.parametrize("programme", sorted(gpu_phases.PROGRAMMES))
+@pytest.mark.parametrize("programme", sorted(gpu_plans.PROGRAMMES))
 def test_every_programme_names_configs_and_envs_that_exist(programme):
     from fastpop import config as config_lib
     from fastpop.envs import device_envs
 
-    plans, _ = gpu_phases.PROGRAMMES[programme]
+    plans, _ = gpu_plans.PROGRAMMES[programme]
     for preset, overrides in plans["pbt"]["runs"]:
-        config_path = gpu_phases.CONFIGS_DIR / f"{preset}.yaml"
-        config_lib.load_config(config_path, [*gpu_phases.RUN_OVERRIDES, *overrides])
+        config_path = gpu_plans.CONFIGS_DIR / f"{preset}.yaml"
+        config_lib.load_config(config_path, [*gpu_plans.RUN_OVERRIDES, *overrides])
     for env_id, populations, per_member in plans["device"]["sweeps"]:
         assert device_envs.check_device_id(env_id) == env_id
         assert min(populations + per_member) >= 1
@@ -344,7 +344,7 @@ def test_a_pbt_run_directory_fastpop_did_not_write_is_kept(tmp_path):
     run_dir = tmp_path / "runs" / "td3_pbt_halfcheetah"
     run_dir.mkdir(parents=True)
     (run_dir / "notes.txt").write_text("mine")
-    config = gpu_phases.CONFIGS_DIR / "td3_pbt_halfcheetah.yaml"
+    config = gpu_plans.CONFIGS_DIR / "td3_pbt_halfcheetah.yaml"
     with pytest.raises(ValueError, match="is not a fastpop run; nothing was deleted"):
         train_preset(config, [], 1.0, run_dir)
     assert (run_dir / "notes.txt").read_text() == "mine"

@@ -8,7 +8,8 @@ import math
 import subprocess
 from pathlib import Path
 
-from fastpop.bench.gpu_phases import EVORL_ITERATION, PHASES, TIGHT_DEFAULT, read_record
+from fastpop.bench.gpu_phases import read_record
+from fastpop.bench.gpu_plans import EVORL_ITERATION, PHASES, TIGHT_DEFAULT
 
 EVORL_SECONDS = 25.0  # EvoRL's PBT-SAC iteration at 256 members on one RTX 3090
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastpop.commands.args import comma_list, fail
 
-# Kept in step with bench/gpu_phases.py's PHASES (tests/test_bench_gpu.py checks), so that
+# Kept in step with bench/gpu_plans.py's PHASES (tests/test_bench_gpu.py checks), so that
 # building the parser imports no benchmark.
 PHASES = ("update", "device", "pipeline", "pbt")
 
@@ -114,16 +114,16 @@ def programme_name(args: argparse.Namespace) -> str:
 
 def run_gpu(args: argparse.Namespace) -> int:
     """The `fastpop bench gpu` handler: 0 when every chosen phase ended, 1 otherwise."""
-    from fastpop.bench import gpu_phases
+    from fastpop.bench import gpu_plans
     from fastpop.bench.gpu_runner import MANIFEST, run_phases
     from fastpop.config import ConfigError
 
     if problem := check_out_dir(args.out, MANIFEST):
         return fail(problem)
-    phases = [phase for phase in gpu_phases.PHASES if phase in args.phases]
-    plans, caps = gpu_phases.PROGRAMMES[programme_name(args)]
+    phases = [phase for phase in gpu_plans.PHASES if phase in args.phases]
+    plans, caps = gpu_plans.PROGRAMMES[programme_name(args)]
     try:  # checked before any phase runs: a bad override leaves nothing behind
-        plans = gpu_phases.with_run_overrides(plans, args.overrides)
+        plans = gpu_plans.with_run_overrides(plans, args.overrides)
     except ConfigError as error:
         return fail(f"--set: {error}")
     if args.budget_seconds is not None:
