@@ -7,12 +7,14 @@
 # end holds their final evaluation, after the same env steps).
 #   bash results/bf16_cpu/compare.sh td3   # gymnax Pendulum-v1, device mode, 20k steps each
 #   bash results/bf16_cpu/compare.sh sac   # the same with SAC
-# Runs go to results/bf16_cpu/runs/<algo>/<arm> (not committed); the tables to stdout.
+#   HIDDEN=256 bash results/bf16_cpu/compare.sh td3   # 256-256 networks (the GPU presets')
+# Runs go to results/bf16_cpu/runs/<algo>-<hidden>/<arm> (not committed); tables to stdout.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 algo=${1:?td3 or sac}
 case $algo in td3 | sac) ;; *) echo "unknown algo $algo: td3 or sac" >&2; exit 2 ;; esac
-out=results/bf16_cpu/runs/$algo
+hidden=${HIDDEN:-64}  # the preset's 64-64
+out=results/bf16_cpu/runs/$algo-$hidden
 arms=(float32 bfloat16)
 for arm in "${arms[@]}"; do
   [ -e "$out/$arm" ] && { echo "$out/$arm exists: remove it to run again" >&2; exit 2; }
@@ -20,7 +22,8 @@ done
 mkdir -p "$out"
 for arm in "${arms[@]}"; do
   python -m fastpop train configs/td3_gymnax_pendulum_cpu.yaml --set "algo=$algo" \
-    --set "agent.compute_dtype=$arm" --set population.size=8 --set population.seeds=8 \
+    --set "agent.compute_dtype=$arm" --set "agent.hidden_sizes=[$hidden,$hidden]" \
+    --set population.size=8 --set population.seeds=8 \
     --set train.total_env_steps=20_000 --set replay.capacity=20_000 \
     --set log.tensorboard=false --out "$out/$arm" > "$out/$arm.log" 2>&1
 done

@@ -1,7 +1,7 @@
 """Each seed's final evaluation return in both arms of results/bf16_cpu/compare.sh, side by
 side (a seed is the same member index in both runs: the same init, env and noise keys).
 
-    python results/bf16_cpu/paired.py results/bf16_cpu/runs/td3
+    python results/bf16_cpu/paired.py results/bf16_cpu/runs/td3-64
 """
 
 from __future__ import annotations
