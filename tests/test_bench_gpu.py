@@ -262,11 +262,17 @@ def test_the_command_line_knows_every_phase():
 
 
 @pytest.mark.parametrize("programme", sorted(gpu_plans.PROGRAMMES))
-def test_every_programme_names_configs_and_envs_that_exist(programme):
+def test_every_programme_names_configs_envs_and_rows_that_exist(programme):
     from fastpop import config as config_lib
+    from fastpop.bench import levers
+    from fastpop.bench.update import BENCH_SPECS
     from fastpop.envs import device_envs
 
     plans, _ = gpu_plans.PROGRAMMES[programme]
+    for algo, populations, impls in plans["update"]["sweeps"]:
+        assert algo in BENCH_SPECS and min(populations) >= 1
+        for impl in impls:
+            levers.parse(impl)  # a ValueError names a row no benchmark has
     for preset, overrides in plans["pbt"]["runs"]:
         config_path = gpu_plans.CONFIGS_DIR / f"{preset}.yaml"
         config_lib.load_config(config_path, [*gpu_plans.RUN_OVERRIDES, *overrides])
