@@ -123,6 +123,23 @@ def best_seconds(call: Callable[[], object], repeats: int) -> float:
     return best
 
 
+def running_update(executor, states, replay, hparams) -> Callable[[object], None]:
+    """An executor's update call as training makes it, on copies of a row's trees adopted
+    once: `call(key)` runs one update call, carries its states on (a donated state is not
+    reused) and waits for them."""
+    import jax
+
+    from fastpop import population
+
+    run = [executor.adopt(tree) for tree in (population.copy_tree(states), replay, hparams)]
+
+    def call(key) -> None:
+        run[0], _ = executor.update(*run, key)
+        jax.block_until_ready(run[0])
+
+    return call
+
+
 def write_json(result: dict, path: Path) -> Path:
     """A benchmark's result as indented JSON (numpy scalars as floats), its folder made."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,15 @@ class PhaseRecord(dict):
     def time_left(self) -> float:
         return self.deadline - time.perf_counter()
 
+    def skipped_past_cap(self, sweep: dict) -> bool:
+        """Whether the phase's cap has passed before `sweep` began; if so the sweep is recorded
+        as skipped and the phase as cut short."""
+        if self.time_left() > 0:
+            return False
+        sweep["skipped"] = "the phase's time cap had passed"
+        self["cut_short"] = True
+        return True
+
     def log(self, line: str) -> None:
         """`line` printed after the seconds since the phase began (where its time went)."""
         print(f"[{time.perf_counter() - self.start:5.0f}s] {line}", flush=True)
@@ -80,10 +89,18 @@ def run_phase(phase: str, out_dir: Path, plan: dict, cap: float, command: str) -
     return record["complete"]
 
 
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """`rows` (of one algorithm, from one or more sweeps) with their ratios to the best
+    baselines worked out over all of them."""
+    from fastpop.bench import levers
+
+    levers.add_speedups(rows)
+    return rows
+
+
 def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     """`fastpop bench update` for each sweep, after the reference matmuls; sweeps of one
     algorithm share its files (rows merged, their ratios worked out again over all of them)."""
-    from fastpop.bench import levers
     from fastpop.bench.update import UpdateBenchSettings, bench_update, matmul_gflops
     from fastpop.bench.update import write_results as write_update
 
@@ -97,10 +114,8 @@ def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     for algo, populations, impls in plan["sweeps"]:
         sweep = {"algo": algo, "populations": populations, "impls": impls}
         record["sweeps"].append(sweep)
-        if record.time_left() <= 0:
-            sweep["skipped"] = "the phase's time cap had passed"
+        if record.skipped_past_cap(sweep):
             record["algos"].setdefault(algo, {"skipped": sweep["skipped"]})
-            record["cut_short"] = True
             continue
         settings = UpdateBenchSettings(
             algo,
@@ -113,18 +128,14 @@ def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
         )
         earlier = results.get(algo, {}).get("rows", [])
 
-        def merged(rows, earlier=earlier) -> list[dict]:
-            rows = [*earlier, *rows]
-            levers.add_speedups(rows)
-            return rows
-
-        def partial(rows, algo=algo, merged=merged):
-            record["algos"][algo] = {"rows_so_far": merged(rows)}
+        def partial(rows, algo=algo, earlier=earlier):
+            record["algos"][algo] = {"rows_so_far": with_ratios([*earlier, *rows])}
             record.save()
 
         result = bench_update(settings, populations, impls, log=record.log, on_row=partial)
         # (a rate an earlier sweep measured and this one did not is kept: the memory bandwidth)
-        results[algo] = result = results.get(algo, {}) | result | {"rows": merged(result["rows"])}
+        rows = with_ratios([*earlier, *result["rows"]])
+        results[algo] = result = results.get(algo, {}) | result | {"rows": rows}
         json_path, png_path = write_update(result, out_dir)
         record["algos"][algo] = {"json": json_path.name, "png": png_path.name}
         record.add_files(json_path, png_path)
@@ -143,9 +154,7 @@ def device_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     for env_id, populations, per_member in plan["sweeps"]:
         sweep = {"env": env_id, "populations": populations, "envs_per_member": per_member}
         record["sweeps"].append(sweep)
-        if record.time_left() <= 0:
-            sweep["skipped"] = "the phase's time cap had passed"
-            record["cut_short"] = True
+        if record.skipped_past_cap(sweep):
             continue
         earlier = results.get(env_id, {}).get("rows", [])
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import jax
 
-from fastpop import population
+from fastpop.bench.common import running_update
 
 # Events of a CPU trace that are not one kernel's work: the thread pool's markers, and the
 # thunk executor's spans, which hold a whole program's thunks.
@@ -104,14 +104,13 @@ def kernel_times(call: Callable[[], object], calls: int = 3, top: int = 8) -> di
 
 
 def executor_kernel_times(executor, states, replay, hparams, calls: int = 3) -> dict:
-    """`kernel_times` of an executor's update call on copies of a row's trees (each call
-    carries its states on, as training does: a donated state is not reused), or why it could
-    not be read: a benchmark keeps its timings whatever a profiler does on this machine."""
-    run = [executor.adopt(tree) for tree in (population.copy_tree(states), replay, hparams)]
+    """`kernel_times` of an executor's update call on copies of a row's trees (`running_update`),
+    or why it could not be read: a benchmark keeps its timings whatever a profiler does on this
+    machine."""
+    update = running_update(executor, states, replay, hparams)
 
     def call():
-        run[0], _ = executor.update(*run, jax.random.key(0))
-        jax.block_until_ready(run[0])
+        update(jax.random.key(0))
 
     try:
         call()  # compiled and warm before the trace

@@ -24,7 +24,13 @@ import numpy as np
 from fastpop import population
 from fastpop.agents import Agent, make_agent
 from fastpop.bench import anatomy, kernel_times, levers
-from fastpop.bench.common import best_seconds, device_label, two_panel_figure, write_json
+from fastpop.bench.common import (
+    best_seconds,
+    device_label,
+    running_update,
+    two_panel_figure,
+    write_json,
+)
 from fastpop.population import replay
 from fastpop.types import EnvSpec, Transition, stored_obs
 
@@ -125,23 +131,20 @@ def time_executors(
     recorded too: on a machine shared with other load they compare the implementations' work
     where wall-clock time mostly measures the other load.
     """
-    runs, timings = {}, {}
+    calls_of, timings = {}, {}
     for name, executor in executors.items():
-        trees = (population.copy_tree(states[name]), buffers, hparams)
-        run = [executor.adopt(tree) for tree in trees]
+        call = running_update(executor, states[name], buffers, hparams)
         start = time.perf_counter()
-        run[0], _ = executor.update(*run, jax.random.key(0))
-        jax.block_until_ready(run[0])
-        runs[name] = run
+        call(jax.random.key(0))
+        calls_of[name] = call
         timings[name] = {"first_call": time.perf_counter() - start, "rounds": [], "calls": 0}
         timings[name]["cpu_rounds"] = []
     for round_index in range(ROUNDS):
-        for name, executor in executors.items():
-            run, calls = runs[name], 0
+        for name, call in calls_of.items():
+            calls = 0
             start, cpu_start = time.perf_counter(), time.process_time()
             while calls < 2 or time.perf_counter() - start < min_seconds / ROUNDS:
-                run[0], _ = executor.update(*run, jax.random.key(1000 * round_index + calls))
-                jax.block_until_ready(run[0])
+                call(jax.random.key(1000 * round_index + calls))
                 calls += 1
             timings[name]["rounds"].append((time.perf_counter() - start) / calls)
             timings[name]["cpu_rounds"].append((time.process_time() - cpu_start) / calls)
