@@ -25,8 +25,8 @@ TINY_SPECS = {
 }
 
 
-# Static agent options the equivalence tests run with too: FastTD3's critic (C51 on a support
-# the random rewards' returns fit in, LayerNorm), a dueling DQN head.
+# Static agent options the equivalence tests run with too: the recipe's critic (FastTD3's C51
+# on a support the random rewards' returns fit in, with fastpop's LayerNorm), a dueling DQN head.
 TINY_OPTIONS = {
     "distributional": {
         "critic": "distributional",

@@ -3,10 +3,12 @@
 import ast
 import dataclasses
 import inspect
+import math
 from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+import yaml
 
 from fastpop import agents, config, envs
 from fastpop.config import (
@@ -18,6 +20,7 @@ from fastpop.config import (
     save_config,
     sections,
 )
+from fastpop.strategies.priors import parse_prior
 from fastpop.types import EnvSpec
 
 PRESETS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
@@ -265,6 +268,55 @@ def test_presets_cover_the_readme_runs():
     names = {path.stem for path in PRESETS}
     assert {"td3_pendulum_cpu", "sac_pendulum_cpu", "dqn_cartpole_cpu"} <= names
     assert {"td3_halfcheetah", "sac_hopper", "dqn_pong", "dqn_breakout"} <= names
+
+
+# --- the presets' supports hold their returns (issue 59) ----------------------------------------
+
+# Per-step rewards of the envs a distributional preset trains on. Pendulum's lowest is upside
+# down at full speed and full torque, -(pi**2 + 0.1 * 8**2 + 0.001 * 2**2); HumanoidWalk's are
+# dm_control's, in [0, 1].
+REWARD_RANGES = {
+    "gymnax/Pendulum-v1": (-(math.pi**2 + 0.1 * 8**2 + 0.001 * 2**2), 0.0),
+    "playground/HumanoidWalk": (0.0, 1.0),
+}
+# The bounds are of the worst (best) reward forever, which Pendulum cannot sustain (full speed
+# leaves the upside-down pose): a support may stop this short of them, not more. -1600 at
+# discount 0.99 stops 1.7% short of -1627; -1600 at 0.995 stopped 51% short of -3255.
+SHORT_OF_THE_BOUNDS = 0.02
+
+
+def largest_discount(config) -> float:
+    """The largest discount a member can hold: its hparam, a grid's or a prior's top (PBT
+    explores inside the prior)."""
+    discounts = [config.hparams["discount"], *config.population.grid.get("discount", [])]
+    if "discount" in config.population.priors:
+        prior = parse_prior("discount", config.population.priors["discount"])
+        discounts.append(max(prior.values) if prior.kind == "choice" else prior.high)
+    return max(discounts)
+
+
+def test_every_distributional_preset_holds_its_discounted_returns():
+    checked, short = [], []
+    for path in PRESETS:
+        # Read as YAML first: loading every preset imports every env family (seconds).
+        if yaml.safe_load(path.read_text()).get("agent", {}).get("critic") != "distributional":
+            continue
+        config = load_config(str(path), [])
+        lowest, highest = REWARD_RANGES[config.env.id]  # a new env: add its rewards' range
+        horizon = 1.0 / (1.0 - largest_discount(config))
+        low, high = lowest * horizon, highest * horizon
+        margin = SHORT_OF_THE_BOUNDS * (high - low)
+        if config.agent["v_min"] > low + margin or config.agent["v_max"] < high - margin:
+            short.append(
+                f"{path.name}: [{config.agent['v_min']}, {config.agent['v_max']}] "
+                f"for returns in [{low:.0f}, {high:.0f}]"
+            )
+        checked.append(path.name)
+    assert not short, "\n".join(short)
+    assert "td3_recipe_pbt_gymnax_pendulum_cpu.yaml" in checked and len(checked) >= 3
+    # By hand: the PBT preset's discount prior reaches 0.995, where Q goes down to -3255.
+    pbt = load_config(str(PRESETS[0].parent / "td3_recipe_pbt_gymnax_pendulum_cpu.yaml"), [])
+    assert largest_discount(pbt) == 0.995 and pbt.agent["v_min"] <= -16.2736 / 0.005
 
 
 def agent_config(config) -> agents.TD3Config | agents.SACConfig | agents.DQNConfig:

@@ -132,6 +132,10 @@ def test_the_distributional_losses_reject_wrong_shapes():
         )
     with pytest.raises(AssertionError):  # a batch, not one example
         losses.categorical_target(jnp.zeros(4), f32(1), jnp.full(5, 0.2), SUPPORT)
+    with pytest.raises(TypeError, match="support must be a constant"):  # traced: no float64 ends
+        jax.jit(lambda support: losses.categorical_target(f32(0), f32(1), support, support))(
+            SUPPORT
+        )
 
 
 # --- the agents' critics ------------------------------------------------------------------------
@@ -241,3 +245,115 @@ def test_bad_values_are_refused_naming_the_field(overrides, message):
     with pytest.raises(ConfigError) as error:
         load_config(None, overrides)
     assert message in str(error.value)
+
+
+# --- the projection against its definition in double precision (issue 59) ----------------------
+
+# Supports of the configs and tests: the helpers' and the humanoid's spacings (0.4, 0.6) are not
+# float32 numbers; the others' are.
+SUPPORTS = [(-10.0, 10.0, 51), (-10.0, 50.0, 101), (-250.0, 250.0, 101), (-3300.0, 0.0, 101)]
+
+
+def projected_exactly(atoms, probs, v_min, v_max, num_atoms):
+    """The projection by its definition (rlax's dense form) in float64: probs[i] goes to the
+    support point v_min + j * spacing in proportion max(0, 1 - |clip(atoms[i]) - point| /
+    spacing), the support evenly spaced in exact arithmetic."""
+    spacing = (v_max - v_min) / (num_atoms - 1)
+    points = v_min + spacing * np.arange(num_atoms)
+    clipped = np.clip(np.asarray(atoms, np.float64), v_min, v_max)
+    weights = np.maximum(0.0, 1.0 - np.abs(clipped[:, None] - points[None, :]) / spacing)
+    return np.asarray(probs, np.float64) @ weights
+
+
+@pytest.mark.parametrize(("v_min", "v_max", "num_atoms"), SUPPORTS)
+def test_the_projection_is_its_definition_in_double_precision(v_min, v_max, num_atoms):
+    """No more mass moves to a neighbour than float32's rounding of atom - v_min moves (up to
+    ~6e-6 at 101 atoms): the float32 spacing moved up to 5e-5 on [-10, 10] and [-10, 50]. The
+    mass is kept to the rounding of its float32 sums."""
+    support = np.linspace(v_min, v_max, num_atoms, dtype=np.float32)
+    project = jax.jit(jax.vmap(lambda a, p: losses.categorical_projection(a, p, support)))
+    rng = np.random.default_rng(num_atoms)
+    cases = 200
+    # Atoms over twice the support's range (about half of them clipped), and on support points.
+    width = v_max - v_min
+    atoms = rng.uniform(v_min - width / 2, v_max + width / 2, (cases, num_atoms))
+    on_points = support[rng.integers(0, num_atoms, atoms.shape)]
+    atoms = np.where(rng.random(atoms.shape) < 0.25, on_points, atoms).astype(np.float32)
+    probs = np.asarray(jax.nn.softmax(jnp.asarray(rng.normal(0, 3, (cases, num_atoms)), f32)))
+    got = np.asarray(project(atoms, probs), np.float64)
+    want = np.stack(
+        [
+            projected_exactly(a, p, v_min, v_max, num_atoms)
+            for a, p in zip(atoms, probs, strict=True)
+        ]
+    )
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got.sum(axis=1), probs.astype(np.float64).sum(axis=1), atol=1e-6)
+
+
+@pytest.mark.parametrize(("v_min", "v_max", "num_atoms"), SUPPORTS)
+def test_an_atom_on_a_support_point_is_not_split(v_min, v_max, num_atoms):
+    """Every support point that float32 holds exactly (0.0 on [-10, 10]) keeps all its mass: the
+    float32 spacing put 0.0 on [-10, 10] (51 atoms) 5e-5 of a spacing below its point."""
+    support = np.linspace(v_min, v_max, num_atoms, dtype=np.float32)
+    spacing = (v_max - v_min) / (num_atoms - 1)
+    exact = np.flatnonzero(support.astype(np.float64) == v_min + spacing * np.arange(num_atoms))
+    projected = jax.vmap(lambda a: losses.categorical_projection(a[None], jnp.ones(1), support))
+    got = np.asarray(projected(support[exact]))
+    np.testing.assert_array_equal(got, np.eye(num_atoms, dtype=np.float32)[exact])
+
+
+# --- the twin target: the smaller mean after the projection (issue 59) --------------------------
+
+
+def test_the_twin_target_is_the_projection_with_the_smaller_mean():
+    """Clipping reverses the order of the means: reward -1 and bootstrap 1 move critic 0's mass
+    at -2 to -3, clipped back to -2 (its mean rises by 0.5). Before the projection critic 0's
+    mean (0) is the smaller, after it critic 1's (-0.75 against -0.5): FastTD3 (which projects
+    both, then compares) takes critic 1's projection."""
+    next_probs = np.array([[0.5, 0.0, 0.0, 0.0, 0.5], [0.0, 0.0, 0.75, 0.25, 0.0]])
+    assert next_probs @ np.asarray(SUPPORT) @ [1, -1] < 0  # before: critic 0's is the smaller
+    atoms = -1.0 + np.asarray(SUPPORT, np.float64)
+    projected = [projected_exactly(atoms, p, -2.0, 2.0, 5) for p in next_probs]
+    close(projected[0], [0.5, 0.0, 0.0, 0.5, 0.0])
+    close(projected[1], [0.0, 0.75, 0.25, 0.0, 0.0])
+
+    def loss(logits):
+        return losses.td3_distributional_critic_loss(
+            logits, f32(-1.0), f32(1.0), jnp.log(jnp.asarray(next_probs, f32)), SUPPORT
+        )
+
+    expected = 0.2 - projected[1]  # uniform predictions: gradient = 0.2 - target, per critic
+    close(jax.grad(loss)(jnp.zeros((2, 5))), np.stack([expected, expected]), atol=1e-5)
+
+
+def twin_loss_by_definition(logits, reward, bootstrap, next_logits, v_min, v_max):
+    """FastTD3's: both target critics' distributions projected, the projection of smaller
+    mean taken (the second where they tie), the cross-entropy of each critic against it."""
+    num_atoms = logits.shape[-1]
+    support = np.linspace(v_min, v_max, num_atoms)
+    next_probs = np.asarray(jax.nn.softmax(next_logits), np.float64)
+    projected = [
+        projected_exactly(reward + bootstrap * support, p, v_min, v_max, num_atoms)
+        for p in next_probs
+    ]
+    target = projected[0] if projected[0] @ support < projected[1] @ support else projected[1]
+    log_probs = np.asarray(jax.nn.log_softmax(logits), np.float64)
+    return -np.sum(log_probs @ target)
+
+
+def test_the_twin_target_matches_fasttd3s_under_heavy_clipping():
+    v_min, v_max, num_atoms, cases = -10.0, 10.0, 21, 300
+    support = np.linspace(v_min, v_max, num_atoms, dtype=np.float32)
+    rng = np.random.default_rng(59)
+    logits = rng.normal(0, 2, (cases, 2, num_atoms)).astype(np.float32)
+    next_logits = rng.normal(0, 3, (cases, 2, num_atoms)).astype(np.float32)
+    reward = rng.uniform(-15, 15, cases).astype(np.float32)  # most targets partly clipped
+    bootstrap = rng.uniform(0.5, 1.0, cases).astype(np.float32)
+    loss = jax.jit(jax.vmap(lambda *x: losses.td3_distributional_critic_loss(*x, support)))
+    got = np.asarray(loss(logits, reward, bootstrap, next_logits))
+    want = [
+        twin_loss_by_definition(*case, v_min, v_max)
+        for case in zip(logits, reward, bootstrap, next_logits, strict=True)
+    ]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

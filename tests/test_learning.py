@@ -19,10 +19,11 @@ CASES = {
 }
 CHUNK = 10  # env steps per insert; one update call of 10 updates per insert
 # FastTD3's recipe: a C51 critic on a support that holds Pendulum's discounted returns (rewards
-# in [-16.3, 0], discount 0.99), 51 atoms, and LayerNorm, 3-step returns and observation
-# normalization; one member, whose update costs about what a population of 2 with the scalar
-# critic does on a CPU. TD3 only: SAC's distributional critic is checked against hand-computed
-# targets (tests/test_distributional.py) and for equal numbers vectorized and sequential.
+# in [-16.3, 0], discount 0.99), 51 atoms, 3-step returns and observation normalization, with
+# fastpop's LayerNorm (FastTD3's critic has none); one member, whose update costs about what a
+# population of 2 with the scalar critic does on a CPU. TD3 only: SAC's distributional critic is
+# checked against hand-computed targets (tests/test_distributional.py) and for equal numbers
+# vectorized and sequential.
 RECIPE = [
     "agent.critic=distributional",
     "agent.num_atoms=51",

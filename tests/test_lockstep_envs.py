@@ -70,3 +70,22 @@ def test_a_restarted_env_starts_a_new_stream_and_an_ending_one_is_left_to_its_re
     assert autoreset.tolist() == [False, False, True]  # env 2: its reset step
     assert episode_start.tolist() == [False, True, False]  # env 1: a new stream
     envs.close()
+
+
+def test_restarting_lanes_never_rewrites_a_recorded_row():
+    """`RowStream.restart_lanes` changes what the next row records, not the row before it: it
+    set `_previous_autoreset` in place, the very array the last row recorded as its autoreset."""
+    from fastpop.collect.rows import RowLayout, RowStream
+
+    stream = RowStream(RowLayout(2, (1,), np.dtype(np.float32), np.dtype(np.int32), 1), 2)
+    obs, action, reward = np.zeros((2, 1)), np.zeros(2, np.int32), np.ones(2)
+    running = np.zeros(2, bool)
+    stream.append(obs, action, reward, running, running)
+    recorded = [np.copy(field) for field in stream._rows[0]]
+    stream.restart_lanes(np.array([True, False]))
+    stream.append(obs, action, reward, running, running)
+    for before, after in zip(recorded, stream._rows[0], strict=True):
+        np.testing.assert_array_equal(after, before)
+    rows = stream.pop_fields()
+    assert rows["autoreset"].tolist() == [[False, False], [False, False]]
+    assert rows["episode_start"].tolist() == [[True, True], [True, False]]  # lane 0 restarted

@@ -161,6 +161,9 @@ def test_losses_reject_wrong_ranks():
 # --- vmap over (members, batch) equals the per-transition loop ----------------------------------
 
 MEMBERS, BATCH, ATOMS = 3, 4, 5
+# A distributional critic's support is a constant of the agent, the same for every member
+# (`losses.support_grid`): closed over, not an input.
+SUPPORT = np.linspace(-2.0, 2.0, ATOMS, dtype=np.float32)
 
 
 def random_inputs(seed):
@@ -189,7 +192,6 @@ def random_inputs(seed):
         "logits": normal(BATCH, 2, ATOMS),
         "next_logits": normal(BATCH, 2, ATOMS),
         "bootstrap": jnp.asarray(rng.uniform(0.0, 0.99, (MEMBERS, BATCH)), jnp.float32),
-        "support": jnp.tile(jnp.linspace(-2.0, 2.0, ATOMS), (MEMBERS, 1)),
     }
 
 
@@ -229,17 +231,11 @@ VMAP_CASES = {
         [("log_alpha", False), ("log_prob", True), ("discount", False)],
     ),
     "td3_distributional_critic": (
-        losses.td3_distributional_critic_loss,
-        [
-            ("logits", True),
-            ("reward", True),
-            ("bootstrap", True),
-            ("next_logits", True),
-            ("support", False),
-        ],
+        lambda *args: losses.td3_distributional_critic_loss(*args, SUPPORT),
+        [("logits", True), ("reward", True), ("bootstrap", True), ("next_logits", True)],
     ),
     "sac_distributional_critic": (
-        losses.sac_distributional_critic_loss,
+        lambda *args: losses.sac_distributional_critic_loss(*args, SUPPORT),
         [
             ("logits", True),
             ("reward", True),
@@ -248,7 +244,6 @@ VMAP_CASES = {
             ("log_prob", True),
             ("alpha", False),
             ("scale", False),
-            ("support", False),
         ],
     ),
     "dqn": (

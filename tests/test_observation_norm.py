@@ -268,3 +268,74 @@ def test_image_observations_and_shared_critics_are_refused_naming_the_field(tmp_
         "agent.observation_norm: strategy cemrl trains the members' actors against one shared "
         "critic, which does not normalize observations: set agent.observation_norm: false"
     )
+
+
+# --- float32 over long runs (issue 59) ----------------------------------------------------------
+
+# observation_norm's cap on the count: past it, a batch of B weighs B / (2**20 + B).
+COUNT_CAP = 2.0**20
+
+
+def merged_in_float64(mean, var, count, batch_mean, batch_var, batch_count):
+    """The merge in double precision: Chan et al.'s, the count capped at COUNT_CAP."""
+    weight = batch_count / (min(count, COUNT_CAP) + batch_count)
+    delta = batch_mean - mean
+    mean = mean + weight * delta
+    var = var + weight * ((batch_var - var) + delta * delta * (1.0 - weight))
+    return mean, var, min(count + batch_count, COUNT_CAP)
+
+
+def test_the_statistics_stay_float64s_over_1e8_observations():
+    """1e8 observations in batches of 256: the float32 statistics are the float64 merge's to
+    1e-5, where the `var * count` form had drifted -1.3e-3. Each batch is m + s * (+-1), of mean
+    m and variance s**2 exactly, drawn as a real batch's are (two features: one off-centre)."""
+    batches, size = 390_625, 256
+    rng = np.random.default_rng(59)
+    centre, spread = np.array([3.0, 1000.0]), np.array([2.0, 30.0])
+    means = centre + spread / np.sqrt(size) * rng.standard_normal((batches, 2))
+    sds = spread * np.sqrt(rng.chisquare(size - 1, (batches, 2)) / size)
+    signs = jnp.asarray(np.resize([1.0, -1.0], size)[:, None], jnp.float32)
+
+    def step(stats, moments):
+        mean, sd = moments
+        return merged(stats, mean + sd * signs), None
+
+    start = initial_stats(EnvSpec(obs_shape=(2,), action_dim=1))
+    scan = jax.jit(lambda xs: jax.lax.scan(step, start, xs)[0])
+    stats = scan((jnp.asarray(means, jnp.float32), jnp.asarray(sds, jnp.float32)))
+    for feature in range(2):
+        mean, var, count = 0.0, 1.0, 0.0
+        batch_moments = zip(
+            means[:, feature].tolist(), (sds[:, feature] ** 2).tolist(), strict=True
+        )
+        for batch_mean, batch_var in batch_moments:
+            mean, var, count = merged_in_float64(mean, var, count, batch_mean, batch_var, size)
+        assert abs(float(stats.var[feature]) / var - 1.0) < 1e-5, (feature, stats.var, var)
+        assert abs(float(stats.mean[feature]) - mean) < 1e-5 * abs(mean) + 1e-6
+    assert float(stats.count) == COUNT_CAP
+
+
+def test_the_statistics_still_move_after_2_24_updates():
+    """After 2**24 batches of {3, 7} the count is capped, not stuck (float32's count + 2 was
+    2**25 from there): a batch of {95, 105} still weighs 2 / (2**20 + 2), where it had weighed
+    2 / 2**25 (the mean moved 5.7e-6, not 1.8e-4)."""
+    start = initial_stats(EnvSpec(obs_shape=(1,), action_dim=1))
+    steady = jnp.array([[3.0], [7.0]])
+    long_run = jax.jit(
+        lambda: jax.lax.fori_loop(0, 2**24, lambda _, stats: merged(stats, steady), start)
+    )
+    stats = long_run()
+    assert (float(stats.mean[0]), float(stats.var[0])) == (5.0, 4.0)
+    moved = merged(stats, jnp.array([[95.0], [105.0]]))
+    want = merged_in_float64(5.0, 4.0, COUNT_CAP, 100.0, 25.0, 2.0)
+    np.testing.assert_allclose(float(moved.mean[0]) - 5.0, want[0] - 5.0, rtol=1e-2)
+    np.testing.assert_allclose(float(moved.var[0]) - 4.0, want[1] - 4.0, rtol=1e-2)
+    assert float(stats.count) == float(moved.count) == COUNT_CAP
+
+
+def test_the_first_batch_gives_its_own_statistics_however_small():
+    """Merged into the initial variance 1 incrementally, a variance of 1e-8 would round to 0."""
+    stats = merged(
+        initial_stats(EnvSpec(obs_shape=(1,), action_dim=1)), jnp.array([[1e-4], [-1e-4]])
+    )
+    np.testing.assert_allclose(stats.var, [1e-8], rtol=1e-5)

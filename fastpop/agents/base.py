@@ -134,7 +134,8 @@ class ActorCriticConfig:
     v_max: float = 250.0
     """Highest return of a distributional critic's support: higher targets are clipped to it."""
     layer_norm: bool = False
-    """LayerNorm after each hidden layer of the critics (FastTD3's critic); the actor has none."""
+    """LayerNorm after each hidden layer of the critics; the actor has none. fastpop's own
+    option, which its recipe configs add to FastTD3's: FastTD3's critic has no LayerNorm."""
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

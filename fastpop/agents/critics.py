@@ -22,7 +22,8 @@ CRITICS = ("scalar", "distributional")
 
 class Critic(NamedTuple):
     """A twin critic's network and, distributional, its support: the atoms' returns, (num_atoms,),
-    static as the network's shape (None for a scalar critic)."""
+    static as the network's shape (None for a scalar critic): a numpy constant the losses close
+    over, never a traced value (`losses.support_grid` reads its ends in float64)."""
 
     network: TwinCritic
     support: np.ndarray | None

@@ -116,9 +116,9 @@ class GaussianActor(nn.Module):
 class TwinCritic(nn.Module):
     """Two independent Q(s, a) networks; returns both values, shape (B, 2), or with `num_atoms`
     both critics' logits over that many returns, shape (B, 2, num_atoms) (a distributional
-    critic: `agents/critics.py`). `layer_norm`: LayerNorm after each hidden layer (FastTD3's
-    critic). (As one vmapped 2-member ensemble they ran no faster on an H100:
-    results/gpu/README.md.)"""
+    critic: `agents/critics.py`). `layer_norm`: LayerNorm after each hidden layer (fastpop's
+    option: FastTD3's critic has none). (As one vmapped 2-member ensemble they ran no faster on
+    an H100: results/gpu/README.md.)"""
 
     hidden_sizes: Sequence[int]
     dtype: str = "float32"

@@ -101,8 +101,10 @@ class RowStream:
         """The envs of `lanes` (bool) were reset outside an episode's end (`LockstepEnvs.restart`:
         a fresh trial's first episode): the next row starts a new stream, as a restarted
         collector's first row does, and their running episodes are dropped unreported."""
-        self._previous_done[lanes] = False
-        self._previous_autoreset[lanes] = True
+        # New arrays, not writes into these: the last row recorded holds `_previous_autoreset`
+        # as its autoreset.
+        self._previous_done = self._previous_done & ~lanes
+        self._previous_autoreset = self._previous_autoreset | lanes
         self._returns[lanes] = 0.0
         self._lengths[lanes] = 0
 
