@@ -1,5 +1,5 @@
 """fastpop.bench.anatomy: kernels counted from a compiled program's HLO, loops by their trip
-counts, a conditional by its larger branch; the floors beside a measured step."""
+counts, a conditional by its larger branch (the floor: tests/test_floors.py)."""
 
 from __future__ import annotations
 
@@ -84,28 +84,6 @@ def test_a_compiled_scan_counts_each_step():
     assert six - three == nine - six > 0
 
 
-def test_floors_sit_beside_the_measured_step():
-    rows = [
-        {
-            "impl": "vectorized",
-            "population": 4,
-            "seconds_per_call": 0.02,
-            "flops_per_update": 5e6,
-            "bytes_per_update": 2e6,
-            "kernels_per_update_step": 100.0,
-            "seconds_per_kernel": 2e-5,
-        },
-        {"impl": "sequential", "population": 4, "seconds_per_call": 0.05},
-    ]
-    rates = {"matmul_gflops_per_s": 1000.0, "memory_gbps": 100.0}
-    anatomy.add_floors(rows, rates=rates, steps=10)
-    assert rows[0]["seconds_per_update_step"] == pytest.approx(0.002)
-    assert rows[0]["compute_floor_seconds"] == pytest.approx(4 * 5e6 / 1e12)
-    assert rows[0]["memory_floor_seconds"] == pytest.approx(4 * 2e6 / 1e11)
-    assert rows[0]["times_floor"] == pytest.approx(0.002 / (4 * 2e6 / 1e11))
-    assert "compute_floor_seconds" not in rows[1]
-
-
 def test_an_accelerators_program_is_read_as_compiled_and_a_cpus_compiled_alike():
     """The vectorized executor's whole-population program (what an accelerator runs) is read
     without compiling again; a chunked CPU update has none, so the same program is compiled:
@@ -142,7 +120,8 @@ def test_the_summary_tables_what_was_read_and_names_what_was_not():
 
     read = {"population": 80, "kernels_per_update_step": 120.0, "seconds_per_kernel": 8e-6}
     read |= {"seconds_per_update_step": 9.6e-4, "compute_floor_seconds": 1.1e-4}
+    read |= {"floor_seconds": 2e-4, "times_floor": 4.8}
     lines = anatomy_lines([read, {"population": 256, "anatomy_error": "ValueError: odd HLO"}])
-    assert "| 80 | 0.960 | 0.110 | - | 120 | 8.0 |" in lines
+    assert "| 80 | 0.960 | 0.200 | 4.80 | 0.110 | - | - | 120 | 8.0 |" in lines
     assert lines[-1] == "- P=256: not read (ValueError: odd HLO)"
     assert anatomy_lines([{"population": 1, "impl": "sequential"}]) == []

@@ -14,7 +14,8 @@ from fastpop.commands.cli import main
         (
             ["--impl", "vectorized,parallel"],
             "unknown implementation 'parallel'; choose from vectorized, sequential, "
-            "sequential-in-one-program, torch, torch-compile, torch-func, or vectorized+LEVER",
+            "sequential-in-one-program, torch, torch-compile, torch-func, torch-leanrl, "
+            "torch-leanrl-fp32, or vectorized+LEVER",
         ),
         (["--pop", "1,0"], "population size '0': must be >= 1"),
         (["--pop", "two"], "population size 'two': not an integer"),

@@ -132,5 +132,20 @@ def test_the_time_breakdown_accounts_for_the_whole_wall_time(tmp_path):
     for phase in ("starting", "transport", "update_dispatch", "publish_write", "loop", "stopping"):
         assert seconds[phase] > 0, (phase, seconds)
     assert seconds["final_evaluation"] + seconds["evaluation_results"] > 0, seconds
+    # The learning window: from the first update dispatched to the loop's end, each second once; the
+    # final evaluation, the stop's checkpoint and the workers' stop after it (bench pipeline's
+    # learner utilisation is measured in it)
+    window = summary["learning_window"]
+    assert window["started_at"] == summary["learning_started_at"] < window["ended_at"] < wall
+    span = window["ended_at"] - window["started_at"]
+    assert sum(window["seconds"].values()) == pytest.approx(span, abs=0.01), window
+    for phase in ("starting", "final_evaluation", "stopping", "checkpoints"):
+        assert window["seconds"][phase] == 0, (phase, window)
+    assert seconds["checkpoints"] > 0  # the stop's
+    assert window["seconds"]["update_dispatch"] > 0
+    # the window opens once the first update is dispatched (its compile before it): that
+    # call's updates are not counted in it
+    first_call = config.train.updates_per_call
+    assert window["updates_per_member"] == summary["updates_per_member"] - first_call > 0
     breakdown = next(line for line in lines if line.startswith("time breakdown")).splitlines()
     assert any(line.startswith("  learner other ") for line in breakdown), breakdown

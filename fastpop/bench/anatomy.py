@@ -8,7 +8,8 @@ once, are counted inside its `call`) and the measured seconds per kernel; with X
 bytes of one member's update, the floors a population step cannot go below: its FLOPs at the
 matmul rate and its bytes at the memory bandwidth, both measured in the same run. A
 conditional that runs on a known fraction of steps (TD3's delayed actor step: 1/policy_delay)
-is counted as it runs: that fraction of its larger branch, the rest of its smaller.
+is counted as it runs: that fraction of its larger branch, the rest of its smaller. The
+step's floor is bench/floors.py's.
 """
 
 from __future__ import annotations
@@ -131,31 +132,3 @@ def memory_gbps(megabytes: float | None = None, repeats: int = 5) -> float:
     scale = jax.jit(lambda x: x * 1.0001)
     seconds = best_seconds(lambda: scale(array).block_until_ready(), repeats)
     return 2 * array.nbytes / seconds / 1e9
-
-
-def add_floors(rows: list[dict], rates: dict, steps: int):
-    """Each anatomised row's measured seconds per population step (`steps`: update steps per
-    timed call) beside two floors it cannot go below: its FLOPs (the row's `flops_per_update`
-    per member) at `rates["matmul_gflops_per_s"]` and its bytes (`bytes_per_update`) at
-    `rates["memory_gbps"]`. Far above both, with few microseconds per kernel, a step is bound
-    by its kernels' launches."""
-    for row in rows:
-        if "kernels_per_update_step" not in row:
-            continue
-        size = row["population"]
-        step = row["seconds_per_update_step"] = row["seconds_per_call"] / steps
-        compute = size * row["flops_per_update"] / (rates["matmul_gflops_per_s"] * 1e9)
-        memory = size * row["bytes_per_update"] / (rates["memory_gbps"] * 1e9)
-        row["compute_floor_seconds"], row["memory_floor_seconds"] = compute, memory
-        row["times_floor"] = step / max(compute, memory)
-
-
-def floor_line(algo: str, row: dict) -> str:
-    """A vectorized row's step against its floors, as the console shows it."""
-    return (
-        f"{algo} {row['impl']} P={row['population']}: step "
-        f"{1e6 * row['seconds_per_update_step']:.0f} us; floors: FLOPs "
-        f"{1e6 * row['compute_floor_seconds']:.0f} us at the matmul rate, bytes "
-        f"{1e6 * row['memory_floor_seconds']:.0f} us at the memory bandwidth: "
-        f"{row['times_floor']:.2f}x the larger; {row['kernels_per_update_step']:.0f} kernels"
-    )

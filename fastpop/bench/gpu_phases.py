@@ -101,7 +101,8 @@ def with_ratios(rows: list[dict]) -> list[dict]:
 def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     """`fastpop bench update` for each sweep, after the reference matmuls; sweeps of one
     algorithm share its files (rows merged, their ratios worked out again over all of them)."""
-    from fastpop.bench.update import UpdateBenchSettings, bench_update, matmul_gflops
+    from fastpop.bench.floors import matmul_gflops
+    from fastpop.bench.update import UpdateBenchSettings, bench_update
     from fastpop.bench.update import write_results as write_update
 
     size = plan["matmul_size"]

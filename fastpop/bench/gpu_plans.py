@@ -66,28 +66,25 @@ FULL_PLANS = {
         ],
     },
 }
-# What issue 47's targets read at P = 80: the vectorized step against its floor and its
-# ratios to the best sequential JAX and PyTorch rows; with the bf16 lever.
-TARGET_ROWS = ["vectorized", "sequential-in-one-program", "torch-func", "vectorized+bf16"]
-# `--short`: issue 47's targets in one 10-minute command (a lease of 15 device minutes, machine
-# start included): TD3 and SAC at P = 80 and 256 against their floors, the best sequential JAX
-# and PyTorch rows, the bf16 lever (most wanted first: a phase cut by its cap keeps the rows
-# it finished); brax/ant at 16 envs per member; the 80-member learner with 14
-# collectors; the 256-member SAC PBT on brax/ant. Not `torch-compile`: it compiles each member's
-# step on its own (~1.6 s each on an H100), minutes at these sizes.
+# `--short`: issue 58's targets in two remote calls of a 15-minute lease (`SHORT_CALLS`):
+# TD3 and SAC at P = 80 against their floor, the best sequential JAX row and the LeanRL-class
+# PyTorch rows (torch.compile, CUDA graphs, TF32); then at P = 256; the single-agent P = 1
+# reference; TF32 off, named; most wanted first (a phase cut by its cap keeps the rows it
+# finished). Then the 80-member learner with 14 collectors and the 256-member SAC PBT on
+# brax/ant. `torch-func` (eager, vmapped) and the levers measured before are left to
+# `bench update`; `torch-compile` (each member compiled apart) too.
+TARGET_ROWS = ["vectorized", "sequential-in-one-program", "torch-leanrl"]
 SHORT_PLANS = {
     "update": {
         **FULL_PLANS["update"],
-        # Only the rows the targets read, and the bf16 lever: each size compiles its programs
-        # anew (the update alone 8-12 s on an H100 or H200), and the H100's run of 2026-11-27
-        # spent its 263 s cap on TD3 at P = 80 alone, with nine rows. The rows measured there
-        # and since (the eager baselines, the levers no faster) are left to `bench update`.
         "sweeps": [
             *((algo, [80], TARGET_ROWS) for algo in ("td3", "sac")),
-            *((algo, [256], ["vectorized"]) for algo in ("td3", "sac")),
+            *((algo, [256], ["vectorized", "torch-leanrl"]) for algo in ("td3", "sac")),
+            *((algo, [1], ["vectorized", "torch-leanrl"]) for algo in ("td3", "sac")),
+            *((algo, [80], ["torch-leanrl-fp32"]) for algo in ("td3", "sac")),
         ],
         "min_seconds": 0.5,
-        "anatomy_from": 1,
+        "anatomy_from": 80,
     },
     "device": {
         **FULL_PLANS["device"],
@@ -175,12 +172,33 @@ SMOKE_PLANS = {
 # command holds `update`, one `device`, one `pipeline` and `pbt`; about 25 minutes in all.
 FULL_CAPS = {"update": 450.0, "device": 510.0, "pipeline": 220.0, "pbt": 320.0}
 SMOKE_CAPS = {"update": 120.0, "device": 120.0, "pipeline": 120.0, "pbt": 120.0}
-# What the phases took on GPUs before: brax/ant's device row ~85 s on the H200 (35 s of it
-# compiling) and ~95 s on the H100 (its compiles and warm-up at 10 s of measuring); the learner
-# run 86 s, the PBT run 114 s (H100). The update's ten rows are estimated from the H100's
-# kernel-time run (six vectorized rows with their anatomy, 137 s): ~150 s. Their sum, with
-# each phase's grace time, fits one 10-minute command (tests/test_bench_gpu.py).
-SHORT_CAPS = {"update": 190.0, "device": 100.0, "pipeline": 95.0, "pbt": 125.0}
+# What the phases took on GPUs before: the learner run 86 s and the PBT run 114 s (H100); the
+# JAX update rows 8-12 s of compiling each; a LeanRL-class row's torch.compile is not yet
+# measured on a GPU (its one-step compile is ~10-20 s on this CPU). The device phase is not
+# in --short: brax/ant at 16 envs per member was measured on the H100 (results/gpu/README.md).
+SHORT_CAPS = {"update": 330.0, "device": 100.0, "pipeline": 95.0, "pbt": 125.0}
+# --short's remote calls, one device-tool command each (each at most REMOTE_LIMIT_SECONDS):
+# the update first (what a skeptic reads), then the learner and the PBT run.
+SHORT_CALLS = (("update",), ("pipeline", "pbt"))
+REMOTE_LIMIT_SECONDS = 600.0  # the device tool's limit on one command
+INSTALL_SECONDS = 30.0  # the carried wheels into /tmp/site (~10 s on the H100)
+PACK_SECONDS = 5.0  # the output directory packed after each phase (no checkpoints: MBs)
+KILL_MARGIN_SECONDS = 15.0  # `timeout -k`: SIGKILL this long after the command's SIGTERM
+SAFETY_SECONDS = 30.0  # issue 58: everything at least this far inside the remote limit
+
+
+def grace_seconds(cap: float) -> float:
+    """How long a capped phase's child gets between SIGTERM and SIGKILL (gpu_runner.stop)."""
+    return min(30.0, 0.1 * cap + 2.0)
+
+
+def call_seconds(phases, caps: dict) -> float:
+    """The most one remote call of `phases` can take: each phase's cap and grace, its SIGKILL
+    wait and packing, the install, and the outer timeout's kill margin."""
+    phases_time = sum(caps[p] + grace_seconds(caps[p]) + 10.0 + PACK_SECONDS for p in phases)
+    return INSTALL_SECONDS + phases_time + KILL_MARGIN_SECONDS
+
+
 # Each programme's plans and caps, by the flag that picks it (none: "full").
 PROGRAMMES = {
     "full": (FULL_PLANS, FULL_CAPS),

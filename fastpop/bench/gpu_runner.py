@@ -13,16 +13,17 @@ import json
 import multiprocessing
 import os
 import signal
+import tarfile
 import threading
 import time
 from pathlib import Path
 
 from fastpop.bench.common import write_json
 from fastpop.bench.gpu_phases import read_record, run_phase
+from fastpop.bench.gpu_plans import grace_seconds
 from fastpop.bench.gpu_report import write_readme
 
 MANIFEST = "bench_gpu.json"  # marks a directory `fastpop bench gpu` wrote
-GRACE_SECONDS = 30.0  # after the cap's SIGTERM, before SIGKILL (a run's stop checkpoint)
 
 
 class PhaseCapped(Exception):
@@ -80,9 +81,12 @@ def run_phases(
     command: str,
     programme: str,
     log=print,
+    pack: Path | None = None,
 ) -> dict:
     """Every phase in turn; the manifest (what each phase did), also written to the directory.
-    `programme`: which sizes the plans are ("full", "short" or "smoke")."""
+    `programme`: which sizes the plans are ("full", "short" or "smoke"). `pack`: a tarball of
+    the directory (less run checkpoints) written after every phase, so that a remote command
+    cut at its limit still returns what finished."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out_dir)
     manifest |= {"programme": programme, "smoke": programme == "smoke", "command": command}
@@ -91,9 +95,22 @@ def run_phases(
     try:
         for phase in phases:
             run_one(out_dir, phase, plans[phase], caps[phase], command, manifest, context, log)
+            if pack is not None:
+                pack_directory(out_dir, pack)
+                log(f"bench gpu: packed {out_dir} into {pack}")
     finally:
         signal.signal(signal.SIGTERM, previous)
     return manifest
+
+
+def pack_directory(out_dir: Path, tarball: Path) -> None:
+    """`out_dir` as a gzipped tarball, without `checkpoints/` (a pbt run's are GBs), written
+    beside `tarball` and renamed over it: a reader never sees half a tarball."""
+    partial = tarball.with_name(tarball.name + ".partial")
+    skip = lambda info: None if "checkpoints" in Path(info.name).parts else info
+    with tarfile.open(partial, "w:gz") as archive:
+        archive.add(out_dir, arcname=out_dir.as_posix(), filter=skip)
+    partial.replace(tarball)
 
 
 def phase_status(complete: bool, capped: bool, exit_code: int | None) -> str:
@@ -118,7 +135,7 @@ def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
     args = (phase, str(out_dir), plan, cap, command)
     process = context.Process(target=_child, args=args, name=f"bench-gpu-{phase}")
     process.start()
-    grace = min(GRACE_SECONDS, 0.1 * cap + 2.0)
+    grace = grace_seconds(cap)  # a run's stop checkpoint
     try:
         process.join(cap)
     except BaseException:  # Ctrl-C or SIGTERM: the child, in its own group, is stopped too

@@ -1,7 +1,8 @@
 """The implementations `fastpop bench update` times, and the levers of the vectorized update.
 
 An implementation is a JAX executor (`vectorized`, `sequential`, `sequential-in-one-program`),
-a PyTorch baseline (`torch`, `torch-compile`, `torch-func`: `torch_variants.py`), or the
+a PyTorch baseline (`torch`, `torch-compile`, `torch-func`: `torch_variants.py`;
+`torch-leanrl`, `torch-leanrl-fp32`: `torch_leanrl.py`), or the
 vectorized update with levers turned on: `vectorized+LEVER[+LEVER...]`. A lever changes how
 the update is computed, never what: the agent's config fields or the update plan's (issue 47,
 "Levers"; each is tested for equivalence in tests/test_update_levers.py).
@@ -12,12 +13,18 @@ from __future__ import annotations
 from typing import NamedTuple
 
 JAX_IMPLEMENTATIONS = ("vectorized", "sequential", "sequential-in-one-program")
-TORCH_IMPLEMENTATIONS = ("torch", "torch-compile", "torch-func")
+# PyTorch at its strongest, as LeanRL writes it (torch_leanrl.py): the population's whole step
+# compiled, K steps in one CUDA graph; TF32 matmuls as JAX's default, or off (-fp32).
+LEANRL_IMPLEMENTATIONS = ("torch-leanrl", "torch-leanrl-fp32")
+LEANRL_ALGOS = ("td3", "sac")
+TORCH_IMPLEMENTATIONS = ("torch", "torch-compile", "torch-func", *LEANRL_IMPLEMENTATIONS)
 IMPLEMENTATIONS = (*JAX_IMPLEMENTATIONS, *TORCH_IMPLEMENTATIONS)
 SEQUENTIAL = ("sequential", "sequential-in-one-program")
 # torch-compile compiles each member's step on its own (~1.6 s each on an H100, ~40 s on this
-# CPU, and it needs a C++ compiler there): asked for by name only.
-DEFAULT_IMPLEMENTATIONS = tuple(name for name in IMPLEMENTATIONS if name != "torch-compile")
+# CPU, and it needs a C++ compiler there), the LeanRL rows their step at every population size
+# (~5-35 s each on this CPU): asked for by name only.
+BY_NAME_ONLY = ("torch-compile", *LEANRL_IMPLEMENTATIONS)
+DEFAULT_IMPLEMENTATIONS = tuple(name for name in IMPLEMENTATIONS if name not in BY_NAME_ONLY)
 
 
 class Lever(NamedTuple):
@@ -98,6 +105,16 @@ def add_speedups(rows: list[dict]) -> None:
             )
 
 
+def check_torch_rows(algo: str, implementations) -> None:
+    """ValueError, before anything is timed, for LeanRL rows of an algorithm they lack."""
+    asked = [name for name in implementations if name in LEANRL_IMPLEMENTATIONS]
+    if asked and algo not in LEANRL_ALGOS:
+        raise ValueError(
+            f"{', '.join(asked)}: TD3 and SAC only ({', '.join(LEANRL_ALGOS)}), not {algo!r}; "
+            f"for {algo} choose from torch, torch-compile, torch-func"
+        )
+
+
 def torch_benchmark(log):
     """`torch_variants.torch_update_benchmark`, or None (logged) without PyTorch."""
     try:
@@ -135,3 +152,22 @@ def torch_row(torch_bench, algo: str, impl: str, size: int, flops: float, log) -
         "torch_version": result["torch_version"],
         "torch_device": result["device"],
     }
+
+
+def torch_rows(torch_bench, settings, impls: list[str], size: int, flops, log, rounds) -> list:
+    """The PyTorch rows of `impls` at population `size`, in their order: torch_variants'
+    baselines one after another, the LeanRL rows timed together in `rounds` alternating rounds
+    (torch_leanrl.py)."""
+    leanrl = [impl for impl in dict.fromkeys(impls) if impl in LEANRL_IMPLEMENTATIONS]
+    timed = {}
+    if leanrl:
+        from fastpop.bench.torch_leanrl import leanrl_rows
+
+        rows = leanrl_rows(settings, leanrl, size, flops, log, rounds=rounds)
+        timed = {row["impl"]: row for row in rows}
+    return [
+        timed[impl]
+        if impl in timed
+        else torch_row(torch_bench, settings.algo, impl, size, flops, log)
+        for impl in impls
+    ]

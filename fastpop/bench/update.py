@@ -7,6 +7,7 @@ population, on random data of the paper's shapes held in a device replay buffer:
   sequential                 the single-member jitted program called per member from Python
   sequential-in-one-program  every member's K updates in one program, members in turn
   torch, torch-compile, torch-func   PyTorch: eager (the paper's baseline), compiled, vmapped
+  torch-leanrl[-fp32]        PyTorch as LeanRL writes it: compiled, CUDA graphs, TF32 (or not)
 """
 
 from __future__ import annotations
@@ -23,16 +24,16 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import Agent, make_agent
-from fastpop.bench import anatomy, kernel_times, levers
+from fastpop.bench import anatomy, floors, kernel_times, levers
 from fastpop.bench.common import (
-    best_seconds,
     device_label,
     running_update,
     two_panel_figure,
     write_json,
 )
+from fastpop.bench.floors import matmul_gflops, update_cost
 from fastpop.population import replay
-from fastpop.types import EnvSpec, Transition, stored_obs
+from fastpop.types import EnvSpec, stored_obs
 
 # The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
 BENCH_SPECS = {
@@ -74,10 +75,11 @@ def random_rows(spec: replay.ReplaySpec, env_spec: EnvSpec, key) -> replay.Rows:
     )
 
 
-def random_replay(algo: str, population_size: int, key):
-    """Per-member device buffers filled with random data, and their sample function."""
+def random_replay(algo: str, population_size: int, key, rows: int | None = None):
+    """Per-member device buffers of `rows` rows each (None: `BENCH_REPLAY_ROWS`') filled with
+    random data, and their spec."""
     env_spec = BENCH_SPECS[algo]
-    rows = BENCH_REPLAY_ROWS[algo]
+    rows = rows or BENCH_REPLAY_ROWS[algo]
     spec = replay.make_replay_spec(env_spec, capacity=rows, lanes=1, chunk_len=rows)
     state = replay.init_population(spec, population_size)
     chunks = jax.vmap(lambda k: random_rows(spec, env_spec, k))(
@@ -85,37 +87,6 @@ def random_replay(algo: str, population_size: int, key):
     )
     state = jax.jit(jax.vmap(partial(replay.add, spec)))(state, chunks)
     return spec, state
-
-
-def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
-    """[FLOPs, bytes accessed] of one member's update from XLA's cost analysis.
-
-    XLA counts a conditional as its larger branch, so TD3's delayed actor step is costed on its
-    own and weighted by 1 / policy_delay.
-    """
-
-    def cost(fn, *args) -> np.ndarray:
-        analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
-        return np.array([analysis["flops"], analysis["bytes accessed"]], float)
-
-    state = jax.jit(agent.init)(jax.random.key(0), hparams)  # one compile, not one per op
-    key = jax.random.key(1)
-    if agent.name == "td3":
-        critic = cost(agent.parts.critic_step, state, batch, hparams, agent.draw(key))
-        actor = cost(agent.parts.actor_step, state, batch.obs, hparams, jnp.bool_(True))
-        return critic + actor / float(hparams.policy_delay)
-    return cost(agent.update, state, batch, hparams, key)
-
-
-def matmul_gflops(size: int | None = None, repeats: int = 5, precision: str | None = None) -> float:
-    """Best-of-N GFLOP/s of one large square float32 matmul on the default device, at JAX's
-    default precision (TF32 on NVIDIA GPUs that have it) or at `precision` ("highest": full
-    float32)."""
-    size = size or (2048 if jax.devices()[0].platform == "cpu" else 8192)
-    a = jax.random.normal(jax.random.key(0), (size, size))
-    matmul = jax.jit(partial(jnp.matmul, precision=precision))
-    seconds = best_seconds(lambda: matmul(a, a).block_until_ready(), repeats)
-    return 2 * size**3 / seconds / 1e9
 
 
 ROUNDS = 3  # timed rounds per measurement, alternating between implementations
@@ -175,6 +146,7 @@ class UpdateBenchSettings(NamedTuple):
     anatomy_from: int | None = None  # vectorized rows from this P get fastpop.bench.anatomy's
     memory_megabytes: float | None = None  # of the bandwidth measurement; None: its default
     kernel_times: bool = False  # those rows also get fastpop.bench.kernel_times' trace
+    replay_rows: int | None = None  # per member (a run's replay.capacity); None: BENCH_REPLAY_ROWS
 
 
 class Setup(NamedTuple):
@@ -185,11 +157,13 @@ class Setup(NamedTuple):
     plan: population.UpdatePlan
     agent: Agent
     cost: tuple[float, float]
+    state_bytes: float  # parameter-state bytes of one member's update (bench/floors.py)
+    compute_dtype: str
 
 
 def make_setups(settings, implementations, spec, buffers) -> dict[str, Setup]:
     """A `Setup` per JAX implementation (its levers' agent and plan)."""
-    setups, costs = {}, {}
+    setups, costs, state_bytes = {}, {}, {}
     for impl in implementations:
         config = dict(settings.agent or {}) | impl.agent
         if settings.batch_size is not None:
@@ -201,8 +175,13 @@ def make_setups(settings, implementations, spec, buffers) -> dict[str, Setup]:
         if agent_key not in costs:
             sample = jax.jit(plan.sample_batch)
             batch = sample(population.member(buffers, 0), jax.random.key(0))
-            costs[agent_key] = tuple(map(float, update_cost(agent, agent.default_hparams(), batch)))
-        setups[impl.name] = Setup(executor, plan, agent, costs[agent_key])
+            hparams = agent.default_hparams()
+            costs[agent_key] = tuple(map(float, update_cost(agent, hparams, batch)))
+            state_bytes[agent_key] = floors.state_bytes_per_update(agent, hparams)
+        dtype = config.get("compute_dtype", "float32")
+        setups[impl.name] = Setup(
+            executor, plan, agent, costs[agent_key], state_bytes[agent_key], dtype
+        )
     return setups
 
 
@@ -220,6 +199,7 @@ def bench_update(
     algo, updates_per_call = settings.algo, settings.updates_per_call
     impls = [levers.parse(name) for name in implementations]
     torch_impls = [i.base for i in impls if i.base in levers.TORCH_IMPLEMENTATIONS]
+    levers.check_torch_rows(algo, torch_impls)
     torch_bench = levers.torch_benchmark(log) if torch_impls else None
     jax_impls = [i for i in impls if i.base in levers.JAX_IMPLEMENTATIONS]
     # The rates the floors need, measured first: a sweep cut short keeps its rows' floors.
@@ -227,10 +207,14 @@ def bench_update(
     anatomy_from = settings.anatomy_from or 1
     if any(i.base == "vectorized" for i in jax_impls) and max(populations) >= anatomy_from:
         rates["memory_gbps"] = anatomy.memory_gbps(settings.memory_megabytes)
+        if any(i.agent.get("compute_dtype") == "bfloat16" for i in jax_impls):
+            rates["matmul_gflops_per_s_bfloat16"] = matmul_gflops(
+                settings.matmul_size, dtype=jnp.bfloat16
+            )
     setups, rows = None, []
     for size in populations:
         key = jax.random.key(settings.seed + size)
-        spec, buffers = random_replay(algo, size, key)
+        spec, buffers = random_replay(algo, size, key, settings.replay_rows)
         if setups is None:  # the replay's layout is the same at every population size
             setups = make_setups(settings, jax_impls, spec, buffers)
         # Levers change an agent's static config, never its HParams: every setup's are the same.
@@ -252,8 +236,8 @@ def bench_update(
                 log(line)
         del buffers, states
         flops = next(iter(setups.values())).cost[0] if setups else float("nan")
-        for variant in torch_impls if torch_bench is not None else ():
-            rows.append(levers.torch_row(torch_bench, algo, variant, size, flops, log))
+        if torch_bench is not None:
+            rows += levers.torch_rows(torch_bench, settings, torch_impls, size, flops, log, ROUNDS)
         if on_row is not None:
             levers.add_speedups(rows)  # the ratios so far: a capped sweep keeps them
             on_row(list(rows))
@@ -285,7 +269,7 @@ def what_bounds(settings, setup: Setup, row: dict, rates: dict, states, replay, 
     taken = actor_step_fraction(setup.agent)
     plan, update = setup.plan, setup.executor.update
     row = row | anatomy.read_safely(plan, update, states, replay, hparams, per_program, taken)
-    anatomy.add_floors([row], rates, steps)
+    floors.add_floors([row], rates, steps)
     if settings.kernel_times:
         row |= kernel_times.executor_kernel_times(setup.executor, states, replay, hparams)
     return row
@@ -295,7 +279,7 @@ def row_lines(algo: str, row: dict, steps: int) -> list[str]:
     """What the console shows of a row: its rate, and what bounds it where that was read."""
     lines = [row_line(algo, row)]
     if "times_floor" in row:
-        lines.append(anatomy.floor_line(algo, row))
+        lines.append(floors.floor_line(algo, row))
     if "kernel_times" in row:
         lines.append(kernel_times.kernel_line(algo, row, steps))
     elif "kernel_times_error" in row:
@@ -316,6 +300,8 @@ def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
         "gflops_per_s": rate * flops / 1e9,
         "flops_per_update": flops,
         "bytes_per_update": bytes_accessed,
+        "state_bytes_per_update": setup.state_bytes,
+        "compute_dtype": setup.compute_dtype,
         **members_per_chunk(setup.executor, size),
     }
 

@@ -63,7 +63,8 @@ def add_update_parser(benchmarks) -> None:
         type=comma_list(implementation_name, "implementation"),
         default=list(levers.DEFAULT_IMPLEMENTATIONS),
         help=f"implementations, comma-separated from {','.join(levers.IMPLEMENTATIONS)} "
-        f"(default all but torch-compile, which compiles every member's step: minutes), or "
+        f"(default all but torch-compile, which compiles every member's step: minutes, and "
+        f"torch-leanrl[-fp32], which compile their step at every size), or "
         f"vectorized+LEVER[+LEVER] with levers {','.join(levers.LEVERS)}",
     )
     update.add_argument(
@@ -203,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
 def run_update(args: argparse.Namespace) -> int:
     from fastpop.bench.update import UpdateBenchSettings, bench_update, write_results
 
+    try:
+        levers.check_torch_rows(args.algo, args.impl)
+    except ValueError as error:
+        return fail(str(error))
     settings = UpdateBenchSettings(
         args.algo,
         args.updates_per_call,

@@ -60,15 +60,23 @@ def add_gpu_parser(benchmarks) -> None:
         help="override one config value of every training run of the pbt phase (repeatable), "
         "e.g. agent.compute_dtype=bfloat16",
     )
+    gpu.add_argument(
+        "--pack",
+        type=Path,
+        default=None,
+        metavar="TARBALL",
+        help="after every phase, pack --out (less run checkpoints) into this .tgz, so that a "
+        "command cut short still leaves what finished",
+    )
     programme = gpu.add_mutually_exclusive_group()
     programme.add_argument(
         "--short",
         action="store_true",
-        help="issue 47's targets in about 9 minutes: TD3 then SAC at P 80 (vectorized against "
-        "its floor, the best sequential JAX and PyTorch rows, bf16) and vectorized at P 256, "
-        "brax/ant at 16 envs per member, the 80-member learner with 14 collectors, the "
-        "256-member SAC PBT on brax/ant (caps: update 190 s, device 100 s, pipeline 95 s, pbt "
-        "125 s)",
+        help="issue 58's targets in two remote calls (--phases update; --phases pipeline,pbt): "
+        "TD3 then SAC at P 80 (vectorized against its floor, the best sequential JAX row, the "
+        "LeanRL-class PyTorch row), then P 256, the P = 1 references and PyTorch with TF32 "
+        "off; the 80-member learner with 14 collectors, the 256-member SAC PBT on brax/ant "
+        "(caps: update 330 s, pipeline 95 s, pbt 125 s)",
     )
     programme.add_argument(
         "--smoke",
@@ -103,6 +111,8 @@ def gpu_command(args: argparse.Namespace) -> str:
         words += ["--budget-seconds", f"{args.budget_seconds:g}"]
     for override in args.overrides:
         words += ["--set", override]
+    if args.pack is not None:
+        words += ["--pack", str(args.pack)]
     programme = programme_name(args)
     return shlex.join(words + ([f"--{programme}"] if programme != "full" else []))
 
@@ -129,7 +139,8 @@ def run_gpu(args: argparse.Namespace) -> int:
     if args.budget_seconds is not None:
         scale = args.budget_seconds / sum(caps[phase] for phase in phases)
         caps = {phase: cap * scale for phase, cap in caps.items()}
-    manifest = run_phases(args.out, phases, plans, caps, gpu_command(args), programme_name(args))
+    command, programme = gpu_command(args), programme_name(args)
+    manifest = run_phases(args.out, phases, plans, caps, command, programme, pack=args.pack)
     print(f"wrote {args.out / 'README.md'}")
     statuses = [manifest["phases"][phase]["status"] for phase in phases]
     return 0 if all(status == "done" for status in statuses) else 1

@@ -129,7 +129,9 @@ class Run:
         max_seconds = self.config.train.max_wall_seconds or math.inf
         evaluations = self.evaluations
         # The loop's own Python counts as `loop`: each phase opened inside it pauses it.
-        with self.clock("loop"):
+        with self.clock("loop"), self._learning_ends():
+            if self.progress.learning_started_at is not None:  # resumed: learning from here
+                self.progress.window.start = self._clock_reading()
             while self.member_env_steps < total and self.elapsed() < max_seconds:
                 self.signals.check()
                 busy = self._collect()  # rows move while the update in flight computes
@@ -141,9 +143,8 @@ class Run:
                 if self.progress.checkpoint_due(every, self.elapsed(), steps):
                     self.checkpoints.save("interval")
                 if not evaluations.waiting() and self.updates.can_start():
-                    if self.progress.learning_started_at is None:
-                        self.progress.learning_started_at = self.elapsed()
                     self.updates.start()  # then publishes the policies of the update before it
+                    self._note_learning_started()  # (after: the first dispatch compiles)
                     busy = True
                 elif self.updates.publish_if_done():
                     busy = True
@@ -165,7 +166,8 @@ class Run:
                 episodes = self.collection.feed(self.learner)
             if episodes is None:
                 break
-            self._note_learning_started()
+            if self.learner.updates:  # device mode: the chunk's call updated
+                self._note_learning_started()
             for episode in episodes:
                 self.progress.training_returns[episode.member].append(episode.episode_return)
             moved += 1
@@ -173,8 +175,25 @@ class Run:
         return moved > 0
 
     def _note_learning_started(self) -> None:
-        if self.progress.learning_started_at is None and self.learner.updates:
-            self.progress.learning_started_at = self.elapsed()
+        """The learning window opens once the run's first update has been dispatched: what is
+        left of compiling it (the dispatch waits for that) stays out of the window."""
+        if self.progress.window.start is None:
+            self.progress.window.start = reading = self._clock_reading()
+            if self.progress.learning_started_at is None:
+                self.progress.learning_started_at = reading.elapsed
+
+    @contextlib.contextmanager
+    def _learning_ends(self):
+        """The learning window closes as the loop ends, its last update done (however it
+        ends: a stop asked for mid-loop too)."""
+        try:
+            yield
+        finally:
+            self.progress.window.end = self._clock_reading()
+
+    def _clock_reading(self) -> progress_lib.ClockReading:
+        self.clock.lap()  # the timers: every second until now
+        return progress_lib.ClockReading(self.elapsed(), dict(self.timers), self.learner.updates)
 
     def _progress(self) -> None:
         """The progress line and the learner's metrics, every progress interval (of the update
@@ -210,6 +229,7 @@ class Run:
             "collect_mode": self.parts.collection_mode,
             # this process's seconds per phase, and those no phase covered
             "learner_seconds": progress_lib.time_breakdown(self.timers, self.progress.elapsed()),
+            "learning_window": self.progress.window.summary(),
             "workers": worker_stats,
         }
         self.log(progress_lib.format_breakdown(summary))

@@ -7,6 +7,7 @@ import dataclasses
 import math
 import time
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 
@@ -56,12 +57,15 @@ class RunProgress:
     last_checkpoint: tuple[float, int] = (0.0, 0)  # (elapsed, member env steps) at the last save
     # eval index -> the evaluation timer when its snapshot was taken (not saved: see below)
     evaluation_seconds_at: dict = dataclasses.field(default_factory=dict)
+    window: LearningWindow = None  # this process's learning window (not saved)
 
     def __post_init__(self):
         if self.latest_returns is None:
             self.latest_returns = np.full(self.size, np.nan)
         if self.training_returns is None:
             self.training_returns = [deque(maxlen=TRAINING_RETURNS_KEPT) for _ in range(self.size)]
+        if self.window is None:
+            self.window = LearningWindow()
 
     def elapsed(self) -> float:
         return self.elapsed_before + time.monotonic() - self.started
@@ -246,6 +250,40 @@ def time_breakdown(timers: dict, wall_time: float) -> dict:
     """Seconds per phase (`timers`), and `other`: the part of `wall_time` no phase covered
     (outside the loop: the run's setup and its summary)."""
     return timers | {"other": wall_time - sum(timers.values())}
+
+
+class ClockReading(NamedTuple):
+    """The run's clock at one moment: its wall time, its seconds per phase, updates per member."""
+
+    elapsed: float
+    timers: dict
+    updates: int
+
+
+@dataclasses.dataclass
+class LearningWindow:
+    """This process's learning window: from the run's first update dispatched, its compile
+    done (a resumed run's: from its loop's start) to the loop's end, its last update done;
+    the final evaluation, the stop's checkpoint and the workers' stop come after it. Not saved
+    in checkpoints."""
+
+    start: ClockReading | None = None
+    end: ClockReading | None = None
+
+    def summary(self) -> dict | None:
+        """Its ends, its seconds per phase (`TIMERS`; those of interval checkpoints and
+        evaluation rounds taken in it included) and the updates per member made in it; None
+        where no update ran in this process."""
+        start, end = self.start, self.end
+        if start is None or end is None:
+            return None
+        seconds = {name: end.timers[name] - start.timers.get(name, 0.0) for name in end.timers}
+        return {
+            "started_at": start.elapsed,
+            "ended_at": end.elapsed,
+            "seconds": seconds,
+            "updates_per_member": end.updates - start.updates,
+        }
 
 
 def run_summary(stopped_by: str, wall_time: float, learner, progress: RunProgress) -> dict:
