@@ -431,6 +431,8 @@ def learner_result(busy: float, ratio: float, bound: str) -> dict:
         (0.89, 0.90, "update", "**missed**"),  # busy below 90% of its window
         (0.93, 0.84, "update", "**missed**"),  # its rate below 85% of the benchmark's
         (0.60, 0.50, "rows", "**met**"),  # shown bound by its rows
+        # waiting for rows 30% of its window at 0.9x the benchmark's rate: not bound by them
+        (0.40, 0.90, "rows", "**missed**"),
     ],
 )
 def test_the_learner_target_is_busy_and_rate_or_bound_by_rows(

@@ -109,9 +109,10 @@ def pipeline_target(out_dir: Path, record: dict | None) -> tuple[str, str, str]:
         return name, "-", verdict(None, 0, why="no run at P=80 with 14 collectors")
     if "busy_fraction_of_window" not in learner:
         return name, "-", verdict(None, 0, why="a result without the learning window's fields")
-    busy, ratio, bound = (
-        learner[key] for key in ("busy_fraction_of_window", "rate_vs_benchmark", "bound_by")
-    )
+    from fastpop.bench.pipeline import bound_by
+
+    busy, ratio = learner["busy_fraction_of_window"], learner["rate_vs_benchmark"]
+    bound = bound_by(learner["waiting_for_rows_fraction"], ratio)  # today's rule on its figures
     bench = learner["benchmark"]
     shown = (
         f"busy {busy:.0%}; rate {ratio:.2f}x the row at K={bench['updates_per_call']}, batch "
