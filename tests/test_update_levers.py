@@ -10,6 +10,7 @@ import pytest
 from fastpop import population
 from fastpop.agents import make_agent
 from fastpop.bench import anatomy, levers
+from fastpop.bench.common import FLAT_RATIO
 from fastpop.population import UpdatePlan
 from tests.helpers import TINY_SPECS, random_buffers, sampler, stacked_hparams, tiny_update_bench
 
@@ -164,6 +165,10 @@ def test_the_update_benchmark_times_every_jax_implementation_and_lever_with_its_
     for name in impls:
         assert rows[name]["agent_updates_per_s"] > 0
         assert rows[name]["speedup_over_best_sequential"] > 0
+        # its rounds' agreement, as the PyTorch rows have it
+        rounds = rows[name]["seconds_per_call_rounds"]
+        assert rows[name]["rounds_ratio"] == pytest.approx(max(rounds) / min(rounds))
+        assert rows[name]["rounds_flat"] == (rows[name]["rounds_ratio"] <= FLAT_RATIO)
     for name in ("vectorized", "vectorized+draws-per-step+unroll-2"):
         row = rows[name]
         assert row["times_floor"] > 0 and row["kernels_per_update_step"] > 0

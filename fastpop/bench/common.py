@@ -123,6 +123,16 @@ def best_seconds(call: Callable[[], object], repeats: int) -> float:
     return best
 
 
+FLAT_RATIO = 1.15  # the slowest timed round over the fastest: at most this, or not flat
+
+
+def round_flatness(rounds: list[float]) -> dict:
+    """Whether a row's timed rounds (seconds per call, alternating with the other rows) agree:
+    the per-step time flat across rounds, the steady state the median stands for."""
+    ratio = max(rounds) / min(rounds)
+    return {"rounds_ratio": ratio, "rounds_flat": ratio <= FLAT_RATIO}
+
+
 def running_update(executor, states, replay, hparams) -> Callable[[object], None]:
     """An executor's update call as training makes it, on copies of a row's trees adopted
     once: `call(key)` runs one update call, carries its states on (a donated state is not

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import torch
 
+from fastpop.bench.common import round_flatness
 from fastpop.bench.torch_baseline import default_buffer_size, make_agents
 from fastpop.bench.torch_compiled import LEAN_AGENTS, KStepCall
 from fastpop.bench.torch_variants import StackedReplay, require_cpp_compiler
@@ -26,7 +27,6 @@ from fastpop.bench.torch_variants import StackedReplay, require_cpp_compiler
 # name -> TF32 matmuls, on a GPU (on a CPU both rows are float32: `matmul_precision`)
 TF32 = {"torch-leanrl": True, "torch-leanrl-fp32": False}
 WARMUP_CALLS = 3  # the first compiles (TD3: its actor step on the first call with K >= 2)
-FLAT_RATIO = 1.15  # the slowest round over the fastest: at most this, or the row says not flat
 
 
 def check_algorithm(algo: str) -> None:
@@ -184,13 +184,11 @@ def finished_row(prepared: Prepared, updates_per_call: int, flops: float) -> dic
     call, row, times = prepared
     seconds = statistics.median(times)
     rate = row["population"] * updates_per_call / seconds
-    ratio = max(times) / min(times)
     return row | {
         "agent_updates_per_s": rate,
         "seconds_per_call": seconds,
         "seconds_per_call_rounds": times,
-        "rounds_ratio": ratio,
-        "rounds_flat": ratio <= FLAT_RATIO,
+        **round_flatness(times),
         "compile_seconds": max(row["warmup_seconds"] - row["warmup_calls"] * seconds, 0.0),
         "gflops_per_s": rate * flops / 1e9,
         "finite": call.lean.finite(),

@@ -27,6 +27,7 @@ from fastpop.agents import Agent, make_agent
 from fastpop.bench import anatomy, floors, kernel_times, levers
 from fastpop.bench.common import (
     device_label,
+    round_flatness,
     running_update,
     two_panel_figure,
     write_json,
@@ -297,6 +298,7 @@ def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
         "population": size,
         "agent_updates_per_s": rate,
         **timing,
+        **round_flatness(timing["seconds_per_call_rounds"]),
         "gflops_per_s": rate * flops / 1e9,
         "flops_per_update": flops,
         "bytes_per_update": bytes_accessed,
