@@ -18,7 +18,17 @@ from tests.helpers import QUIET, train_here
 from tests.runs import FAST, TD3_PENDULUM
 from tests.source_scan import name_literals, names_outside
 
-BUILT_IN = {"independent", "pbt", "pb2", "halving", "branch_merge", "cemrl", "dvd", "schedule"}
+BUILT_IN = {
+    "independent",
+    "pbt",
+    "pb2",
+    "mfpbt",
+    "halving",
+    "branch_merge",
+    "cemrl",
+    "dvd",
+    "schedule",
+}
 # Where naming a strategy is allowed: the strategies' own package (each module, its entry, the
 # registry, their config checks), and the GPU benchmark, whose "pbt" is the name of one of its
 # measured phases (fastpop/bench/, its command line commands/bench_gpu.py), not a strategy.

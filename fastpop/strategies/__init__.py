@@ -3,6 +3,7 @@
     independent   members differ by seed and by config-given hparams (a grid or prior samples)
     pbt           population-based training: whole-state exploit, bounded explore
     pb2           PBT whose explore is a time-varying GP bandit (population-based bandits)
+    mfpbt         multiple-frequencies PBT: sub-populations evolving at their own frequencies
     halving       successive halving (asynchronous, ASHA's rule): stopped trials restart fresh
     branch_merge  every round all members restart from the promoted (best) member
     cemrl         CEM over actor parameters, half the samples trained against a shared critic

@@ -17,6 +17,7 @@ from fastpop.strategies import (
     dvd,
     halving,
     independent,
+    mfpbt,
     pb2,
     pbt,
     schedule,
@@ -36,5 +37,5 @@ register, unregister, get = _REGISTRY.register, _REGISTRY.unregister, _REGISTRY.
 find, entries, names_with = _REGISTRY.find, _REGISTRY.entries, _REGISTRY.names_with
 NAMES = _REGISTRY.names  # live: a config field's choices that follows `register`
 
-for _module in (independent, pbt, pb2, halving, branch_merge, cemrl, dvd, schedule):
+for _module in (independent, pbt, pb2, mfpbt, halving, branch_merge, cemrl, dvd, schedule):
     register(_module.ENTRY)
