@@ -70,16 +70,17 @@ def environment() -> dict:
     }
 
 
-def run_phase(phase: str, out_dir: Path, plan: dict, cap: float, command: str) -> bool:
-    """One phase in this process; whether it completed (its error is in its record if not)."""
+def run_phase(phase: str, out_dir: Path, plan: dict, cap: float, command: str, body=None) -> bool:
+    """One phase in this process; whether it completed (its error is in its record if not).
+    `body(out_dir, plan, record)` does its work: by default the benchmark phase of its name
+    (the learning phase's is bench/gpu_learning.py's, which the runner passes)."""
     record = PhaseRecord(out_dir, phase, plan, cap)
     record["command"] = command
+    bodies = {"update": update_phase, "device": device_phase, "pipeline": pipeline_phase}
     try:
         record["environment"] = environment()
         record.save()
-        {"update": update_phase, "device": device_phase, "pipeline": pipeline_phase}.get(
-            phase, pbt_phase
-        )(out_dir, plan, record)
+        (body or bodies.get(phase, pbt_phase))(out_dir, plan, record)
         record["complete"] = True
     except Exception as error:  # recorded; the next phase still runs
         record["error"] = f"{type(error).__name__}: {error}"

@@ -1,12 +1,16 @@
 """What `fastpop bench gpu` measures: each phase's plan (its sizes, rows and runs) and time cap
-for the full programme, `--short` (issue 47's targets in one 10-minute command) and `--smoke`
-(tiny sizes on a CPU, what the suite runs); bench/gpu_phases.py runs them."""
+for the full programme, `--short` (issue 47's targets in one 10-minute command), `--learning`
+(issue 59's fixed-time training runs in one remote call) and `--smoke` (tiny sizes on a CPU,
+what the suite runs, of either); bench/gpu_phases.py and bench/gpu_learning.py run them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-PHASES = ("update", "device", "pipeline", "pbt")
+# Every phase, in the order a programme runs those it has plans for (`PROGRAMMES`).
+PHASES = ("update", "device", "pipeline", "pbt", "learning")
+BENCHMARK_PHASES = PHASES[:4]  # the full, --short and --smoke programmes'
+MANIFEST = "bench_gpu.json"  # marks a directory `fastpop bench gpu` wrote
 TIGHT_DEFAULT = "default"  # jnp.matmul's default precision: TF32 on NVIDIA GPUs that have it
 
 # EvoRL's PBT-SAC iteration (its pbt_param_sac configs: workflow_steps_per_iter 1024, each step
@@ -119,6 +123,13 @@ _TINY_REPLAY = ["replay.capacity=2000", "replay.min_size=200", "collect.warmup_s
 _TINY_AGENT = ["agent.hidden_sizes=[32,32]", "agent.batch_size=32", "population.size=2"]
 _TINY_PBT = ["pbt.bottom_fraction=0.5", "pbt.top_fraction=0.5"]  # of 2 members: 1 each
 _TINY = [*_TINY_REPLAY, *_TINY_AGENT, *_TINY_PBT, "eval.interval=200", "eval.episodes=1"]
+_TINY_PENDULUM_DEVICE = [
+    *_TINY,
+    "env.id=gymnax/Pendulum-v1",
+    "collect.envs_per_member=1",
+    "collect.chunk_len=16",
+    "train.updates_per_call=8",
+]
 SMOKE_PLANS = {
     "update": {
         # One algorithm, one size: the phase's path, not its sweep (the suite runs it; each
@@ -144,7 +155,7 @@ SMOKE_PLANS = {
         "population": 2,
         "collectors": [1],
         "seconds": 0.3,
-        "train_seconds": 2.5,
+        "train_seconds": 4.0,  # room for updates after the first (its compile) on a busy CPU
         "train_collectors": 1,
         "warmup_steps": 256,
         "agent": {"hidden_sizes": [16, 16], "batch_size": 32},
@@ -154,17 +165,7 @@ SMOKE_PLANS = {
         "wall_fraction": 0.36,
         "runs": [
             ("td3_pbt_halfcheetah", [*_TINY, "env.id=Pendulum-v1", "collect.num_collectors=1"]),
-            (
-                "sac_pbt_brax_ant",
-                [
-                    *_TINY,
-                    "env.id=gymnax/Pendulum-v1",
-                    "collect.envs_per_member=1",
-                    "collect.chunk_len=16",
-                    "train.updates_per_call=8",
-                    "pbt.interval=400",
-                ],
-            ),
+            ("sac_pbt_brax_ant", [*_TINY_PENDULUM_DEVICE, "pbt.interval=400"]),
         ],
     },
 }
@@ -199,22 +200,134 @@ def call_seconds(phases, caps: dict) -> float:
     return INSTALL_SECONDS + phases_time + KILL_MARGIN_SECONDS
 
 
-# Each programme's plans and caps, by the flag that picks it (none: "full").
+# `--learning`: issue 59's learning programme, one remote call (LEARNING_CALL_SECONDS), its
+# runs in this order, each packed as soon as written (bench/gpu_learning.py). A run trains for
+# `wall_seconds` of wall time (compilation included), less where the phase's cap leaves less
+# than that and `reserve_seconds` (a run's build before its clock starts; its final evaluation,
+# stop checkpoint and plots after); below `min_wall_seconds` it is skipped, an `optional` one
+# without cutting the phase short. `time_marks`: the seconds its table reads returns at.
+WALL_BOUND = "train.total_env_steps=1000000000"  # per member: the wall time ends the run
+# The preset as it is (an evaluation every 250,000 env steps per member: FastTD3 made 5.12M
+# env steps in 336 s on an A100, so 4 members on an H100 / H200 at roughly 10k steps per member
+# per second, never measured, evaluate every ~25 s), ended by its wall time.
+_RECIPE_GPU = [WALL_BOUND]
+# sac_pbt_brax_ant at EvoRL's update ratio (replay.samples_per_insert = 256 / 2: one update of
+# batch 256 per 2 env steps) on 16 envs per member, as issue 58's run (H200: 212
+# updates/member/s, ~455 env steps/member/s while learning, an evaluation ~5 s): a warm-up of
+# 2 EvoRL iterations (EvoRL's own is 2048 steps) and a PBT round at every evaluation, every
+# 3 iterations, so that its 90 s hold 4 rounds (at ~29, 47, 66 and 84 s on the H200).
+_PBT_GPU = [
+    WALL_BOUND,
+    "eval.episodes=2",
+    "replay.samples_per_insert=128",
+    "collect.envs_per_member=16",
+    "collect.warmup_steps=4096",
+    "replay.min_size=4096",
+    "eval.interval=6144",
+    "pbt.interval=6144",
+]
+PBT_OFF = "strategy=independent"  # the same members and starting draws, nothing copied
+RECIPE_PRESET, PBT_PRESET = "td3_recipe_playground_humanoid_walk", "sac_pbt_brax_ant"
+
+
+def learning_runs(recipe: list, pbt: list, seconds: tuple, marks: tuple) -> list[dict]:
+    """The recipe, the PBT run and the same population with PBT off, with these overrides,
+    wall seconds (recipe's, PBT's) and time marks (recipe's, PBT's). The recipe runs its whole
+    time or not at all (issue 59 asks for 5 minutes); the PBT run needs 3/4 of its time (3
+    rounds); PBT off, optional, the PBT run's time."""
+    recipe_run = {"name": RECIPE_PRESET, "preset": RECIPE_PRESET, "kind": "recipe"}
+    pbt_run = {"preset": PBT_PRESET, "wall_seconds": seconds[1], "time_marks": marks[1]}
+    return [
+        recipe_run
+        | {"overrides": recipe, "wall_seconds": seconds[0], "min_wall_seconds": seconds[0]}
+        | {"time_marks": marks[0]},
+        pbt_run
+        | {"name": PBT_PRESET, "kind": "pbt", "overrides": pbt}
+        | {"min_wall_seconds": 0.75 * seconds[1]},
+        pbt_run
+        | {"name": f"{PBT_PRESET}_pbt_off", "kind": "pbt_off", "overrides": [*pbt, PBT_OFF]}
+        | {"min_wall_seconds": seconds[1], "optional": True},
+    ]
+
+
+LEARNING_PLANS = {
+    "learning": {
+        "runs": learning_runs(
+            _RECIPE_GPU, _PBT_GPU, (300.0, 90.0), ((60, 120, 180, 240, 300), (30, 60, 90))
+        ),
+        # issue 58's H200 PBT phase took 16 s besides its run's 97 s (the child's start, the
+        # build, the plot), and the run 7 s past its 90 s (final evaluation, stop checkpoint)
+        "reserve_seconds": 25.0,
+    }
+}
+# The smoke form: the recipe on Playground's CartpoleBalance (MJX, as the humanoid), the PBT
+# runs on gymnax's Pendulum-v1, each ended by its env steps (a busy CPU's compiles can take
+# longer than a short wall time) well inside its wall.
+_RECIPE_TINY = [
+    "env.id=playground/CartpoleBalance",
+    "env.episode_length=100",
+    "population.size=2",
+    "agent.hidden_sizes=[32,32]",
+    "agent.batch_size=64",
+    "replay.capacity=4000",
+    "replay.min_size=128",
+    "collect.warmup_steps=128",
+    "collect.envs_per_member=4",
+    "collect.chunk_len=8",
+    "train.updates_per_call=4",
+    "train.total_env_steps=640",
+    "eval.interval=256",
+    "eval.episodes=1",
+]
+_PBT_TINY = [*_TINY_PENDULUM_DEVICE, "pbt.interval=200", "train.total_env_steps=1600"]
+LEARNING_SMOKE_PLANS = {
+    "learning": {
+        "runs": learning_runs(_RECIPE_TINY, _PBT_TINY, (60.0, 60.0), ((5, 10, 20), (5, 10))),
+        "reserve_seconds": 10.0,
+    }
+}
+# One remote call: the phase's cap, its grace and SIGKILL wait, the packing, the install and
+# the kill margin (call_seconds) within LEARNING_CALL_SECONDS, 60 s inside the remote limit.
+LEARNING_CAPS = {"learning": 450.0}
+LEARNING_SMOKE_CAPS = {"learning": 240.0}
+LEARNING_CALL_SECONDS = 540.0
+
+# Each programme's plans and caps, by the flags that pick it (none: "full").
 PROGRAMMES = {
     "full": (FULL_PLANS, FULL_CAPS),
     "short": (SHORT_PLANS, SHORT_CAPS),
     "smoke": (SMOKE_PLANS, SMOKE_CAPS),
+    "learning": (LEARNING_PLANS, LEARNING_CAPS),
+    "learning_smoke": (LEARNING_SMOKE_PLANS, LEARNING_SMOKE_CAPS),
 }
 
 
+def training_runs(plans: dict) -> list[tuple[str, list[str]]]:
+    """(preset, overrides) of every training run in `plans`: the pbt phase's, the learning's."""
+    runs = list(plans.get("pbt", {}).get("runs", []))
+    return runs + [
+        (run["preset"], run["overrides"]) for run in plans.get("learning", {}).get("runs", [])
+    ]
+
+
 def with_run_overrides(plans: dict, overrides: list[str]) -> dict:
-    """`plans` with `overrides` (`--set` values) after each pbt-phase run's own, each run's
-    config loaded once to check them (a ConfigError names what was wrong)."""
+    """`plans` with `overrides` (`--set` values) after each training run's own (the pbt and
+    learning phases'), each run's config loaded once to check them (a ConfigError names what
+    was wrong)."""
     from fastpop.config import load_config
 
     if not overrides:
         return plans
-    runs = [(preset, [*own, *overrides]) for preset, own in plans["pbt"]["runs"]]
-    for preset, run_overrides in runs:
+    plans = dict(plans)
+    if "pbt" in plans:
+        runs = [(preset, [*own, *overrides]) for preset, own in plans["pbt"]["runs"]]
+        plans["pbt"] = {**plans["pbt"], "runs": runs}
+    if "learning" in plans:
+        runs = [
+            run | {"overrides": [*run["overrides"], *overrides]}
+            for run in plans["learning"]["runs"]
+        ]
+        plans["learning"] = {**plans["learning"], "runs": runs}
+    for preset, run_overrides in training_runs(plans):
         load_config(CONFIGS_DIR / f"{preset}.yaml", [*RUN_OVERRIDES, *run_overrides])
-    return {**plans, "pbt": {**plans["pbt"], "runs": runs}}
+    return plans

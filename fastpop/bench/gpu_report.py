@@ -299,6 +299,19 @@ def evaluation_pauses(run: dict) -> str:
     )
 
 
+def phase_table(manifest: dict) -> list[str]:
+    """Each phase's status, seconds, cap and files, as the manifest has them."""
+    lines = ["| phase | status | seconds | cap (s) | files |", "|---|---|---:|---:|---|"]
+    for phase, entry in manifest["phases"].items():
+        files = ", ".join(f"`{f}`" for f in entry.get("files", [])) or "-"
+        status = entry["status"] + (f": {entry['error']}" if "error" in entry else "")
+        lines.append(
+            f"| {phase} | {status} | {entry.get('seconds', 0):.0f} | {entry['cap_seconds']:.0f} | "
+            f"{files} |"
+        )
+    return lines
+
+
 def write_readme(out_dir: Path, manifest: dict) -> Path:
     """README.md from the manifest and the phases' records (rewritten after each phase)."""
     records = {phase: read_record(out_dir, phase) for phase in PHASES}
@@ -313,15 +326,7 @@ def write_readme(out_dir: Path, manifest: dict) -> Path:
         ]
     lines += [f"Last command: `{manifest.get('command', '')}`", "", "## Machine", ""]
     lines += environment_lines(records)
-    lines += ["", "## Phases", "", "| phase | status | seconds | cap (s) | files |"]
-    lines += ["|---|---|---:|---:|---|"]
-    for phase, entry in manifest["phases"].items():
-        files = ", ".join(f"`{f}`" for f in entry.get("files", [])) or "-"
-        status = entry["status"] + (f": {entry['error']}" if "error" in entry else "")
-        lines.append(
-            f"| {phase} | {status} | {entry.get('seconds', 0):.0f} | {entry['cap_seconds']:.0f} | "
-            f"{files} |"
-        )
+    lines += ["", "## Phases", "", *phase_table(manifest)]
     lines += ["", "## Targets (issue 58)", "", "| target | measured | verdict |", "|---|---|---|"]
     targets = judge_targets(out_dir, records)
     lines += [f"| {name} | {measured} | {judged} |" for name, measured, judged in targets]

@@ -9,6 +9,7 @@ children's records (and nvidia-smi).
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -19,11 +20,11 @@ import time
 from pathlib import Path
 
 from fastpop.bench.common import write_json
+from fastpop.bench.gpu_learning import learning_phase
+from fastpop.bench.gpu_learning_report import write_learning_readme
 from fastpop.bench.gpu_phases import read_record, run_phase
-from fastpop.bench.gpu_plans import grace_seconds
+from fastpop.bench.gpu_plans import MANIFEST, grace_seconds
 from fastpop.bench.gpu_report import write_readme
-
-MANIFEST = "bench_gpu.json"  # marks a directory `fastpop bench gpu` wrote
 
 
 class PhaseCapped(Exception):
@@ -45,12 +46,16 @@ def _stop_when_orphaned(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _child(phase: str, out_dir: str, plan: dict, cap: float, command: str) -> None:
+def _child(phase: str, out_dir: str, plan: dict, cap: float, command: str, pack) -> None:
     os.setpgrp()  # the phase's own collector processes go with it when the cap kills it
     signal.signal(signal.SIGTERM, _raise_capped)
     watch = threading.Thread(target=_stop_when_orphaned, args=(os.getppid(),), daemon=True)
     watch.start()
-    complete = run_phase(phase, Path(out_dir), plan, cap, command)
+    body = None
+    if phase == "learning":  # each run packed as soon as it is written
+        after_run = None if pack is None else functools.partial(pack_directory, Path(out_dir), pack)
+        body = functools.partial(learning_phase, after_run=after_run)
+    complete = run_phase(phase, Path(out_dir), plan, cap, command, body)
     raise SystemExit(0 if complete else 1)
 
 
@@ -84,17 +89,20 @@ def run_phases(
     pack: Path | None = None,
 ) -> dict:
     """Every phase in turn; the manifest (what each phase did), also written to the directory.
-    `programme`: which sizes the plans are ("full", "short" or "smoke"). `pack`: a tarball of
-    the directory (less run checkpoints) written after every phase, so that a remote command
-    cut at its limit still returns what finished."""
+    `programme`: which sizes the plans are (a key of gpu_plans.PROGRAMMES). `pack`: a tarball
+    of the directory (less run checkpoints) written after every phase (and the learning phase's
+    every run), so that a remote command cut at its limit still returns what finished."""
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out_dir)
-    manifest |= {"programme": programme, "smoke": programme == "smoke", "command": command}
+    smoke = programme.endswith("smoke")
+    manifest |= {"programme": programme, "smoke": smoke, "command": command}
     context = multiprocessing.get_context("spawn")
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the child, then exit
     try:
         for phase in phases:
-            run_one(out_dir, phase, plans[phase], caps[phase], command, manifest, context, log)
+            run_one(
+                out_dir, phase, (plans[phase], caps[phase], pack), command, manifest, context, log
+            )
             if pack is not None:
                 pack_directory(out_dir, pack)
                 log(f"bench gpu: packed {out_dir} into {pack}")
@@ -124,15 +132,17 @@ def phase_status(complete: bool, capped: bool, exit_code: int | None) -> str:
     return "capped" if capped else "failed"
 
 
-def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
-    """One phase in a child process under its cap; the manifest and README.md updated."""
+def run_one(out_dir, phase, planned, command, manifest, context, log) -> None:
+    """One phase in a child process under its cap (`planned`: its plan, cap and the tarball
+    its learning runs are packed into, or None); the manifest and README.md updated."""
+    plan, cap, pack = planned
     log(f"bench gpu: phase {phase} (cap {cap:.0f} s)")
     entry = {"cap_seconds": cap, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     manifest["phases"][phase] = entry | {"status": "running"}
     write_json(manifest, out_dir / MANIFEST)
     (out_dir / f"phase_{phase}.json").unlink(missing_ok=True)  # an earlier run's, if any
     start = time.perf_counter()
-    args = (phase, str(out_dir), plan, cap, command)
+    args = (phase, str(out_dir), plan, cap, command, pack)
     process = context.Process(target=_child, args=args, name=f"bench-gpu-{phase}")
     process.start()
     grace = grace_seconds(cap)  # a run's stop checkpoint
@@ -155,6 +165,7 @@ def run_one(out_dir, phase, plan, cap, command, manifest, context, log) -> None:
         entry["error"] = record.get("error", f"the phase's process exited {process.exitcode}")
     manifest["phases"][phase] = entry
     write_json(manifest, out_dir / MANIFEST)
-    write_readme(out_dir, manifest)
+    learning = manifest["programme"].startswith("learning")
+    (write_learning_readme if learning else write_readme)(out_dir, manifest)
     past = " (its process was still exiting at the cap)" if entry.get("past_cap") else ""
     log(f"bench gpu: phase {phase} {status} in {entry['seconds']:.0f} s{past}")

@@ -11,7 +11,7 @@ from fastpop.commands.args import comma_list, fail
 
 # Kept in step with bench/gpu_plans.py's PHASES (tests/test_bench_gpu.py checks), so that
 # building the parser imports no benchmark.
-PHASES = ("update", "device", "pipeline", "pbt")
+PHASES = ("update", "device", "pipeline", "pbt", "learning")
 
 
 def positive_seconds(text: str) -> float:
@@ -27,7 +27,8 @@ def positive_seconds(text: str) -> float:
 def add_gpu_parser(benchmarks) -> None:
     gpu = benchmarks.add_parser(
         "gpu",
-        help="the whole GPU programme in phases: update, device, pipeline, pbt",
+        help="the whole GPU programme in phases: update, device, pipeline, pbt; --learning: "
+        "issue 59's learning runs",
         description="Runs the GPU measurements in phases, each in a process of its own killed "
         "at its time cap, each writing its JSON / PNG into --out as soon as it ends: update "
         "(TD3 / SAC at P up to 256, DQN up to 64; vectorized, sequential, PyTorch; matmul at "
@@ -35,14 +36,19 @@ def add_gpu_parser(benchmarks) -> None:
         "at P up to 256, E 1..16), pipeline (1-14 collectors on HalfCheetah-v5, 80-member "
         "TD3's learner utilisation), pbt (td3_pbt_halfcheetah and sac_pbt_brax_ant for a fixed "
         "wall time). DIR/README.md sums up the machine, the phases and the targets met or "
-        "missed. Default caps: update 450 s, device 510 s, pipeline 220 s, pbt 320 s.",
+        "missed. Default caps: update 450 s, device 510 s, pipeline 220 s, pbt 320 s. "
+        "--learning runs the learning phase instead: the TD3 recipe on Playground's "
+        "HumanoidWalk for 300 s, 256-member SAC PBT on brax/ant for 90 s (and, where the cap "
+        "leaves time, the same population with PBT off), each packed as soon as written, with "
+        "their tables beside FastTD3's and EvoRL's published figures (cap 450 s).",
     )
     gpu.add_argument("--out", type=Path, required=True, help="the results directory")
     gpu.add_argument(
         "--phases",
         type=comma_list(str, "phase", PHASES),
-        default=list(PHASES),
-        help=f"phases to run, comma-separated from {','.join(PHASES)} (default all)",
+        default=None,
+        help=f"phases to run, comma-separated from {','.join(PHASES)} (default: all of the "
+        "programme's: update, device, pipeline, pbt; with --learning, learning)",
     )
     gpu.add_argument(
         "--budget-seconds",
@@ -57,8 +63,8 @@ def add_gpu_parser(benchmarks) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override one config value of every training run of the pbt phase (repeatable), "
-        "e.g. agent.compute_dtype=bfloat16",
+        help="override one config value of every training run of the pbt and learning phases "
+        "(repeatable), e.g. agent.compute_dtype=bfloat16",
     )
     gpu.add_argument(
         "--pack",
@@ -81,8 +87,14 @@ def add_gpu_parser(benchmarks) -> None:
     programme.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny sizes and cheap envs (gymnax / classic control): the same phases on a CPU "
-        "in about a minute",
+        help="tiny sizes and cheap envs (gymnax / classic control / Playground's "
+        "CartpoleBalance): the same phases on a CPU in about a minute",
+    )
+    gpu.add_argument(
+        "--learning",
+        action="store_true",
+        help="issue 59's learning programme in one remote call of at most 540 s (with --smoke, "
+        "its smoke form; not with --short)",
     )
 
 
@@ -106,19 +118,24 @@ def check_out_dir(out: Path, manifest_name: str) -> str | None:
 
 def gpu_command(args: argparse.Namespace) -> str:
     """The `fastpop bench gpu` command these arguments stand for."""
-    words = ["fastpop", "bench", "gpu", "--out", str(args.out), "--phases", ",".join(args.phases)]
+    words = ["fastpop", "bench", "gpu", "--out", str(args.out)]
+    if args.phases is not None:
+        words += ["--phases", ",".join(args.phases)]
     if args.budget_seconds is not None:
         words += ["--budget-seconds", f"{args.budget_seconds:g}"]
     for override in args.overrides:
         words += ["--set", override]
     if args.pack is not None:
         words += ["--pack", str(args.pack)]
-    programme = programme_name(args)
-    return shlex.join(words + ([f"--{programme}"] if programme != "full" else []))
+    flags = [name for name in ("short", "learning", "smoke") if getattr(args, name)]
+    return shlex.join(words + [f"--{flag}" for flag in flags])
 
 
 def programme_name(args: argparse.Namespace) -> str:
-    """The sizes and caps the flags pick: "full", "short" or "smoke"."""
+    """The sizes and caps the flags pick (a key of gpu_plans.PROGRAMMES): "full", "short",
+    "smoke", "learning" or "learning_smoke"."""
+    if args.learning:
+        return "learning_smoke" if args.smoke else "learning"
     return "smoke" if args.smoke else "short" if args.short else "full"
 
 
@@ -128,10 +145,18 @@ def run_gpu(args: argparse.Namespace) -> int:
     from fastpop.bench.gpu_runner import MANIFEST, run_phases
     from fastpop.config import ConfigError
 
+    if args.learning and args.short:
+        return fail("argument --learning: not allowed with argument --short")
     if problem := check_out_dir(args.out, MANIFEST):
         return fail(problem)
-    phases = [phase for phase in gpu_plans.PHASES if phase in args.phases]
     plans, caps = gpu_plans.PROGRAMMES[programme_name(args)]
+    chosen = list(plans) if args.phases is None else args.phases
+    if outside := [phase for phase in chosen if phase not in plans]:
+        return fail(
+            f"--phases {','.join(outside)}: not in this programme, whose phases are "
+            f"{', '.join(plans)}"
+        )
+    phases = [phase for phase in gpu_plans.PHASES if phase in chosen]
     try:  # checked before any phase runs: a bad override leaves nothing behind
         plans = gpu_plans.with_run_overrides(plans, args.overrides)
     except ConfigError as error:
