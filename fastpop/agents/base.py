@@ -27,7 +27,9 @@ class Agent(NamedTuple):
     """Pure functions of one member.
 
     init(key, hparams) -> state
-    act(policy_params, obs, key, hparams, explore, env_steps) -> actions for a batch of obs
+    act(policy_params, obs, key, hparams, explore, env_steps, episode_draws=None) -> actions
+    for a batch of obs; `episode_draws` (batch,): each obs's env lane's uniform draw in [0, 1),
+    made anew at the start of each of its episodes, where `episode_draws` (the field) is set
     update(state, batch, hparams, key) -> (state, metrics dict of scalars)
     policy_params(state) -> what collectors need to act (published to them)
     default_hparams() -> HParams of scalar arrays with the paper's defaults
@@ -50,6 +52,9 @@ class Agent(NamedTuple):
     # recombines them: shared-critic strategies, per-piece FLOP counts in the benchmark.
     parts: Any = None
     n_step: int = 1  # env steps a sampled transition spans (the replay's `Sampler` reads it)
+    # Its exploring `act` reads each env lane's episode draw (TD3's per-episode noise std): the
+    # acting code (device lanes, collectors) keeps one per lane, drawn at each episode start.
+    episode_draws: bool = False
 
 
 def no_draws(key: PRNGKey) -> None:
@@ -90,6 +95,18 @@ def adam_step(
     direction, opt_state = optimizer.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, d: p - learning_rate * d, params, direction)
     return params, opt_state
+
+
+def network_optimizer(weight_decay: float) -> optax.GradientTransformation:
+    """The moment-only optimizer of `adam_step` for a member's networks: Adam's direction, and
+    with a weight decay AdamW's (Loshchilov & Hutter, 2019): direction + weight_decay * params,
+    which `adam_step` scales by the learning rate, as `optax.adamw` does (and PyTorch's AdamW,
+    FastTD3's: params * (1 - lr * weight_decay) - lr * Adam's direction). Plain Adam's state
+    without one, as before the option."""
+    adam = optax.scale_by_adam()
+    if weight_decay == 0.0:
+        return adam
+    return optax.chain(adam, optax.add_decayed_weights(weight_decay))
 
 
 def polyak(target: PyTree, online: PyTree, tau: jax.Array) -> PyTree:
@@ -136,6 +153,17 @@ class ActorCriticConfig:
     layer_norm: bool = False
     """LayerNorm after each hidden layer of the critics; the actor has none. fastpop's own
     option, which its recipe configs add to FastTD3's: FastTD3's critic has no LayerNorm."""
+    network: str = "mlp"
+    """The actor's and critics' hidden layers: mlp, Dense + ReLU layers of `hidden_sizes`;
+    residual, SimBa's (Lee et al., 2024, as v1: no SimbaV2 hyperspherical normalization): a
+    linear layer, one pre-LayerNorm residual block per hidden size (x + Dense(h)(relu(Dense(4h)(
+    LayerNorm(x))))), a final LayerNorm, then the output layer. Residual `hidden_sizes` must be
+    equal (the blocks' width); `layer_norm` adds nothing to them. Its policies act through
+    JAX, not the collectors' numpy MLP."""
+    weight_decay: float = 0.0
+    """AdamW's decoupled weight decay of the actor's and critics' parameters (FastTD3: 0.1):
+    each step also takes learning_rate * weight_decay * params off them; 0: Adam. SAC's
+    temperature has none."""
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -18,6 +18,9 @@ from fastpop.agents.base import ActorCriticConfig
 from fastpop.agents.networks import TwinCritic
 
 CRITICS = ("scalar", "distributional")
+# What a deterministic actor maximizes of a twin critic (`TD3Config.actor_q`): the first
+# critic's Q (TD3) or the smaller of the two (FastTD3; a distributional critic's: of the means).
+ACTOR_QS = ("first", "min")
 
 
 class Critic(NamedTuple):
@@ -42,16 +45,21 @@ def make_critic(config: ActorCriticConfig) -> Critic:
             f"agent.critic: must be one of {', '.join(CRITICS)}, got {config.critic!r}"
         )
     if config.critic == "scalar":
-        return Critic(
-            TwinCritic(config.hidden_sizes, config.compute_dtype, config.layer_norm), None
+        network = TwinCritic(
+            config.hidden_sizes, config.compute_dtype, config.layer_norm, network=config.network
         )
+        return Critic(network, None)
     if config.num_atoms < 2 or not config.v_min < config.v_max:
         raise ValueError(
             f"a distributional critic needs agent.num_atoms >= 2 and agent.v_min < agent.v_max, "
             f"got {config.num_atoms}, {config.v_min} and {config.v_max}"
         )
     network = TwinCritic(
-        config.hidden_sizes, config.compute_dtype, config.layer_norm, config.num_atoms
+        config.hidden_sizes,
+        config.compute_dtype,
+        config.layer_norm,
+        config.num_atoms,
+        config.network,
     )
     support = np.linspace(config.v_min, config.v_max, config.num_atoms, dtype=np.float32)
     return Critic(network, support)

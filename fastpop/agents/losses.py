@@ -108,6 +108,13 @@ def td3_actor_loss(q_values: chex.Array) -> chex.Array:
     return -q_values[0]
 
 
+def td3_min_actor_loss(q_values: chex.Array) -> chex.Array:
+    """-min(Q1, Q2)(obs, actor(obs)): FastTD3's actor, on the clipped double Q its critics'
+    targets use (a distributional critic's q_values: each critic's mean)."""
+    chex.assert_shape(q_values, (2,))
+    return -jnp.min(q_values)
+
+
 def sac_critic_loss(
     q_values: chex.Array,
     reward: chex.Array,

@@ -1,4 +1,5 @@
-"""Flax networks for one member: MLP and Nature-CNN torsos, actor and critic heads.
+"""Flax networks for one member: MLP, residual (SimBa) and Nature-CNN torsos, actor and critic
+heads.
 
 Every module maps a batch of observations (B, *obs_shape) to a batch of outputs; the
 population axis is added by vmap over parameters, never here.
@@ -7,6 +8,7 @@ population axis is added by vmap over parameters, never here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import flax.linen as nn
 import jax
@@ -42,6 +44,65 @@ class MLP(nn.Module):
                     x = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
                 x = nn.relu(x)
         return x.astype(jnp.float32)
+
+
+NETWORKS = ("mlp", "residual")
+
+
+def check_residual_widths(widths: Sequence[int]) -> None:
+    """A residual torso adds every block's output to its input: its widths must be equal."""
+    if not widths or len(set(widths)) != 1:
+        raise ValueError(
+            "agent.network residual: agent.hidden_sizes are the widths of its residual blocks, "
+            f"which must all be equal (e.g. [256, 256]: two blocks of 256), got {list(widths)}"
+        )
+
+
+class ResidualMLP(nn.Module):
+    """SimBa's residual torso (Lee et al., 2024; v1, without SimbaV2's hyperspherical
+    normalization): a linear layer to the blocks' width h, then one pre-LayerNorm residual block
+    per hidden size, x + Dense(h)(relu(Dense(4h)(LayerNorm(x)))), and a final LayerNorm; then,
+    unless `activate_final`, a linear output layer. `MLP`'s interface: `layer_sizes` are the
+    hidden widths (all equal) followed, unless `activate_final`, by the output's; the final
+    LayerNorm's output is the features an `activate_final` torso hands to its heads."""
+
+    layer_sizes: Sequence[int]
+    activate_final: bool = False
+    dtype: str = "float32"
+    expansion: int = 4
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        hidden = tuple(self.layer_sizes if self.activate_final else self.layer_sizes[:-1])
+        check_residual_widths(hidden)
+        dense = partial(nn.Dense, dtype=self.dtype, param_dtype=jnp.float32)
+        norm = partial(nn.LayerNorm, dtype=self.dtype, param_dtype=jnp.float32)
+        width = hidden[0]
+        x = dense(width)(x)
+        for _ in hidden:
+            inner = nn.relu(dense(self.expansion * width)(norm()(x)))
+            x = x + dense(width)(inner)
+        x = norm()(x)
+        if not self.activate_final:
+            x = dense(self.layer_sizes[-1])(x)
+        return x.astype(jnp.float32)
+
+
+def hidden_layers(
+    network: str,
+    layer_sizes: Sequence[int],
+    activate_final: bool = False,
+    layer_norm: bool = False,
+    dtype: str = "float32",
+) -> nn.Module:
+    """The `agent.network` of these layer sizes: an `MLP`, or a `ResidualMLP`, whose blocks are
+    LayerNormed already (`layer_norm` adds nothing to it). Made inside a module's call, it is
+    that module's submodule (MLP_0, ResidualMLP_0, ...)."""
+    if network not in NETWORKS:
+        raise ValueError(f"agent.network: must be one of {', '.join(NETWORKS)}, got {network!r}")
+    if network == "residual":
+        return ResidualMLP(layer_sizes, activate_final, dtype)
+    return MLP(layer_sizes, activate_final, layer_norm, dtype)
 
 
 class NatureCNN(nn.Module):
@@ -87,10 +148,14 @@ class DeterministicActor(nn.Module):
     action_low: float
     action_high: float
     dtype: str = "float32"
+    network: str = "mlp"  # one of NETWORKS
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = MLP((*self.hidden_sizes, self.action_dim), dtype=self.dtype)(as_float_observation(obs))
+        layers = hidden_layers(
+            self.network, (*self.hidden_sizes, self.action_dim), dtype=self.dtype
+        )
+        x = layers(as_float_observation(obs))
         half_range = (self.action_high - self.action_low) / 2.0
         return jnp.tanh(x) * half_range + (self.action_high + self.action_low) / 2.0
 
@@ -103,10 +168,14 @@ class GaussianActor(nn.Module):
     log_std_min: float = -20.0
     log_std_max: float = 2.0
     dtype: str = "float32"
+    network: str = "mlp"  # one of NETWORKS
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x = MLP(self.hidden_sizes, activate_final=True, dtype=self.dtype)(as_float_observation(obs))
+        layers = hidden_layers(
+            self.network, self.hidden_sizes, activate_final=True, dtype=self.dtype
+        )
+        x = layers(as_float_observation(obs))
         head = lambda: nn.Dense(self.action_dim, dtype=self.dtype, param_dtype=jnp.float32)
         mean = head()(x).astype(jnp.float32)
         log_std = head()(x).astype(jnp.float32)
@@ -117,20 +186,21 @@ class TwinCritic(nn.Module):
     """Two independent Q(s, a) networks; returns both values, shape (B, 2), or with `num_atoms`
     both critics' logits over that many returns, shape (B, 2, num_atoms) (a distributional
     critic: `agents/critics.py`). `layer_norm`: LayerNorm after each hidden layer (fastpop's
-    option: FastTD3's critic has none). (As one vmapped 2-member ensemble they ran no faster on
-    an H100: results/gpu/README.md.)"""
+    option: FastTD3's critic has none). `network`: MLPs or residual ones (`hidden_layers`).
+    (As one vmapped 2-member ensemble they ran no faster on an H100: results/gpu/README.md.)"""
 
     hidden_sizes: Sequence[int]
     dtype: str = "float32"
     layer_norm: bool = False
     num_atoms: int | None = None
+    network: str = "mlp"  # one of NETWORKS
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([as_float_observation(obs), action], axis=-1)
         sizes = (*self.hidden_sizes, self.num_atoms or 1)
-        q1 = MLP(sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
-        q2 = MLP(sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
+        q1 = hidden_layers(self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
+        q2 = hidden_layers(self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
         if self.num_atoms is None:
             return jnp.concatenate([q1, q2], axis=-1)
         return jnp.stack([q1, q2], axis=-2)

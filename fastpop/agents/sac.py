@@ -1,4 +1,17 @@
-"""SAC (Haarnoja et al., 2018) for one member, with a learned entropy temperature."""
+"""SAC (Haarnoja et al., 2018) for one member, with a learned entropy temperature.
+
+With n-step returns (`agent.n_step` > 1) the critics' target is the window's discounted reward
+sum and the discounted soft value of its bootstrap state, min Q'(s_n, a') - alpha * log
+pi(a'|s_n): the entropy terms of the window's intermediate states, -gamma**k * alpha * log
+pi(a_k|s_k) for 0 < k < n, are not counted, as FastSAC's n-step targets do not count them
+(Seo et al., 2025). Deliberately: the a_k are the stored actions of the policy that collected
+the window, whose log-densities under the current policy are not its entropy (the n-step return
+is an uncorrected off-policy one already), and counting them would gather each window's
+intermediate observations and actions (the sampler gathers its rewards only) and apply the
+actor n - 1 more times per transition. The soft value then counts entropy from the bootstrap
+state on: the first n - 1 steps are valued by their rewards alone, without a soft return's
+alpha * gamma**k * entropy of pi(.|s_k), a difference the learned temperature shrinks.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +34,7 @@ from fastpop.agents.base import (
     hparams_from_values,
     init_actor_critic,
     keyed_update,
+    network_optimizer,
     polyak,
 )
 from fastpop.agents.critics import Critic, make_critic
@@ -33,6 +47,10 @@ from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 class SACConfig(ActorCriticConfig):
     """Static shape of a SAC member (hidden sizes, batch size, critic kind); equal across a
     population."""
+
+
+# The temperature's optimizer: Adam, never weight-decayed (agent.weight_decay is the networks').
+TEMPERATURE_OPTIMIZER = optax.scale_by_adam()
 
 
 class SACHParams(NamedTuple):
@@ -88,7 +106,8 @@ class SACParts(NamedTuple):
     critic_step(state, batch, hparams, noise) -> (state, metrics).
     actor_and_temperature_step(state, obs, hparams, noise) -> (state, metrics).
     Each `noise`: standard normal of the batch's action shape.
-    optimizer: the moment-only optimizer of `adam_step`.
+    optimizer: the moment-only optimizer of `adam_step` for the networks (`network_optimizer`;
+    the temperature's is `TEMPERATURE_OPTIMIZER`).
     """
 
     sample_action: Callable
@@ -192,7 +211,7 @@ def make_sac_parts(
             state.log_alpha, log_prob, hparams.target_entropy
         )
         log_alpha, alpha_opt = adam_step(
-            state.log_alpha, grad, state.alpha_opt, optimizer, hparams.alpha_lr
+            state.log_alpha, grad, state.alpha_opt, TEMPERATURE_OPTIMIZER, hparams.alpha_lr
         )
         state = state._replace(
             actor=actor, actor_opt=actor_opt, log_alpha=log_alpha, alpha_opt=alpha_opt
@@ -210,28 +229,32 @@ def make_sac_parts(
     )
 
 
+def default_hparams(spec: EnvSpec) -> SACHParams:
+    """The paper's values; the target entropy -|A|."""
+    return hparams_from_values(
+        SACHParams,
+        frozenset(),
+        actor_lr=3e-4,
+        critic_lr=3e-4,
+        alpha_lr=3e-4,
+        discount=0.99,
+        tau=0.005,
+        reward_scale=1.0,
+        target_entropy=-float(spec.action_dim),
+    )
+
+
 def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     if spec.discrete:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
-    actor_net = GaussianActor(spec.action_dim, config.hidden_sizes, dtype=config.compute_dtype)
+    actor_net = GaussianActor(
+        spec.action_dim, config.hidden_sizes, dtype=config.compute_dtype, network=config.network
+    )
     critic = make_critic(config)
-    optimizer = optax.scale_by_adam()
+    optimizer = network_optimizer(config.weight_decay)
     parts = make_sac_parts(spec, actor_net, critic, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
-
-    def default_hparams() -> SACHParams:
-        return hparams_from_values(
-            SACHParams,
-            frozenset(),
-            actor_lr=3e-4,
-            critic_lr=3e-4,
-            alpha_lr=3e-4,
-            discount=0.99,
-            tau=0.005,
-            reward_scale=1.0,
-            target_entropy=-float(spec.action_dim),
-        )
 
     def init(key: PRNGKey, hparams: SACHParams) -> SACState:
         del hparams
@@ -244,7 +267,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
             log_alpha=log_alpha,
             actor_opt=optimizer.init(actor),
             critic_opt=optimizer.init(critic_params),
-            alpha_opt=optimizer.init(log_alpha),
+            alpha_opt=TEMPERATURE_OPTIMIZER.init(log_alpha),
             step=jnp.zeros((), jnp.int32),
         )
 
@@ -284,7 +307,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         draw=draw,
         update_drawn=update_drawn,
         policy_params=lambda state: state.actor,
-        default_hparams=default_hparams,
+        default_hparams=lambda: default_hparams(spec),
         batch_size=config.batch_size,
         n_step=config.n_step,
         parts=parts,

@@ -21,10 +21,11 @@ from fastpop.agents.base import (
     hparams_from_values,
     init_actor_critic,
     keyed_update,
+    network_optimizer,
     polyak,
     select_tree,
 )
-from fastpop.agents.critics import Critic, make_critic
+from fastpop.agents.critics import ACTOR_QS, Critic, make_critic
 from fastpop.agents.networks import DeterministicActor
 from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
@@ -33,7 +34,23 @@ from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
 @dataclasses.dataclass(frozen=True)
 class TD3Config(ActorCriticConfig):
     """Static shape of a TD3 member (hidden sizes, batch size, critic kind); equal across a
-    population."""
+    population. The last four fields are FastTD3's (Seo et al., 2025) choices, each off by
+    default: TD3's own."""
+
+    target_actor: bool = True
+    """The critics' target actions come from a target actor, Polyak-averaged on the actor steps
+    (TD3); false: from the online actor, and the state holds no target actor (FastTD3)."""
+    target_critic_every_step: bool = False
+    """Polyak-average the target critics after every critic step (FastTD3); false: on the
+    delayed actor steps only, with the target actor (TD3)."""
+    actor_q: str = "first"
+    """What the actor's loss maximizes: first, Q1 (TD3); min, min(Q1, Q2) (FastTD3; of a
+    distributional critic, the smaller of the two critics' means)."""
+    exploration_std_min: float | None = None
+    """Per-episode exploration noise (FastTD3's std_min / std_max): each env lane's noise std
+    is drawn uniformly between this and the member's exploration_noise (FastTD3's std_max) at
+    the start of each of its episodes, and held for the episode; null: every lane's std is
+    exploration_noise (TD3). In units of the action half-range, as exploration_noise."""
 
 
 class TD3HParams(NamedTuple):
@@ -64,7 +81,7 @@ TD3_DEFAULTS = {
 class TD3State(NamedTuple):
     actor: PyTree
     critic: PyTree
-    target_actor: PyTree
+    target_actor: PyTree | None  # None with agent.target_actor false: the online actor serves
     target_critic: PyTree
     actor_opt: optax.OptState
     critic_opt: optax.OptState
@@ -75,16 +92,19 @@ class TD3State(NamedTuple):
 class TD3Parts(NamedTuple):
     """The two halves of a TD3 update, for strategies that recombine them (CEM-RL, DvD).
 
-    critic_step(state, batch, hparams, noise) -> (state, metrics)
+    critic_step(state, batch, hparams, noise) -> (state, metrics); with
+    target_critic_every_step the target critics follow the critics here.
     actor_step(state, obs, hparams, due) -> (state, actor_loss): actor step and Polyak
-    targets where `due`, the state unchanged elsewhere.
+    targets (the target actor, if any; the target critics, unless they follow every critic
+    step) where `due`, the state unchanged elsewhere.
     critic_loss(critic, state, batch, hparams, noise) -> (loss, mean q): the targets come from
-    state.target_actor and state.target_critic, smoothed by `noise`, standard normal of the
-    batch's action shape (`jax.random.normal(key, batch.action.shape)`); squared errors of a
-    scalar critic, cross-entropies of a distributional one.
-    actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)) (a distributional Q1: its mean).
+    state.target_actor (state.actor without one) and state.target_critic, smoothed by `noise`,
+    standard normal of the batch's action shape (`jax.random.normal(key, batch.action.shape)`);
+    squared errors of a scalar critic, cross-entropies of a distributional one.
+    actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)), or with actor_q min -mean
+    min(Q1, Q2) (a distributional critic's Q: its mean).
     actor_apply(actor, obs) -> deterministic actions.
-    optimizer: the moment-only optimizer of `adam_step`.
+    optimizer: the moment-only optimizer of `adam_step` (`network_optimizer`).
     """
 
     critic_step: Callable
@@ -123,18 +143,23 @@ def make_td3_parts(
     actor_net: DeterministicActor,
     critic: Critic,
     optimizer: optax.GradientTransformation,
+    config: TD3Config = TD3Config(),
 ) -> TD3Parts:
-    """The critic and actor halves of a TD3 update: network applies here, arithmetic in losses."""
+    """The critic and actor halves of a TD3 update: network applies here, arithmetic in losses;
+    `config`'s FastTD3 choices (target_actor, target_critic_every_step, actor_q) decide which."""
     # The action bounds are static floats, closed over rather than traced.
     bounded = partial(
         losses.td3_target_action, action_low=spec.action_low, action_high=spec.action_high
     )
     smoothed_action = jax.vmap(bounded, in_axes=(0, 0, None, None))
     critic_net, batch_loss = critic.network, critic_batch_loss(critic)
+    example_actor_loss = {"first": losses.td3_actor_loss, "min": losses.td3_min_actor_loss}
+    per_example_actor_loss = jax.vmap(example_actor_loss[config.actor_q])
 
     def critic_loss(critic_params, state: TD3State, batch: Transition, hparams: TD3HParams, noise):
+        next_actor = state.target_actor if config.target_actor else state.actor
         next_action = smoothed_action(
-            actor_net.apply(state.target_actor, batch.next_obs),
+            actor_net.apply(next_actor, batch.next_obs),
             noise,
             hparams.policy_noise,
             hparams.noise_clip,
@@ -146,19 +171,19 @@ def make_td3_parts(
 
     def actor_loss(actor, critic_params, obs):
         q = critic.q_values(critic_net.apply(critic_params, obs, actor_net.apply(actor, obs)))
-        return jnp.mean(jax.vmap(losses.td3_actor_loss)(q))
+        return jnp.mean(per_example_actor_loss(q))
 
     def actor_and_targets_step(state: TD3State, obs, hparams: TD3HParams, due):
         loss, grads = jax.value_and_grad(actor_loss)(state.actor, state.critic, obs)
         actor, actor_opt = adam_step(
             state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
         )
-        stepped = state._replace(
-            actor=actor,
-            actor_opt=actor_opt,
-            target_actor=polyak(state.target_actor, actor, hparams.tau),
-            target_critic=polyak(state.target_critic, state.critic, hparams.tau),
-        )
+        stepped = state._replace(actor=actor, actor_opt=actor_opt)
+        if config.target_actor:
+            stepped = stepped._replace(target_actor=polyak(state.target_actor, actor, hparams.tau))
+        if not config.target_critic_every_step:
+            target_critic = polyak(state.target_critic, state.critic, hparams.tau)
+            stepped = stepped._replace(target_critic=target_critic)
         # Inside a population some members may not be due this step: they keep their state.
         return select_tree(due, stepped, state), jnp.where(due, loss, jnp.nan)
 
@@ -172,6 +197,8 @@ def make_td3_parts(
             state.critic, grads, state.critic_opt, optimizer, hparams.critic_lr
         )
         state = state._replace(critic=critic, critic_opt=critic_opt, step=state.step + 1)
+        if config.target_critic_every_step:
+            state = state._replace(target_critic=polyak(state.target_critic, critic, hparams.tau))
         return state, {"critic_loss": loss, "q_mean": q_mean}
 
     return TD3Parts(
@@ -179,20 +206,37 @@ def make_td3_parts(
     )
 
 
+def per_episode_std(std_min: float, std_max: jax.Array, episode_draws) -> jax.Array:
+    """Each lane's exploration std, (N, 1), from its episode's uniform draw (N,) in [0, 1):
+    uniform between std_min and std_max (`TD3Config.exploration_std_min`)."""
+    if episode_draws is None:
+        raise ValueError(
+            "agent.exploration_std_min: an exploring act needs each lane's episode draws "
+            "(act(..., episode_draws=...)), which the acting code keeps per env lane"
+        )
+    return std_min + episode_draws[:, None] * (std_max - std_min)
+
+
 def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
     if spec.discrete:
         raise ValueError("TD3 needs a continuous action space; use DQN for discrete actions")
+    if config.actor_q not in ACTOR_QS:
+        raise ValueError(
+            f"agent.actor_q: must be one of {', '.join(ACTOR_QS)}, got {config.actor_q!r}"
+        )
     actor_net = DeterministicActor(
         spec.action_dim,
         config.hidden_sizes,
         spec.action_low,
         spec.action_high,
         config.compute_dtype,
+        config.network,
     )
     critic = make_critic(config)
-    optimizer = optax.scale_by_adam()
-    parts = make_td3_parts(spec, actor_net, critic, optimizer)
+    optimizer = network_optimizer(config.weight_decay)
+    parts = make_td3_parts(spec, actor_net, critic, optimizer, config)
     half_range = (spec.action_high - spec.action_low) / 2.0
+    std_min = config.exploration_std_min
 
     def default_hparams() -> TD3HParams:
         return hparams_from_values(TD3HParams, frozenset({"policy_delay"}), **TD3_DEFAULTS)
@@ -203,17 +247,20 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         return TD3State(
             actor=actor,
             critic=critic_params,
-            target_actor=actor,
+            target_actor=actor if config.target_actor else None,
             target_critic=critic_params,
             actor_opt=optimizer.init(actor),
             critic_opt=optimizer.init(critic_params),
             step=jnp.zeros((), jnp.int32),
         )
 
-    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0):
+    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0, episode_draws=None):
         del env_steps
         action = actor_net.apply(actor, obs)
-        noise_std = jnp.where(explore, hparams.exploration_noise, 0.0) * half_range
+        std = hparams.exploration_noise
+        if std_min is not None and explore is not False:
+            std = per_episode_std(std_min, std, episode_draws)
+        noise_std = jnp.where(explore, std, 0.0) * half_range
         noise = noise_std * jax.random.normal(key, action.shape)
         return jnp.clip(action + noise, spec.action_low, spec.action_high)
 
@@ -246,6 +293,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         batch_size=config.batch_size,
         n_step=config.n_step,
         parts=parts,
+        episode_draws=std_min is not None,
     )
     return with_observation_norm(agent, spec) if config.observation_norm else agent
 

@@ -9,6 +9,7 @@ process, and describes that policy as plain data.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
@@ -24,33 +25,53 @@ NUMPY_MAX_POLICY_BYTES = 2 * 2**20
 
 
 def batched_policy_step(agent, num_slots: int, envs_per_member: int):
-    """One call per env step: next key, and an exploring action for every slot (one env each).
+    """One call per env step: next key, and an exploring action for every slot (one env each);
+    for an agent that reads episode draws (`Agent.episode_draws`), the slots' `draws` (slots,)
+    too, made anew where `new_episodes` (bool, slots,) before acting (None for the others).
 
     Splitting keys inside the compiled call keeps it to one dispatch per step.
     """
     step = population.policy_step(agent, num_slots, envs_per_member)
 
-    def slots_step(policy, obs, key, hparams, env_steps_per_env):
-        actions, key = step(policy, obs[:, None], key, hparams, env_steps_per_env)
-        return actions[:, 0], key
+    def slots_step(policy, obs, key, hparams, env_steps_per_env, draws=None, new_episodes=None):
+        if draws is not None:
+            key, draw_key = jax.random.split(key)
+            draws = jnp.where(new_episodes, jax.random.uniform(draw_key, draws.shape), draws)
+        episode_draws = None if draws is None else draws[:, None]
+        actions, key = step(policy, obs[:, None], key, hparams, env_steps_per_env, episode_draws)
+        return actions[:, 0], key, draws
 
     return slots_step
 
 
 class JaxActing:
-    """The agent's jitted `act`: any agent and observation type."""
+    """The agent's jitted `act`: any agent and observation type. Where the agent reads episode
+    draws, it keeps each slot's, made anew at its episodes' starts (`__call__`)."""
 
     def __init__(self, agent, num_slots: int, envs_per_member: int, key):
         self._step = jax.jit(batched_policy_step(agent, num_slots, envs_per_member))
         self._key, self._policy, self._hparams = key, None, None
+        # Each slot's episode draw where the agent reads them: all made at the first call
+        self._draws = np.zeros(num_slots, np.float32) if agent.episode_draws else None
+        self._fresh = True
 
     def set_policy(self, policy, hparams) -> None:
         self._policy, self._hparams = jax.device_put((policy, hparams))  # once per version
 
-    def __call__(self, obs: np.ndarray, env_steps) -> np.ndarray:
-        """`env_steps`: per env so far, of each slot's trial (an array, or one for all)."""
+    def __call__(self, obs: np.ndarray, env_steps, new_episodes=None) -> np.ndarray:
+        """`env_steps`: per env so far, of each slot's trial (an array, or one for all);
+        `new_episodes`: bool (slots,), the slots whose episode starts at this step or ended
+        since the last call (their episode draws are made anew), or None."""
         steps = np.broadcast_to(np.asarray(env_steps, np.int32), (len(obs),))
-        actions, self._key = self._step(self._policy, obs, self._key, self._hparams, steps)
+        draws = ()
+        if self._draws is not None:
+            fresh = np.ones(len(obs), bool) if self._fresh else new_episodes
+            fresh = np.zeros(len(obs), bool) if fresh is None else np.asarray(fresh, bool)
+            draws, self._fresh = (self._draws, fresh), False
+        actions, self._key, new_draws = self._step(
+            self._policy, obs, self._key, self._hparams, steps, *draws
+        )
+        self._draws = new_draws
         return np.asarray(actions)
 
 
@@ -69,12 +90,19 @@ def leaf_paths(tree) -> tuple[KeyPath, ...]:
 
 
 def numpy_policy_for(
-    algo: str, spec: EnvSpec, published, num_slots: int, envs_per_member: int
+    algo: str,
+    spec: EnvSpec,
+    published,
+    num_slots: int,
+    envs_per_member: int,
+    exploration_std_min: float | None = None,
 ) -> NumpyPolicy | None:
     """What a collector of `num_slots` slots needs to act in numpy, from the published tree
     (stacked policy params, hparams, env steps: arrays or shapes); None where the jitted `act`
-    serves it: image observations, networks of other layers than Dense (convolutions), or slots
-    whose weights outgrow the cache."""
+    serves it: image observations, networks of other layers than Dense (convolutions, residual
+    blocks' LayerNorms), or slots whose weights outgrow the cache. `exploration_std_min`: the
+    config's agent.exploration_std_min, where it has one (the deterministic kind's per-episode
+    noise)."""
     kind = registry.get(algo).numpy_policy
     if kind is None or len(spec.obs_shape) != 1:
         return None
@@ -87,7 +115,7 @@ def numpy_policy_for(
         return None
     bounds = (GaussianActor.log_std_min, GaussianActor.log_std_max)
     low, high = spec.action_low, spec.action_high
-    return NumpyPolicy(kind, envs_per_member, low, high, bounds, paths)
+    return NumpyPolicy(kind, envs_per_member, low, high, bounds, paths, exploration_std_min)
 
 
 def _numpy_policy_leaf(path: KeyPath) -> bool:

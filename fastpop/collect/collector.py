@@ -117,13 +117,16 @@ class SlotTrials:
     progress is stamped with the stopped trial, whose rows the learner takes out of the new
     trial's buffer, and the slot's env starts a new episode for the new one. (A member whose
     envs two collectors step: the learner keeps its rows from the first chunk both stamp with
-    the new trial, so the envs of the collector that switched a chunk sooner lose that chunk.)"""
+    the new trial, so the envs of the collector that switched a chunk sooner lose that chunk.)
+    `new_episodes`: the slots whose episode started or ended since the policy last acted, for
+    the exploration's per-episode draws (agent.exploration_std_min)."""
 
     def __init__(self, slot_rows: np.ndarray):
         self.rows = slot_rows  # each slot's member, as a row of the collector's own members
         self.epochs = np.zeros(len(slot_rows), np.int64)
         self.steps = np.zeros(len(slot_rows), np.int64)
         self.published = self.epochs.copy()
+        self.new_episodes = np.ones(len(slot_rows), bool)  # every slot's first episode
 
     def join(self, epochs: np.ndarray, steps: np.ndarray, envs_per_member: int) -> None:
         """A collector started during a run takes the trials where they are."""
@@ -138,6 +141,17 @@ class SlotTrials:
         steps from 0); returns them (bool)."""
         new = self.published != self.epochs
         self.epochs[new], self.steps[new] = self.published[new], 0
+        self.new_episodes |= new  # their envs restart (or were ending anyway)
+        return new
+
+    def stepped(self, ended: np.ndarray) -> None:
+        """One env step of every slot; `ended`: the slots whose episode it ended."""
+        self.steps += 1
+        self.new_episodes |= ended
+
+    def take_new_episodes(self) -> np.ndarray:
+        """The slots whose episode started since the last call (the policy acts now)."""
+        new, self.new_episodes = self.new_episodes, np.zeros_like(self.new_episodes)
         return new
 
 
@@ -266,7 +280,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 if leaves is not None:
                     acting.set_policy(*slots_policy(leaves))
                     leaves = None
-                actions = acting(obs, trials.steps)
+                actions = acting(obs, trials.steps, trials.take_new_episodes())
                 if warming.any():  # a fresh trial's warm-up, beside trained members
                     random = envs.action_space.sample()
                     actions = np.where(warming.reshape(-1, *[1] * (actions.ndim - 1)),
@@ -280,7 +294,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
             ):
                 episodes.append((int(slot_members[lane]), episode_return, length))
             obs = next_obs
-            trials.steps += 1
+            trials.stepped(terminated | truncated)
             own_steps += 1
             if stream.has_chunk():
                 start = time.perf_counter()

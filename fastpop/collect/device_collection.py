@@ -49,30 +49,36 @@ class DeviceParts(NamedTuple):
 class EnvLanes:
     """The env lanes' states: made at first use by their stored program, or in a thread by
     `make_ahead`. Member-major: over a mesh, split like the members they serve (their
-    scalars, a key, on every device)."""
+    scalars, a key, on every device). With `episode_draws` (the agent's: `Agent.episode_draws`)
+    they keep each lane's episode draw too, added to what the stored program makes (the env's
+    lanes alone, as `run/parts` sizes them)."""
 
-    def __init__(self, env, count: int, key, mesh, identity: str | None, at_once: bool):
+    def __init__(
+        self, env, count: int, key, mesh, identity: str | None, at_once: bool, episode_draws=False
+    ):
         """`at_once`: made now (else at first use or by `make_ahead`); always so over a mesh."""
         init = device_rollout.lanes_init(env, count)
+        self._complete = device_rollout.with_episode_draws if episode_draws else lambda s: s
         self.placement = None
         if mesh is not None:
             split, everywhere = sharding.members(mesh), sharding.replicated(mesh)
-            shapes = jax.eval_shape(init, key)
+            shapes = self._complete(jax.eval_shape(init, key))
             self.placement = jax.tree.map(lambda s: split if s.ndim else everywhere, shapes)
         self._states, self._ahead = None, None
         self.program = stored_programs.stored_jit(init, identity, "lanes")
         self.key = key
         if self.placement is not None:
-            self.states = jax.jit(init, out_shardings=self.placement)(key)
+            complete_init = lambda key: self._complete(init(key))
+            self.states = jax.jit(complete_init, out_shardings=self.placement)(key)
         elif at_once:
-            self.states = self.program(key)
+            self.states = self._complete(self.program(key))
 
     @property
     def states(self):
         if self._ahead is not None:  # made in a thread: its error, if any, raises here
-            self._states, self._ahead = self._ahead.result(), None
+            self._states, self._ahead = self._complete(self._ahead.result()), None
         elif self._states is None:
-            self._states = self.program(self.key)
+            self._states = self._complete(self.program(self.key))
         return self._states
 
     @states.setter
@@ -83,7 +89,7 @@ class EnvLanes:
         self._ahead = in_background(self.program, self.key)
 
     def shapes(self):
-        return stored_programs.output_shapes(self.program, self.key)
+        return self._complete(stored_programs.output_shapes(self.program, self.key))
 
     def restore(self, lanes) -> None:
         """From a checkpoint's host arrays."""
@@ -120,6 +126,7 @@ class DeviceCollection:
             parts.mesh,
             self._identity,
             at_once,
+            parts.agent.episode_draws,
         )
         members = device_rollout.MemberLanes(
             parts.env,

@@ -34,8 +34,9 @@ from fastpop.population import population_act, replay
 from fastpop.types import EnvSpec, PRNGKey
 from fastpop.xla_defaults import env_stepping_options
 
-# act(obs (lanes, obs_dim), key, step index within the rollout) -> actions (lanes, action_dim)
-ActFn = Callable[[jax.Array, PRNGKey, jax.Array], jax.Array]
+# act(obs (lanes, obs_dim), key, step index within the rollout[, episode draws (lanes,)]) ->
+# actions (lanes, action_dim); the draws are passed where the lanes keep them
+ActFn = Callable[..., jax.Array]
 
 
 class LaneState(NamedTuple):
@@ -45,6 +46,9 @@ class LaneState(NamedTuple):
     starts: jax.Array  # bool (lanes,): the current observation is a reset observation
     episode_return: jax.Array  # float32 (lanes,): return of the current episode so far
     key: PRNGKey  # for the resets
+    # float32 (lanes,): each lane's uniform draw in [0, 1), made anew at each of its reset
+    # steps, for an agent that reads them (`Agent.episode_draws`); None for the others
+    episode_draw: jax.Array | None = None
 
 
 class Finished(NamedTuple):
@@ -79,6 +83,15 @@ def init(env, key: PRNGKey, lanes: int) -> LaneState:
         episode_return=jnp.zeros(lanes, jnp.float32),
         key=key,
     )
+
+
+def with_episode_draws(state: LaneState) -> LaneState:
+    """`state` (or its shapes) keeping each lane's episode draw: zeros, each made anew at its
+    lane's first step, a reset step (`init`)."""
+    lanes = state.steps.shape[0]
+    if isinstance(state.steps, jax.ShapeDtypeStruct):
+        return state._replace(episode_draw=jax.ShapeDtypeStruct((lanes,), jnp.float32))
+    return state._replace(episode_draw=jnp.zeros(lanes, jnp.float32))
 
 
 def _blank(shape: jax.ShapeDtypeStruct) -> jax.Array:
@@ -121,6 +134,10 @@ def step(env, episode_length: int, state: LaneState, action: jax.Array):
     lanes = state.steps.shape[0]
     key, reset_key = jax.random.split(state.key)
     stepped = jax.vmap(env.step)(state.env, action)
+    draw = state.episode_draw
+    if draw is not None:  # a new episode's draw on each reset step (its own key)
+        reset_key, draw_key = jax.random.split(reset_key)
+        draw = jnp.where(state.done, jax.random.uniform(draw_key, (lanes,)), draw)
     fresh = jax.vmap(env.reset)(jax.random.split(reset_key, lanes))
     autoreset = state.done
     steps = state.steps + 1
@@ -146,6 +163,7 @@ def step(env, episode_length: int, state: LaneState, action: jax.Array):
         starts=autoreset,
         episode_return=jnp.where(ended, 0.0, episode_return),
         key=key,
+        episode_draw=draw,
     )
     return state, row, finished
 
@@ -156,7 +174,8 @@ def rollout(env, episode_length: int, state: LaneState, act: ActFn, key: PRNGKey
 
     def one(state, inputs):
         step_key, index = inputs
-        action = act(state.env.obs, step_key, index)
+        draws = () if state.episode_draw is None else (state.episode_draw,)
+        action = act(state.env.obs, step_key, index, *draws)
         state, row, finished = step(env, episode_length, state, action)
         return state, (row, finished)
 
@@ -195,12 +214,15 @@ def member_rollout(members: MemberLanes, lanes, key, states, hparams, member_ste
     if restarts is not None:
         lanes = restart(lanes, jnp.repeat(restarts, per_member))
 
-    def lane_act(obs, step_key, index):
+    def lane_act(obs, step_key, index, episode_draws=None):
         env_steps = trial_steps // per_member + index  # per env, as collectors count
         explore_key, random_key = jax.random.split(step_key)
         member_obs = obs.reshape(size, per_member, *obs.shape[1:])
         keys = jax.random.split(explore_key, size)
-        actions = act(policy, member_obs, keys, hparams, True, env_steps * per_member)
+        if episode_draws is not None:
+            episode_draws = episode_draws.reshape(size, per_member)
+        member_steps = env_steps * per_member
+        actions = act(policy, member_obs, keys, hparams, True, member_steps, episode_draws)
         actions = actions.reshape(size * per_member, *actions.shape[2:])
         warmup = random_actions(members.env_spec, random_key, actions.shape)
         warming = jnp.repeat(env_steps < warmup_env_steps, per_member)

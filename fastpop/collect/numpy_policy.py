@@ -20,7 +20,8 @@ import numpy as np
 from fastpop.types import OBSERVATION_NORM_KEY, normalized_observation
 
 # How each kind acts: "deterministic" a tanh MLP actor plus Gaussian noise of std
-# exploration_noise (TD3's), "squashed_gaussian" tanh of a sample of mean and log-std heads
+# exploration_noise (TD3's; with exploration_std_min, each slot's std drawn between the two at
+# each of its episodes' starts), "squashed_gaussian" tanh of a sample of mean and log-std heads
 # (SAC's), "epsilon_greedy" a uniform random action with probability epsilon, else argmax Q
 # (DQN's).
 KINDS = ("deterministic", "squashed_gaussian", "epsilon_greedy")
@@ -39,6 +40,8 @@ class NumpyPolicy(NamedTuple):
     action_high: float
     log_std_bounds: tuple[float, float]
     leaf_paths: tuple[KeyPath, ...]  # (0, "params", "MLP_0", "Dense_0", "kernel"), ...
+    # The deterministic kind's per-episode noise (agent.exploration_std_min); None: none
+    exploration_std_min: float | None = None
 
 
 def nested(paths: Sequence[KeyPath], leaves: Sequence[Any]) -> dict:
@@ -112,6 +115,7 @@ class NumpyActing:
         self.center = (policy.action_high + policy.action_low) / 2.0
         self._torso = self._heads = self._hparams = self._noise_scale = None
         self._observation_norm: tuple[np.ndarray, np.ndarray] | None = None
+        self._episode_draws: np.ndarray | None = None  # per slot, with exploration_std_min
 
     def set_policy(self, params: dict, hparams: dict) -> None:
         """params: the slots' actor params ({"params": {"MLP_0": ...}}, leading axis: slot, and
@@ -133,25 +137,42 @@ class NumpyActing:
             noise = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
             self._noise_scale = noise[:, None]
 
-    def __call__(self, obs: np.ndarray, env_steps) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, env_steps, new_episodes=None) -> np.ndarray:
         """`env_steps`: per env so far, of each slot's trial (an array, or one for all): DQN's
-        epsilon decays over its member's trial's env steps."""
+        epsilon decays over its member's trial's env steps. `new_episodes`: bool (slots,), the
+        slots whose episode starts at this step or ended since the last call, or None: with
+        exploration_std_min their noise std is drawn anew."""
         x = _float_observation(np.asarray(obs)).reshape(len(obs), 1, -1)
         if self._observation_norm is not None:  # the agents' `act`, with the same formula
             x = normalized_observation(x, *self._observation_norm, np)
         if self.policy.kind == "deterministic":  # one MLP, its last layer linear
-            return self._deterministic(x)
+            return self._deterministic(x, new_episodes)
         x = _mlp(self._torso, x, activate_final=True)
         heads = [np.matmul(x, kernel)[:, 0] + bias for kernel, bias in self._heads]
         if self.policy.kind == "squashed_gaussian":  # GaussianActor: mean and log-std heads
             return self._squashed_gaussian(*heads)
         return self._epsilon_greedy(heads[0], env_steps * self.policy.envs_per_member)
 
-    def _deterministic(self, x: np.ndarray) -> np.ndarray:
+    def _deterministic(self, x: np.ndarray, new_episodes) -> np.ndarray:
         action = np.tanh(_mlp(self._torso, x, activate_final=False)[:, 0])
         action = action * self.half_range + self.center
-        noise = self._noise_scale * self._normals(action.shape)
+        noise = self._noise_std(len(x), new_episodes) * self._normals(action.shape)
         return np.clip(action + noise, self.policy.action_low, self.policy.action_high)
+
+    def _noise_std(self, slots: int, new_episodes) -> np.ndarray:
+        """(slots, 1): exploration_noise's, or with exploration_std_min each slot's, uniform
+        between the two, drawn at its episodes' starts (agents/td3.py's `per_episode_std`)."""
+        std_min = self.policy.exploration_std_min
+        if std_min is None:
+            return self._noise_scale
+        if self._episode_draws is None:  # the first call: every slot's first draw
+            self._episode_draws = self.rng.random(slots, dtype=np.float32)
+        elif new_episodes is not None and np.any(new_episodes):
+            fresh = self.rng.random(slots, dtype=np.float32)
+            self._episode_draws = np.where(new_episodes, fresh, self._episode_draws)
+        std_max = self._hparams["exploration_noise"].astype(np.float32)
+        std = std_min + self._episode_draws * (std_max - std_min)
+        return (std * self.half_range)[:, None]
 
     def _squashed_gaussian(self, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
         log_std = np.clip(log_std, *self.policy.log_std_bounds)

@@ -79,8 +79,9 @@ class Workers:
         # How each collector acts once its warm-up ends: in numpy where it can (it then never
         # imports JAX), else with the agent's jitted `act`.
         env_spec, envs_per_member = build_env_spec(config), config.collect.envs_per_member
+        std_min = config.agent.get("exploration_std_min")  # per-episode exploration noise
         numpy_policies = [
-            numpy_policy_for(config.algo, env_spec, initial_policy, count, envs_per_member)
+            numpy_policy_for(config.algo, env_spec, initial_policy, count, envs_per_member, std_min)
             for _, count in blocks
         ]
         launch = WorkerLaunch(

@@ -21,8 +21,8 @@ import numpy as np
 import yaml
 
 from fastpop.agents import registry
-from fastpop.agents.critics import CRITICS
-from fastpop.agents.networks import COMPUTE_DTYPES, TORSOS
+from fastpop.agents.critics import ACTOR_QS, CRITICS
+from fastpop.agents.networks import COMPUTE_DTYPES, NETWORKS, TORSOS
 from fastpop.config.env import (
     EnvConfig,
     check_algo_fits_env,
@@ -61,6 +61,10 @@ _AGENT_RANGES = {
     "num_atoms": {"min": 2},
     "v_min": {},  # any return; v_max above it (`_check_consistency`)
     "v_max": {},
+    "network": {"choices": NETWORKS},
+    "weight_decay": {"min": 0.0},
+    "actor_q": {"choices": ACTOR_QS},
+    "exploration_std_min": {"min": 0.0},
 }
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
@@ -187,6 +191,10 @@ def _check_consistency(r: Reader, c: Config) -> None:
         ("agent.v_max", c.agent.get("v_max", 1.0) <= c.agent.get("v_min", 0.0),
          f"must be > agent.v_min ({c.agent.get('v_min')}): the distributional critic's "
          f"support runs from v_min to v_max, got {c.agent.get('v_max')}"),
+        ("agent.hidden_sizes",
+         c.agent.get("network") == "residual" and len(set(c.agent["hidden_sizes"])) > 1,
+         "must be equal widths with agent.network: residual (the width of each residual "
+         f"block, whose output is added to its input), got {list(c.agent.get('hidden_sizes'))}"),
     )  # fmt: skip
     for dotted, violated, problem in checks:
         if violated:

@@ -154,6 +154,12 @@ def check_shared_critic(r: Reader, c: CheckedConfig) -> None:
         ("agent.observation_norm", bool(c.agent.get("observation_norm")),
          f"strategy {strategy} trains the members' actors against one shared critic, which "
          "does not normalize observations: set agent.observation_norm: false"),
+        ("agent.target_actor", c.agent.get("target_actor") is False,
+         f"strategy {strategy}'s shared critic learns from each member's target actor: set "
+         "agent.target_actor: true"),
+        ("agent.target_critic_every_step", bool(c.agent.get("target_critic_every_step")),
+         f"strategy {strategy}'s shared critic updates its targets on the actor steps: set "
+         "agent.target_critic_every_step: false"),
     )  # fmt: skip
     for dotted, violated, problem in checks:
         if violated:
