@@ -133,6 +133,10 @@ def test_the_training_run_measures_no_evaluation_or_checkpoint_before_its_stop()
     assert config.checkpoint.replay is False  # the stop's checkpoint: not measured, kept short
     assert (config.collect.num_collectors, config.replay.min_size) == (4, 500)
     assert config.train.max_wall_seconds == 30.0
+    # ended by its env steps where given (the smoke's: it must update on a loaded CPU)
+    by_steps = pipeline.training_config(BASE, seconds=60.0, collectors=1, warmup=256, env_steps=512)
+    assert by_steps.train.total_env_steps == 512 and by_steps.train.max_wall_seconds == 60.0
+    assert config.train.total_env_steps == 10_000_000  # else the wall time ends it
 
 
 def test_the_learning_window_is_the_timers_between_its_two_readings():

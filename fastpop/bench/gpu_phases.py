@@ -210,6 +210,7 @@ def pipeline_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
         warmup_steps=plan["warmup_steps"],
         agent=plan["agent"],
         on_part=save,
+        train_env_steps=plan.get("train_env_steps"),
     )
     save(result)
 

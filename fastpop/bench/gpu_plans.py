@@ -155,7 +155,10 @@ SMOKE_PLANS = {
         "population": 2,
         "collectors": [1],
         "seconds": 0.3,
-        "train_seconds": 4.0,  # room for updates after the first (its compile) on a busy CPU
+        # ended by its env steps (a few dozen update calls after the first), not by a wall
+        # time that a loaded CPU compiling from a cold cache can spend before its first update
+        "train_seconds": 60.0,
+        "train_env_steps": 512,
         "train_collectors": 1,
         "warmup_steps": 256,
         "agent": {"hidden_sizes": [16, 16], "batch_size": 32},

@@ -66,9 +66,11 @@ def bench_pipeline(
     warmup_steps: int = 5_000,
     agent: dict | None = None,
     on_part=None,
+    train_env_steps: int | None = None,
 ) -> dict:
-    """Collection with each count of `collectors`, then a training run of `train_seconds` fed
-    by `train_collectors` collectors: its learner's utilisation (`utilisation_from_summary`:
+    """Collection with each count of `collectors`, then a training run of `train_seconds` (or
+    `train_env_steps` per member, where given, whichever ends first) fed by `train_collectors`
+    collectors: its learner's utilisation (`utilisation_from_summary`:
     busy and waiting for rows in its learning window, agent-updates/s against the update
     benchmark's at the run's settings). Learning starts after `warmup_steps` env steps per
     member.
@@ -110,7 +112,7 @@ def bench_pipeline(
         )
         if on_part is not None:
             on_part(result)
-    training = training_config(base, train_seconds, train_collectors, warmup_steps)
+    training = training_config(base, train_seconds, train_collectors, warmup_steps, train_env_steps)
     settings = benchmark_settings(training, seconds)
     update = bench_update(settings, [population_size], ["vectorized"], log=lambda line: None)
     result["learner"] = learner_utilisation(
@@ -119,8 +121,11 @@ def bench_pipeline(
     return result
 
 
-def training_config(base: dict, seconds: float, collectors: int, warmup: int) -> config_lib.Config:
-    """The training run of config `base` for `seconds`, fed by `collectors` collectors, learning
+def training_config(
+    base: dict, seconds: float, collectors: int, warmup: int, env_steps: int | None = None
+) -> config_lib.Config:
+    """The training run of config `base` for `seconds` (or `env_steps` per member, where given:
+    a run that must update, however busy the machine), fed by `collectors` collectors, learning
     after `warmup` env steps per member. No evaluation before its final one, no checkpoint
     before its stop's, and that one without the replay: none is what is measured."""
     return config_lib.config_from_dict(
@@ -128,7 +133,7 @@ def training_config(base: dict, seconds: float, collectors: int, warmup: int) ->
             **base,
             "collect": {"warmup_steps": warmup, "num_collectors": collectors},
             "replay": {"min_size": warmup},
-            "train": {"total_env_steps": 10_000_000, "max_wall_seconds": seconds},
+            "train": {"total_env_steps": env_steps or 10_000_000, "max_wall_seconds": seconds},
             "eval": {"interval": 10_000_000, "episodes": 1},
             "checkpoint": {"interval_seconds": None, "replay": False},
         }
