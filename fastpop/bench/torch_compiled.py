@@ -85,8 +85,19 @@ class LeanUpdate:
     def params(self, stacked: dict) -> dict:
         return {name: self.take(tensor) for name, tensor in stacked.items()}
 
-    def optimizer(self, params: dict, like: torch.optim.Optimizer) -> tuple[AdamState, AdamHyper]:
-        return adam_state(list(params.values())), adam_hyper(like)
+    def actor_critic_state(self, func) -> dict:
+        """The state TD3 and SAC share: the actor, the critic and its target, both Adams (their
+        hyperparameters as `critic_hp`, `actor_hp`) and the buffers."""
+        critic, actor = self.params(func.critic_params), self.params(func.actor_params)
+        self.critic_hp, self.actor_hp = adam_hyper(func.critic_opt), adam_hyper(func.actor_opt)
+        return {
+            "critic": critic,
+            "actor": actor,
+            "target_critic": self.params(func.target_critic_params),
+            "critic_adam": adam_state(list(critic.values())),
+            "actor_adam": adam_state(list(actor.values())),
+            "buffer": self.buffer,
+        }
 
     def indices(self) -> Tensor:
         shape = (*self.lead, self.batch_size)
@@ -133,20 +144,8 @@ class LeanTD3(LeanUpdate):
     def __init__(self, agents: list, fields: list[Tensor], single: bool = False):
         func = FuncTD3(agents)
         super().__init__(func, agents, fields, single)
-        critic, actor = self.params(func.critic_params), self.params(func.actor_params)
-        (critic_adam, self.critic_hp), (actor_adam, self.actor_hp) = (
-            self.optimizer(critic, func.critic_opt),
-            self.optimizer(actor, func.actor_opt),
-        )
-        self.state = {
-            "critic": critic,
-            "actor": actor,
-            "target_actor": self.params(func.target_actor_params),
-            "target_critic": self.params(func.target_critic_params),
-            "critic_adam": critic_adam,
-            "actor_adam": actor_adam,
-            "buffer": self.buffer,
-        }
+        self.state = self.actor_critic_state(func)
+        self.state["target_actor"] = self.params(func.target_actor_params)
         self.critic_grads = self.transform(grad_and_value(func.critic_loss))
         self.actor_grads = self.transform(grad_and_value(func.actor_loss))
         self.policy_delay = func.policy_delay
@@ -206,22 +205,9 @@ class LeanSAC(LeanUpdate):
     def __init__(self, agents: list, fields: list[Tensor], single: bool = False):
         func = FuncSAC(agents)
         super().__init__(func, agents, fields, single)
-        critic, actor = self.params(func.critic_params), self.params(func.actor_params)
-        log_alpha = self.take(func.log_alpha)
-        (critic_adam, self.critic_hp), (actor_adam, self.actor_hp) = (
-            self.optimizer(critic, func.critic_opt),
-            self.optimizer(actor, func.actor_opt),
-        )
-        self.state = {
-            "critic": critic,
-            "actor": actor,
-            "target_critic": self.params(func.target_critic_params),
-            "log_alpha": log_alpha,
-            "critic_adam": critic_adam,
-            "actor_adam": actor_adam,
-            "alpha_adam": adam_state([log_alpha]),
-            "buffer": self.buffer,
-        }
+        self.state = self.actor_critic_state(func)
+        log_alpha = self.state["log_alpha"] = self.take(func.log_alpha)
+        self.state["alpha_adam"] = adam_state([log_alpha])
         self.alpha_hp = adam_hyper(func.alpha_opt)
         self.critic_grads = self.transform(grad_and_value(func.critic_loss))
         self.actor_grads = self.transform(grad_and_value(func.actor_loss, has_aux=True))
