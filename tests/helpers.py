@@ -39,6 +39,17 @@ TINY_OPTIONS = {
 }
 
 
+def run_bench(argv: list[str]) -> int:
+    """`fastpop bench ARGV...` through the command line's own parser and handler."""
+    import argparse
+
+    from fastpop.commands import bench as commands
+
+    parser = argparse.ArgumentParser(prog="fastpop")
+    commands.add_parser(parser.add_subparsers(dest="command"))
+    return commands.run(parser.parse_args(["bench", *argv]))
+
+
 def tiny_agent(name: str, **config_fields):
     """16-16 networks, batches of 8; `config_fields`: other fields of the algo's config."""
     algo = "dqn" if name.startswith("dqn") else name

@@ -6,13 +6,12 @@ is one code path for every device family; gymnax programs compile in a second, b
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from fastpop.commands import bench as commands
 from tests.dependencies import require
+from tests.helpers import run_bench
 
 require("gymnax")
 
@@ -21,9 +20,7 @@ TINY += ["--hidden-sizes", "16,16"]
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fastpop")
-    commands.add_parser(parser.add_subparsers(dest="command"))
-    return commands.run(parser.parse_args(["bench", "device", *argv]))
+    return run_bench(["device", *argv])
 
 
 def test_tiny_device_benchmark_writes_every_measurement(tmp_path, capsys):

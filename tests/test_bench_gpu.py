@@ -4,16 +4,15 @@ README judges."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from fastpop.bench import gpu_phases, gpu_plans, gpu_runner
 from fastpop.bench.gpu_report import judge_targets
-from fastpop.commands import bench as commands
 from fastpop.commands import bench_gpu
 from tests.dependencies import require
+from tests.helpers import run_bench
 
 require("gymnax")
 # Its smoke run (a module fixture, ~1 minute) serves three tests: one worker runs them all, so
@@ -32,9 +31,7 @@ PHASE_FILES = {
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fastpop")
-    commands.add_parser(parser.add_subparsers(dest="command"))
-    return commands.run(parser.parse_args(["bench", "gpu", *argv]))
+    return run_bench(["gpu", *argv])
 
 
 @pytest.fixture(scope="module")

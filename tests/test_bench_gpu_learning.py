@@ -5,7 +5,6 @@ the cap leaves no time for, its one remote call's time budget and the remote scr
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import tarfile
@@ -14,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from fastpop.bench import gpu_learning, gpu_learning_report, gpu_phases, gpu_plans
-from fastpop.commands import bench as commands
 from tests.dependencies import require
+from tests.helpers import run_bench
 
 require("gymnax")
 require("mujoco_playground")
@@ -27,9 +26,7 @@ RECIPE, PBT, PBT_OFF = RUNS
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fastpop")
-    commands.add_parser(parser.add_subparsers(dest="command"))
-    return commands.run(parser.parse_args(["bench", "gpu", *argv]))
+    return run_bench(["gpu", *argv])
 
 
 @pytest.fixture(scope="module")
