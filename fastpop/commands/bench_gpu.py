@@ -28,7 +28,7 @@ def add_gpu_parser(benchmarks) -> None:
     gpu = benchmarks.add_parser(
         "gpu",
         help="the whole GPU programme in phases: update, device, pipeline, pbt; --learning: "
-        "issue 59's learning runs",
+        "fixed-time learning runs (the TD3 recipe on a Playground humanoid, SAC PBT on brax/ant)",
         description="Runs the GPU measurements in phases, each in a process of its own killed "
         "at its time cap, each writing its JSON / PNG into --out as soon as it ends: update "
         "(TD3 / SAC at P up to 256, DQN up to 64; vectorized, sequential, PyTorch; matmul at "
@@ -78,11 +78,11 @@ def add_gpu_parser(benchmarks) -> None:
     programme.add_argument(
         "--short",
         action="store_true",
-        help="issue 58's targets in two remote calls (--phases update; --phases pipeline,pbt): "
-        "TD3 then SAC at P 80 (vectorized against its floor, the best sequential JAX row, the "
-        "LeanRL-class PyTorch row), then P 256, the P = 1 references and PyTorch with TF32 "
-        "off; the 80-member learner with 14 collectors, the 256-member SAC PBT on brax/ant "
-        "(caps: update 330 s, pipeline 95 s, pbt 125 s)",
+        help="the GPU targets' sizes only, in two remote calls (--phases update; --phases "
+        "pipeline,pbt): TD3 then SAC at P 80 (vectorized against its floor, the best "
+        "sequential JAX row, the LeanRL-class PyTorch row), then P 256, the P = 1 references "
+        "and PyTorch with TF32 off; the 80-member learner with 14 collectors, the 256-member "
+        "SAC PBT on brax/ant (caps: update 330 s, pipeline 95 s, pbt 125 s)",
     )
     programme.add_argument(
         "--smoke",
@@ -93,8 +93,9 @@ def add_gpu_parser(benchmarks) -> None:
     gpu.add_argument(
         "--learning",
         action="store_true",
-        help="issue 59's learning programme in one remote call of at most 540 s (with --smoke, "
-        "its smoke form; not with --short)",
+        help="the learning runs (the TD3 recipe on Playground HumanoidWalk, the 256-member "
+        "SAC PBT on brax/ant, PBT off where time is left) in one remote call of at most 540 s "
+        "(with --smoke, its smoke form; not with --short)",
     )
 
 
