@@ -183,11 +183,13 @@ def test_a_worker_starts_with_ctrl_c_blocked_and_the_parent_gets_its_own_back():
 
 
 def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode():
-    """Member 1 starts a fresh trial (the learner publishes its new trial): the collector stamps
-    the chunk in progress with the stopped trial (the learner takes those rows out again), and
-    from the next chunk on member 1's env runs a new episode whose first 16 steps are the
-    trial's own warm-up (random actions), then its policy's; member 0 acts with its policy
-    throughout. TD3 without action noise, so the policy's actions are exact."""
+    """Member 1 starts a fresh trial (the learner publishes its new trial) while the
+    collector's ring is full: the learner gets at most one more chunk of the stopped trial (the
+    one it took before the collector read the publish; it takes those rows out again), not the
+    ring's 4 and the one waiting for room, because the collector withdraws its queue. From the
+    next chunk on, member 1's env runs a new episode whose first 16 steps are the trial's own
+    warm-up (random actions), then its policy's; member 0 acts with its policy throughout. TD3
+    without action noise, so the policy's actions are exact."""
     import time
 
     import jax
@@ -233,16 +235,83 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
         before = chunks(4, workers)  # 2 chunks of warm-up, then the policy
         learner.clocks.start_trials(np.array([False, True]))
         workers.publish_from(learner)
-        # the ring's 4, one waiting for room, the one that read the new trial, then the trial's
-        after = chunks(6 + 4, workers)
+        after = chunks(1 + 4, workers)  # one of the stopped trial at most, then the trial's
     assert all(trials == [0, 0] for _, trials in before)
     stamps = [trials for _, trials in after]
     first = stamps.index([0, 1])
-    assert stamps[:first] == [[0, 0]] * first and stamps[first:] == [[0, 1]] * (10 - first)
-    assert first <= 6
+    assert stamps[:first] == [[0, 0]] * first and stamps[first:] == [[0, 1]] * (5 - first)
+    assert first <= 1  # (before collectors withdrew their queues: 6)
     fresh = [rows for rows, _ in after[first:]]
     assert fresh[0].episode_start[1, 0] and not fresh[0].autoreset[1, 0]
     for index, rows in enumerate(fresh):  # its own warm-up: 2 chunks
         assert np.allclose(acted(1, rows.obs[1]), rows.action[1], atol=1e-4) == (index >= 2)
     for rows, _ in before[2:] + after:
         assert np.allclose(acted(0, rows.obs[0]), rows.action[0], atol=1e-4)
+
+
+def test_a_member_split_over_two_collectors_loses_one_chunk_of_its_fresh_trial_not_a_ring():
+    """Member 0's two envs are stepped by two collectors. When its fresh trial starts,
+    collector 0's ring is full (4 chunks of the stopped trial and one waiting for room) and
+    collector 1's is empty (paused, its ring drained: a slower collector). The learner keeps a
+    member's rows from the first chunk both collectors stamp with the new trial; before
+    collectors withdrew their queues, collector 1's first 5 chunks of the new trial were lost
+    beside collector 0's queue. Now only the one paired with collector 0's last stale chunk."""
+    import signal
+    import time
+
+    import numpy as np
+
+    from fastpop import config as config_lib
+    from fastpop.collect.workers import Workers
+    from fastpop.learn.learner import Learner
+    from fastpop.run.parts import build_run
+
+    config = config_lib.config_from_dict(
+        {
+            "name": "split-member",
+            "algo": "td3",
+            "env": {"id": "Pendulum-v1"},
+            "population": {"size": 1},
+            "agent": {"hidden_sizes": [8, 8]},
+            "collect": {"num_collectors": 2, "envs_per_member": 2, "chunk_len": 8,
+                        "warmup_steps": 16, "ring_slots": 4},
+        }
+    )  # fmt: skip
+    learner = Learner(build_run(config).learner)
+
+    def wait_until(condition, timeout: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while not condition() and time.monotonic() < deadline:
+            workers.check()
+            time.sleep(0.01)
+        return condition()
+
+    def next_stamps() -> list[int]:
+        """Per lane, the trial of the next chunk the learner takes from every collector."""
+        deadline = time.monotonic() + 60
+        while (taken := workers.next_chunk())[0] is None and time.monotonic() < deadline:
+            workers.check()
+            time.sleep(0.005)
+        assert taken[0] is not None
+        return taken[2].tolist()
+
+    with Workers(config, learner.host_policy_tree(), learner.replay.spec) as workers:
+        rings, slow = workers.channels.rings, workers.processes.collectors[1]
+        assert wait_until(lambda: all(len(ring) == 4 for ring in rings))  # both blocked
+        os.kill(slow.pid, signal.SIGSTOP)
+        try:
+            while rings[1].try_get() is not None:  # the slow collector's ring, drained
+                pass
+            learner.clocks.start_trials(np.array([True]))
+            workers.publish_from(learner)
+        finally:
+            os.kill(slow.pid, signal.SIGCONT)
+        wait_until(lambda: rings[1].skip_below > 0, timeout=5)  # read the publish
+        stamps = [next_stamps()]
+        wait_until(lambda: rings[0].skip_below > 0, timeout=5)  # unblocked, read it
+        while len(stamps) < 12 and stamps[-3:] != [[1, 1]] * 3:
+            stamps.append(next_stamps())
+    mixed = [pair for pair in stamps if sorted(pair) == [0, 1]]
+    first = stamps.index([1, 1])  # the trial's own rows begin: no stale lane after it
+    assert stamps[first:] == [[1, 1]] * (len(stamps) - first) and len(stamps) - first == 3
+    assert len(mixed) <= 1, stamps  # (before collectors withdrew their queues: 4)

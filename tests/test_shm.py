@@ -293,6 +293,29 @@ def test_chunk_ring_reports_full_and_validates_chunks():
         assert len(ring) == 0
 
 
+def test_chunks_the_producer_withdraws_are_passed_over_and_only_their_episodes_arrive():
+    """A producer's `skip_queued`: the consumer passes over every chunk queued then and the one
+    being written, and hands their finished episodes over with the next chunk it returns."""
+    likes = {name: np.zeros(shape, dtype) for name, (shape, dtype) in ROW_FIELDS.items()}
+    with ChunkRing.create(likes, num_slots=4, max_episodes_per_chunk=MAX_EPISODES) as ring:
+        assert all(try_put(ring, *_chunk(seq)) for seq in range(3))
+        _check_chunk(ring.try_get(), 0)
+        ring.skip_queued()  # chunks 1 and 2 queued, 3 being written
+        assert ring.skip_below == 4 and try_put(ring, *_chunk(3))
+        assert ring.try_get() is None and len(ring) == 0  # all passed over: the room is free
+        assert try_put(ring, *_chunk(4)) and try_put(ring, *_chunk(5))
+        chunk = ring.try_get()
+        arrays, episodes = _chunk(4)
+        carried = [Episode(*e) for seq in (1, 2, 3) for e in _chunk(seq)[1]]
+        assert chunk.seq == 4 and chunk.episodes == carried + [Episode(*e) for e in episodes]
+        for name, want in arrays.items():
+            np.testing.assert_array_equal(chunk.arrays[name], want, err_msg=name)
+        _check_chunk(ring.try_get(), 5)  # nothing carried twice
+        ring.skip_queued(including_next=False)
+        assert ring.skip_below == 6 and try_put(ring, *_chunk(6))
+        _check_chunk(ring.try_get(), 6)
+
+
 # --- lifecycle ---
 
 

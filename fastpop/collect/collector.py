@@ -114,10 +114,15 @@ class SlotTrials:
     """Per env slot: the trial its member runs (`epochs`, as the learner publishes them) and
     the env steps that trial has taken in the slot (`steps`: what its warm-up and exploration
     act at). A new trial is taken up at the next chunk boundary (`switch`): the chunk in
-    progress is stamped with the stopped trial, whose rows the learner takes out of the new
-    trial's buffer, and the slot's env starts a new episode for the new one. (A member whose
-    envs two collectors step: the learner keeps its rows from the first chunk both stamp with
-    the new trial, so the envs of the collector that switched a chunk sooner lose that chunk.)
+    progress is stamped with the stopped trial, and the slot's env starts a new episode for the
+    new one. When the collector reads the publish that starts it (`stale`), it withdraws the
+    chunks it queued in its ring and the one in progress (`ChunkRing.skip_queued`): the learner
+    passes over them, and the trial's first own rows are the collector's next chunk instead of
+    waiting behind up to `collect.ring_slots` chunks of the stopped trial. The few stamped
+    with the stopped trial that the learner took before are taken out of the new trial's buffer
+    again (`Learner.insert`). A member whose envs two collectors step keeps its rows from the
+    first chunk both stamp with the new trial: as both withdraw their queues, the collector that
+    switched sooner loses at most the chunk the learner paired with the other's last stale one.
     `new_episodes`: the slots whose episode started or ended since the policy last acted, for
     the exploration's per-episode draws (agent.exploration_std_min)."""
 
@@ -133,8 +138,11 @@ class SlotTrials:
         self.epochs = self.published = np.asarray(epochs)[self.rows].astype(np.int64)
         self.steps = np.asarray(steps)[self.rows].astype(np.int64) // envs_per_member
 
-    def read(self, epochs: np.ndarray) -> None:
+    def read(self, epochs: np.ndarray) -> bool:
+        """Takes the published trials; True when a slot's rows so far are its stopped trial's
+        (a new trial waits for the chunk boundary)."""
         self.published = np.asarray(epochs)[self.rows].astype(np.int64)
+        return bool((self.published != self.epochs).any())
 
     def switch(self) -> np.ndarray:
         """At a chunk boundary: the slots whose member started a new trial take it up (their
@@ -267,8 +275,8 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 epochs, trial_steps = newer[1][-2:]  # the tree's last leaves
                 if version == 0 and own_steps == 0:  # a restarted collector joins a run
                     trials.join(epochs, trial_steps, setup.envs_per_member)
-                else:
-                    trials.read(epochs)
+                elif trials.read(epochs):
+                    ring.skip_queued()  # the stopped trial's rows: not worth the learner's wait
                 version, leaves = newer
             start = time.perf_counter()
             warming = trials.steps < warmup_env_steps

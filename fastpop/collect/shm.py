@@ -183,15 +183,22 @@ class ChunkRing(Segment):
     Header: head (chunks published) and tail (chunks consumed) as int64 on separate cache
     lines; chunk `seq` lives in slot `seq % num_slots`. The producer writes a slot fully before
     advancing head; the consumer copies a slot out before advancing tail, so neither ever sees
-    a partial chunk and chunks arrive in order with consecutive sequence numbers from 0.
+    a partial chunk and chunks arrive in order with increasing sequence numbers from 0.
+
+    The producer may withdraw what it queued (`skip_queued`): on head's cache line it writes a
+    sequence number below which the consumer passes chunks over, keeping only their finished
+    episodes (handed over with the next chunk it returns). A collector does so when its members'
+    rows in the ring went stale (a fresh trial started), so that the new rows are not queued
+    behind them.
     """
 
-    _HEAD, _TAIL = 0, _ALIGN // 8  # int64 indices into the header
+    _HEAD, _SKIP_BELOW, _TAIL = 0, 1, _ALIGN // 8  # int64 indices into the header
 
     def __init__(self, spec: ChunkRingSpec, shm: SharedMemory, owner: bool):
         super().__init__(shm, owner)
         self.spec = spec
         self._header = np.ndarray((2 * _ALIGN // 8,), np.int64, shm.buf, 0)
+        self._skipped_episodes: list[Episode] = []  # the consumer's, of chunks passed over
         self._slots = [
             self._slot_views(2 * _ALIGN + i * spec.slot_bytes) for i in range(spec.num_slots)
         ]
@@ -283,11 +290,18 @@ class ChunkRing(Segment):
             time.sleep(poll_interval)
         return True
 
-    def try_get(self) -> Chunk | None:
-        """The oldest unconsumed chunk (copied out of shared memory), or None when empty."""
-        tail = int(self._header[self._TAIL])
-        if int(self._header[self._HEAD]) == tail:
-            return None
+    @property
+    def skip_below(self) -> int:
+        """The sequence number below which the consumer passes chunks over (0: none)."""
+        return int(self._header[self._SKIP_BELOW])
+
+    def skip_queued(self, including_next: bool = True) -> None:
+        """Producer: the consumer passes over every chunk published so far and not yet taken,
+        and the one being written now too (`including_next`; its rows are as stale)."""
+        skip_below = int(self._header[self._HEAD]) + int(including_next)
+        self._header[self._SKIP_BELOW] = max(skip_below, self.skip_below)
+
+    def _slot(self, tail: int):
         meta, episode_records, views = self._slots[tail % self.spec.num_slots]
         seq, count = int(meta[0]), int(meta[1])
         if seq != tail:
@@ -295,13 +309,28 @@ class ChunkRing(Segment):
                 f"chunk ring {self.name}: slot holds chunk {seq}, expected {tail} "
                 "(more than one producer or consumer?)"
             )
-        arrays = {name: view.copy() for name, view in views.items()}
         episodes = [
             Episode(int(r["member"]), float(r["episode_return"]), int(r["length"]))
             for r in episode_records[:count]
         ]
-        self._header[self._TAIL] = tail + 1  # only now may the producer reuse the slot
-        return Chunk(seq, arrays, episodes)
+        return seq, episodes, views
+
+    def try_get(self) -> Chunk | None:
+        """The oldest unconsumed chunk not skipped (copied out of shared memory), or None when
+        there is none; it carries the finished episodes of the chunks skipped before it."""
+        while True:
+            tail = int(self._header[self._TAIL])
+            if int(self._header[self._HEAD]) == tail:
+                return None
+            seq, episodes, views = self._slot(tail)
+            if tail < self.skip_below:
+                self._skipped_episodes += episodes
+                self._header[self._TAIL] = tail + 1
+                continue
+            arrays = {name: view.copy() for name, view in views.items()}
+            self._header[self._TAIL] = tail + 1  # only now may the producer reuse the slot
+            episodes, self._skipped_episodes = self._skipped_episodes + episodes, []
+            return Chunk(seq, arrays, episodes)
 
 
 class StopFlag(Segment):
