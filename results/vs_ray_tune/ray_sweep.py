@@ -1,4 +1,4 @@
-"""Ray Tune PBT / PB2 sweep of stable-baselines3 TD3 on gymnasium InvertedDoublePendulum-v5.
+"""Ray Tune PBT / PB2 sweep of stable-baselines3 TD3 on InvertedDoublePendulum-v5 or Pendulum-v1.
 
 The Ray half of the "sweep a Ray user would write" vs fastpop PBT/PB2 comparison. It runs in its
 own environment (not a fastpop dependency):
@@ -10,6 +10,13 @@ own environment (not a fastpop dependency):
 One Ray trial = one SB3 TD3 agent in its own actor process (one CPU each); `--population` trials
 share `--cpus` CPUs, so with 8 trials on 2 CPUs Tune's PBT time-multiplexes them (pausing a trial
 checkpoints it to disk and frees its CPU for a paused/pending one).
+
+`--task` picks the env, the fixed TD3 settings, the hparams with their priors and PB2 bounds, and
+the defaults of --report-steps / --perturbation-interval (the tables: ray_tasks.py):
+    inverted_double_pendulum  (default) InvertedDoublePendulum-v5; actor_lr, critic_lr,
+                              exploration_noise (results/vs_ray_tune/)
+    pendulum                  Pendulum-v1; those and discount, policy_noise, noise_clip,
+                              policy_delay, fastpop's wide TD3 priors (results/sweeps_long_cpu/)
 
 Outputs under --out:
     rows.jsonl     one line per reported result (framework, scheduler, trial, wall_seconds,
@@ -36,26 +43,12 @@ from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.schedulers.pb2 import PB2
 from ray.tune.search.basic_variant import BasicVariantGenerator
+from ray_tasks import SB3_ATTRS, TASKS, applied_value  # sibling module (sys.path[0])
 from stable_baselines3 import TD3
 from stable_baselines3.common.noise import NormalActionNoise
 from stable_baselines3.common.utils import update_learning_rate
 
-ENV_ID = "InvertedDoublePendulum-v5"  # why this env: results/vs_ray_tune/README.md
 EVAL_EPISODES = 5
-HPARAMS = ("actor_lr", "critic_lr", "exploration_noise")
-
-# The priors fastpop uses for the same sweep. PBT resamples from these (log-uniform learning
-# rates); PB2 only takes [low, high] bounds and works on a LINEAR scale (see make_scheduler).
-PRIORS = {
-    "actor_lr": tune.loguniform(1e-4, 3e-3),
-    "critic_lr": tune.loguniform(1e-4, 3e-3),
-    "exploration_noise": tune.uniform(0.05, 0.5),
-}
-BOUNDS = {
-    "actor_lr": [1e-4, 3e-3],
-    "critic_lr": [1e-4, 3e-3],
-    "exploration_noise": [0.05, 0.5],
-}
 
 
 class TwoLrTD3(TD3):
@@ -84,7 +77,8 @@ class TD3Trainable(tune.Trainable):
 
     def setup(self, config: dict) -> None:
         torch.set_num_threads(1)  # one CPU per trial; Ray also sets OMP_NUM_THREADS=1
-        self.eval_env = gym.make(ENV_ID)
+        self.task = TASKS[config["task"]]  # the same for every trial of a sweep
+        self.eval_env = gym.make(self.task["env_id"])
         self.train_env = None
         self.model: TwoLrTD3 | None = None
         self.reset_config(config)
@@ -96,7 +90,7 @@ class TD3Trainable(tune.Trainable):
     def _new_train_env(self) -> gym.Env:
         if self.train_env is not None:
             self.train_env.close()
-        self.train_env = gym.make(ENV_ID)
+        self.train_env = gym.make(self.task["env_id"])
         return self.train_env
 
     def _build_fresh_model(self) -> TwoLrTD3:
@@ -107,12 +101,10 @@ class TD3Trainable(tune.Trainable):
             buffer_size=100_000,
             learning_starts=1000,
             batch_size=128,
-            gamma=0.99,
+            tau=0.005,
             train_freq=1,
             gradient_steps=1,
-            policy_delay=2,
-            target_policy_noise=0.2,
-            target_noise_clip=0.5,
+            **self.task["td3"],  # gamma, policy delay, target noise unless they are hparams
             policy_kwargs={"net_arch": [64, 64]},
             seed=self.config["seed"],
             device="cpu",
@@ -122,18 +114,22 @@ class TD3Trainable(tune.Trainable):
         return model
 
     def _apply_hparams(self, model: TwoLrTD3) -> None:
-        """Put actor_lr, critic_lr and exploration_noise from self.config into `model`."""
+        """Put the task's hparams (lrs, action noise, SB3_ATTRS) from self.config in `model`."""
         model.actor_lr = float(self.config["actor_lr"])
         model.critic_lr = float(self.config["critic_lr"])
         update_learning_rate(model.actor.optimizer, model.actor_lr)
         update_learning_rate(model.critic.optimizer, model.critic_lr)
         # SB3 adds action noise to the action rescaled to [-1, 1] (then clips and unscales), so
         # sigma = exploration_noise here IS "exploration_noise x action half-range" in env units,
-        # which is fastpop's definition (InvertedDoublePendulum's actions are in [-1, 1]).
+        # which is fastpop's definition (InvertedDoublePendulum's actions are in [-1, 1],
+        # Pendulum's in [-2, 2]).
         n_act = model.action_space.shape[0]
         model.action_noise = NormalActionNoise(
             mean=np.zeros(n_act), sigma=float(self.config["exploration_noise"]) * np.ones(n_act)
         )
+        for name, (attr, convert) in SB3_ATTRS.items():  # discount, target noise, policy delay
+            if name in self.config:
+                setattr(model, attr, convert(self.config[name]))
 
     def reset_config(self, new_config: dict) -> bool:
         """Apply a new config without restarting the actor process (reuse_actors=True).
@@ -163,7 +159,7 @@ class TD3Trainable(tune.Trainable):
             "env_steps": int(self.model.num_timesteps),
             "env_steps_this_step": int(self.model.num_timesteps - steps_before),
             "wall_time": time.time(),
-            "hparams": {k: float(self.config[k]) for k in HPARAMS},
+            "hparams": {k: applied_value(k, self.config[k]) for k in self.task["priors"]},
         }
 
     def _evaluate(self) -> float:
@@ -202,8 +198,8 @@ class TD3Trainable(tune.Trainable):
         # The saved `_last_obs` belongs to the saving trial's env, not to this fresh one: drop
         # it so the next learn() resets the env instead of storing a transition that never was.
         model._last_obs = None
-        # The zip restores the SAVER's lrs and noise (and the optimizers' param_groups); the
-        # config Ray just gave us (possibly perturbed by PBT/PB2) wins.
+        # The zip restores the SAVER's hparams (and the optimizers' param_groups); the config
+        # Ray just gave us (possibly perturbed by PBT/PB2) wins.
         self._apply_hparams(model)
         self.model = model
 
@@ -260,14 +256,14 @@ class RowsCallback(tune.Callback):
             f.write(json.dumps(line) + "\n")
 
 
-def make_scheduler(name: str, perturbation_interval: int, synch: bool):
+def make_scheduler(name: str, task: dict, perturbation_interval: int, synch: bool):
     if name == "pbt":
         # On exploit, each hparam is resampled from its prior with probability 0.25, else
         # multiplied by 0.8 or 1.2. Ray does not clip the multiplied value to the prior's range.
         return PopulationBasedTraining(
             time_attr="env_steps",
             perturbation_interval=perturbation_interval,
-            hyperparam_mutations=PRIORS,
+            hyperparam_mutations=task["priors"],
             quantile_fraction=0.25,
             resample_probability=0.25,
             metric="episode_return",
@@ -277,11 +273,11 @@ def make_scheduler(name: str, perturbation_interval: int, synch: bool):
     # PB2 takes only [low, high] bounds: it normalizes each one LINEARLY to [0, 1] for its GP
     # (scikit-learn GaussianProcessRegressor, time-varying squared-exponential kernel) and UCB
     # search, so a learning rate in [1e-4, 3e-3] is explored on a linear scale (no log option).
-    # Initial values still come from param_space (the log-uniform priors above).
+    # Initial values still come from param_space (the task's log-uniform priors).
     return PB2(
         time_attr="env_steps",
         perturbation_interval=perturbation_interval,
-        hyperparam_bounds=BOUNDS,
+        hyperparam_bounds=task["bounds"],
         quantile_fraction=0.25,
         metric="episode_return",
         mode="max",
@@ -289,15 +285,16 @@ def make_scheduler(name: str, perturbation_interval: int, synch: bool):
     )
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scheduler", choices=["pbt", "pb2"], default="pbt")
+    p.add_argument("--task", choices=list(TASKS), default="inverted_double_pendulum")
     p.add_argument("--population", type=int, default=8)
     p.add_argument("--cpus", type=int, default=2, help="ray.init(num_cpus=...)")
     p.add_argument("--budget-seconds", type=float, default=600.0, help="whole-sweep wall time")
     p.add_argument("--max-steps", type=int, default=1_000_000, help="per-trial env-step cap")
-    p.add_argument("--perturbation-interval", type=int, default=5000, help="env steps")
-    p.add_argument("--report-steps", type=int, default=2500, help="env steps per step()")
+    p.add_argument("--perturbation-interval", type=int, help="env steps (default: the task's)")
+    p.add_argument("--report-steps", type=int, help="env steps per step() (default: the task's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--synch",
@@ -306,6 +303,15 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    for key in ("perturbation_interval", "report_steps"):  # unset: the task's
+        if getattr(args, key) is None:
+            setattr(args, key, TASKS[args.task][key])
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    task = TASKS[args.task]
 
     out = args.out.resolve()  # Ray's storage_path must be absolute
     out.mkdir(parents=True, exist_ok=True)
@@ -316,14 +322,15 @@ def main() -> None:
     ray.init(num_cpus=args.cpus, include_dashboard=False)
 
     param_space = {
-        **PRIORS,
+        **task["priors"],
+        "task": args.task,
         # num_samples=1 over a grid of `population` indices gives `population` trials (the same
         # as num_samples=population), each knowing its index: trial seed = --seed + index.
         "trial_index": tune.grid_search(list(range(args.population))),
         "seed": tune.sample_from(lambda config: args.seed + config["trial_index"]),
         "report_steps": args.report_steps,
     }
-    scheduler = make_scheduler(args.scheduler, args.perturbation_interval, args.synch)
+    scheduler = make_scheduler(args.scheduler, task, args.perturbation_interval, args.synch)
     t0_holder = {"t0": time.time()}
     callback = RowsCallback(out, args.scheduler, t0_holder)
 
@@ -360,7 +367,8 @@ def main() -> None:
     summary = {
         "framework": "ray_tune",
         "scheduler": args.scheduler,
-        "env_id": ENV_ID,
+        "task": args.task,
+        "env_id": task["env_id"],
         "population": args.population,
         "cpus": args.cpus,
         "budget_seconds": args.budget_seconds,
