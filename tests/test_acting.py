@@ -126,9 +126,12 @@ def test_td3_noise_scales_with_each_slots_exploration_noise():
 
 
 def test_image_observations_convolutions_and_large_slot_sets_keep_the_jitted_policy():
+    def template_of(agent):
+        return policy_template(agent, population.broadcast_hparams(agent.default_hparams(), 2))
+
     def plan(algo, spec, slots, hidden_sizes=(8,)):
         agent = make_agent(algo, spec, hidden_sizes=hidden_sizes)
-        return numpy_policy_for(algo, spec, policy_template(agent, 2), slots, ENVS_PER_MEMBER)
+        return numpy_policy_for(algo, spec, template_of(agent), slots, ENVS_PER_MEMBER)
 
     assert plan("td3", SPEC, 2).leaf_paths[0][:3] == (0, "params", "MLP_0")
     assert (1, "exploration_noise") in plan("td3", SPEC, 2).leaf_paths
@@ -138,7 +141,7 @@ def test_image_observations_convolutions_and_large_slot_sets_keep_the_jitted_pol
     assert plan("td3", SPEC, 8, wide) is None  # out of cache
     assert plan("dqn", EnvSpec(obs_shape=(84, 84, 4), obs_dtype=np.uint8, num_actions=6), 2) is None
     images = EnvSpec(obs_shape=(8, 8, 3), action_dim=3)
-    template = policy_template(make_agent("td3", SPEC, hidden_sizes=(8,)), 2)
+    template = template_of(make_agent("td3", SPEC, hidden_sizes=(8,)))
     assert numpy_policy_for("td3", images, template, 2, 1) is None
     # An actor with a layer NumpyActing does not compute keeps the jitted policy.
     params = template[0]["params"]

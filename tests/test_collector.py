@@ -56,7 +56,8 @@ if __name__ == "__main__":
         "collect": {"num_collectors": 1, "chunk_len": 4, "warmup_steps": 1_000_000},
     })
     replay_spec = build_replay_spec(config, build_env_spec(config))
-    template = policy_template(build_agent(config), config.population.size)
+    agent = build_agent(config)
+    template = policy_template(agent, config_lib.initial_hparams(config, agent))
     zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)  # unread
     with Workers(config, zeros, replay_spec, log=lambda *_: None) as workers:
         deadline = time.monotonic() + 120

@@ -205,7 +205,8 @@ def test_defaults_are_resolved_for_the_algo():
     td3 = load_config(None)
     assert td3.algo == "td3" and td3.env.id == "Pendulum-v1"
     assert td3.agent == dataclasses.asdict(agents.TD3Config())
-    assert td3.hparams == agents.td3.TD3_DEFAULTS
+    # null: agent.n_step, and the agent's support for every member
+    assert td3.hparams == agents.td3.TD3_DEFAULTS | dict.fromkeys(("n_step", "v_min", "v_max"))
     dqn = load_config(None, ["algo=dqn"])
     assert dqn.agent == dataclasses.asdict(agents.DQNConfig())
     assert set(dqn.hparams) == set(agents.DQNHParams._fields)

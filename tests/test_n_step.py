@@ -1,18 +1,23 @@
 """n-step returns (`agent.n_step`): the replay's windows against a hand-written lane that crosses
-a termination and a truncation, their discounted return, and the config field. Vectorized ==
+a termination and a truncation, their discounted return, and the config field; a member's own
+n (hparam `n_step`, traced) against the static n of that value. Vectorized ==
 sequential with n-step: tests/test_population.py; sharded == one device, both collection
 modes: tests/sharding_cases.py."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fastpop import population
 from fastpop.agents import losses
 from fastpop.config import ConfigError, load_config
 from fastpop.population import replay
 from fastpop.types import EnvSpec
+from tests.helpers import leaves_allclose, random_buffers, stacked_hparams, tiny_agent
+from tests.test_population import PER_MEMBER, run_executor
 
 # One lane of ten rows. Row 2's step terminates its episode and row 6's is truncated (a time
 # limit); rows 3 and 7 are the reset steps that hold the final observations (next-step
@@ -94,3 +99,42 @@ def test_n_step_is_an_agent_field_of_every_algorithm(algo):
     assert config.agent["n_step"] == 3
     with pytest.raises(ConfigError, match=r"agent\.n_step: must be >= 1, got 0"):
         load_config(None, [f"algo={algo}", *env, "agent.n_step=0"])
+
+
+def test_a_traced_limit_gives_the_windows_of_that_static_n():
+    """A member's own n (hparam n_step, traced) over a replay gathering agent.n_step = 3 rows:
+    the windows, steps, flags and next observations of a static n of that value, the rewards
+    past it zero."""
+    spec, buffer = lane_buffer()
+    starts = np.asarray(sorted(EXPECTED), np.int32)
+    positions = replay.Positions(lane=np.zeros_like(starts), row=starts)
+    gather = jax.jit(lambda limit: replay.gather_transitions(spec, buffer, positions, 3, limit))
+    for n in (1, 2, 3):
+        traced, static = gather(jnp.int32(n)), replay.gather_transitions(spec, buffer, positions, n)
+        rewards = np.asarray(static.reward).reshape(len(starts), -1)
+        np.testing.assert_array_equal(traced.reward[:, :n], rewards)
+        np.testing.assert_array_equal(traced.reward[:, n:], 0.0)
+        np.testing.assert_array_equal(traced.steps, 1 if n == 1 else static.steps)
+        for field in ("obs", "next_obs", "terminated", "truncated", "action"):
+            np.testing.assert_array_equal(getattr(traced, field), getattr(static, field), field)
+
+
+@pytest.mark.parametrize("name", ["td3", "sac", "dqn"])
+def test_members_own_n_steps_in_one_program_train_as_static_n_steps(name):
+    """One vectorized update of members whose hparam n_step is 1, 2 and 3 (agent.n_step = 3):
+    member i's state after it equals member i's in a population whose agent.n_step is
+    static at i + 1 (same buffers, keys and other hparams)."""
+    size, per_member = 3, {"n_step": [1, 2, 3], **PER_MEMBER[name]}
+    spec, buffers = random_buffers(name, size)
+
+    def trained(n_step: int, n_steps: list[int]):
+        agent = tiny_agent(name, n_step=n_step)
+        hparams = stacked_hparams(agent, size, **{**per_member, "n_step": n_steps})
+        states = population.init_population(agent, jax.random.key(0), hparams)
+        return run_executor("vectorized", agent, spec, buffers, hparams, states, calls=1)[0]
+
+    traced = trained(3, [1, 2, 3])
+    for member, n in enumerate((1, 2, 3)):
+        static = trained(n, [n] * size)
+        assert leaves_allclose(population.member(traced, member), population.member(static, member))
+    assert not leaves_allclose(population.member(traced, 0), population.member(traced, 2))

@@ -75,6 +75,7 @@ def hparams_from_values(hparams_type: type, integer_fields: frozenset[str], **va
             **{
                 name: np.asarray(value, np.int32 if name in integer_fields else np.float32)
                 for name, value in values.items()
+                if value is not None  # an optional field left to its default, None
             }
         )
     )

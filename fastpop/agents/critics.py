@@ -26,16 +26,28 @@ ACTOR_QS = ("first", "min")
 class Critic(NamedTuple):
     """A twin critic's network and, distributional, its support: the atoms' returns, (num_atoms,),
     static as the network's shape (None for a scalar critic): a numpy constant the losses close
-    over, never a traced value (`losses.support_grid` reads its ends in float64)."""
+    over (`losses.support_grid` reads its ends in float64). A member whose hparams v_min and
+    v_max are set (tuned per member) has its own, traced (`member_support`)."""
 
     network: TwinCritic
     support: np.ndarray | None
 
-    def q_values(self, outputs: jax.Array) -> jax.Array:
-        """Both critics' Q from the network's outputs: (..., 2)."""
+    def member_support(self, hparams=None):
+        """The support a member's losses use: the constant one, or where its hparams hold v_min
+        or v_max (not None), a `losses.MemberSupport` of them (the other end the agent's)."""
+        v_min, v_max = (getattr(hparams, end, None) for end in ("v_min", "v_max"))
+        if self.support is None or (v_min is None and v_max is None):
+            return self.support
+        v_min = self.support[0] if v_min is None else v_min
+        v_max = self.support[-1] if v_max is None else v_max
+        return losses.member_support(v_min, v_max, len(self.support))
+
+    def q_values(self, outputs: jax.Array, hparams=None) -> jax.Array:
+        """Both critics' Q from the network's outputs: (..., 2); `hparams`: the member's, for
+        its own support (None: the constant one)."""
         if self.support is None:
             return outputs
-        return losses.categorical_mean(outputs, self.support)
+        return losses.categorical_mean(outputs, self.member_support(hparams))
 
 
 def make_critic(config: ActorCriticConfig) -> Critic:

@@ -65,6 +65,7 @@ class DQNHParams(NamedTuple):
     epsilon_start: jax.Array
     epsilon_end: jax.Array
     epsilon_decay_steps: jax.Array  # int32: env steps of the linear epsilon decay
+    n_step: jax.Array  # int32: the member's n of n-step returns, 1..agent.n_step
 
 
 class DQNState(NamedTuple):
@@ -102,13 +103,14 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
     def default_hparams() -> DQNHParams:
         return hparams_from_values(
             DQNHParams,
-            frozenset({"target_update_period", "epsilon_decay_steps"}),
+            frozenset({"target_update_period", "epsilon_decay_steps", "n_step"}),
             learning_rate=1e-4,
             discount=0.99,
             target_update_period=1000,
             epsilon_start=1.0,
             epsilon_end=0.01,
             epsilon_decay_steps=250_000,
+            n_step=config.n_step,
         )
 
     def init(key: PRNGKey, hparams: DQNHParams) -> DQNState:

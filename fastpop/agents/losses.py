@@ -16,6 +16,8 @@ deliberately no `truncated` argument: a transition cut by a time limit bootstrap
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -193,12 +195,38 @@ def dqn_loss(
 # discount and the flag.
 
 
-def categorical_mean(logits: chex.Array, support: chex.Array) -> chex.Array:
-    """The mean of the distributions of `logits` (any leading axes, atoms last) over `support`:
-    a distributional critic's Q."""
-    chex.assert_rank(support, 1)
-    chex.assert_axis_dimension(logits, -1, support.shape[0])
-    return jnp.sum(jax.nn.softmax(logits, axis=-1) * support, axis=-1)
+class MemberSupport(NamedTuple):
+    """A member's own support (its hparams v_min and v_max, traced: PBT may change them without
+    recompiling), in place of the agent's constant one: its atoms and the grid that
+    `categorical_projection` reads, in float32 (`member_support`)."""
+
+    atoms: jax.Array  # (num_atoms,) returns, evenly spaced from v_min to v_max
+    v_min: jax.Array
+    atoms_per_unit: jax.Array  # (num_atoms - 1) / (v_max - v_min)
+
+
+def member_support(v_min, v_max, num_atoms: int) -> MemberSupport:
+    """The support of `num_atoms` returns from `v_min` to `v_max` (traced scalars)."""
+    v_min, v_max = jnp.asarray(v_min, jnp.float32), jnp.asarray(v_max, jnp.float32)
+    # Atom i at v_min + i * spacing, as numpy's linspace makes the constant support: where the
+    # spacing is a float32 number (20 / 10, 500 / 100), the same atoms bit for bit.
+    spacing = (v_max - v_min) / (num_atoms - 1)
+    atoms = v_min + jnp.arange(num_atoms, dtype=jnp.float32) * spacing
+    return MemberSupport(atoms.at[-1].set(v_max), v_min, (num_atoms - 1) / (v_max - v_min))
+
+
+def support_atoms(support) -> chex.Array:
+    """The returns of a support: a constant (num_atoms,) array, or a `MemberSupport`'s atoms."""
+    return support.atoms if isinstance(support, MemberSupport) else support
+
+
+def categorical_mean(logits: chex.Array, support) -> chex.Array:
+    """The mean of the distributions of `logits` (any leading axes, atoms last) over `support`
+    (constant or a `MemberSupport`): a distributional critic's Q."""
+    atoms = support_atoms(support)
+    chex.assert_rank(atoms, 1)
+    chex.assert_axis_dimension(logits, -1, atoms.shape[0])
+    return jnp.sum(jax.nn.softmax(logits, axis=-1) * atoms, axis=-1)
 
 
 def support_grid(support) -> tuple[float, float]:
@@ -220,7 +248,8 @@ def support_grid(support) -> tuple[float, float]:
 
 def categorical_projection(atoms: chex.Array, probs: chex.Array, support) -> chex.Array:
     """The distribution with mass probs[i] at atoms[i], projected onto `support` (evenly spaced,
-    increasing; a constant: `support_grid`): each atom is clipped to [support[0], support[-1]]
+    increasing; a constant, whose grid `support_grid` reads in double precision, or a
+    `MemberSupport`, whose grid is float32): each atom is clipped to [support[0], support[-1]]
     and its mass split between the two support points around it, in proportion to its
     closeness to each (Bellemare et al., 2017, eq. 7); an atom on a support point gives it all
     its mass.
@@ -229,10 +258,14 @@ def categorical_projection(atoms: chex.Array, probs: chex.Array, support) -> che
     max(0, 1 - |clip(atoms[i]) - support[j]| / spacing) (rlax's), a tenth of its time on a CPU
     at 101 atoms (len(atoms) * len(support) products).
     """
-    chex.assert_rank([atoms, probs, support], 1)
+    points = support_atoms(support)
+    chex.assert_rank([atoms, probs, points], 1)
     chex.assert_equal_shape([atoms, probs])
-    last = support.shape[0] - 1
-    v_min, atoms_per_unit = support_grid(support)
+    last = points.shape[0] - 1
+    if isinstance(support, MemberSupport):
+        v_min, atoms_per_unit = support.v_min, support.atoms_per_unit
+    else:
+        v_min, atoms_per_unit = support_grid(support)
     # (atom - v_min) * (num_atoms - 1) / (v_max - v_min), the ratio rounded to float32 once;
     # clipped as positions, so that rounding never puts an index past either end.
     position = jnp.clip((atoms - v_min) * atoms_per_unit, 0.0, last)
@@ -240,7 +273,7 @@ def categorical_projection(atoms: chex.Array, probs: chex.Array, support) -> che
     # On a support point lower == upper: all the mass goes there, through `to_lower`.
     to_lower = probs * (upper - position + (lower == upper))
     to_upper = probs * (position - lower)
-    projected = jnp.zeros(support.shape, probs.dtype).at[lower.astype(jnp.int32)].add(to_lower)
+    projected = jnp.zeros(points.shape, probs.dtype).at[lower.astype(jnp.int32)].add(to_lower)
     return projected.at[upper.astype(jnp.int32)].add(to_upper)
 
 
@@ -248,14 +281,15 @@ def categorical_target(
     reward: chex.Array,
     bootstrap: chex.Array,
     next_probs: chex.Array,
-    support: chex.Array,
+    support,
     next_shift: chex.Array = 0.0,
 ) -> chex.Array:
     """The projection of reward + bootstrap * (Z' + next_shift), Z' of `next_probs` on
     `support`, held constant. `next_shift` moves every next-state atom alike (SAC: -alpha *
     log pi(a'|s'), the soft value's entropy term)."""
-    chex.assert_rank([reward, bootstrap, next_probs, support, next_shift], [0, 0, 1, 1, 0])
-    atoms = reward + bootstrap * (support + next_shift)
+    points = support_atoms(support)
+    chex.assert_rank([reward, bootstrap, next_probs, points, next_shift], [0, 0, 1, 1, 0])
+    atoms = reward + bootstrap * (points + next_shift)
     return jax.lax.stop_gradient(categorical_projection(atoms, next_probs, support))
 
 
@@ -277,14 +311,15 @@ def categorical_twin_critic_loss(
     """
     chex.assert_rank([logits, next_target_logits], 2)
     chex.assert_equal_shape([logits, next_target_logits])
-    chex.assert_shape(logits, (2, support.shape[0]))
+    points = support_atoms(support)
+    chex.assert_shape(logits, (2, points.shape[0]))
     next_probs = jax.nn.softmax(next_target_logits, axis=-1)
-    # The support closed over, not mapped: a constant (`support_grid`).
+    # The support closed over, not mapped: a constant (`support_grid`) or the member's own.
     project = jax.vmap(
         lambda probs: categorical_target(reward, bootstrap, probs, support, next_shift)
     )
     targets = project(next_probs)
-    means = targets @ support
+    means = targets @ points
     target = jnp.where(means[0] < means[1], targets[0], targets[1])
     return jnp.sum(optax.softmax_cross_entropy(logits, target[None, :]))
 

@@ -61,6 +61,10 @@ class SACHParams(NamedTuple):
     tau: jax.Array
     reward_scale: jax.Array
     target_entropy: jax.Array  # default -|A|
+    n_step: jax.Array  # int32: the member's n of n-step returns, 1..agent.n_step
+    # A distributional critic's support per member (None: agent.v_min / v_max, a constant)
+    v_min: jax.Array | None = None
+    v_max: jax.Array | None = None
 
 
 class SACState(NamedTuple):
@@ -101,7 +105,7 @@ class SACParts(NamedTuple):
     critic_loss(critic, state, batch, hparams, noise) -> (loss, mean q): targets from
     state.target_critic and next actions sampled from state.actor at temperature state.log_alpha
     (a distributional critic's target: its next-state distribution shifted by -alpha * log pi).
-    actor_loss(actor, critic, log_alpha, obs, noise) -> (loss, log-densities of the sampled
+    actor_loss(actor, critic, log_alpha, obs, noise, hparams=None) -> (loss, log-densities of the
     actions).
     critic_step(state, batch, hparams, noise) -> (state, metrics).
     actor_and_temperature_step(state, obs, hparams, noise) -> (state, metrics).
@@ -155,7 +159,7 @@ def critic_batch_loss(critic: Critic):
             next_log_prob,
             alpha,
             hparams.reward_scale,
-            critic.support,
+            critic.member_support(hparams),
         )
 
     return cross_entropies
@@ -183,11 +187,11 @@ def make_sac_parts(
         outputs = critic_net.apply(critic_params, batch.obs, batch.action)
         alpha = jnp.exp(state.log_alpha)
         loss = batch_loss(outputs, batch, hparams, next_outputs, next_log_prob, alpha)
-        return jnp.mean(loss), jnp.mean(critic.q_values(outputs))
+        return jnp.mean(loss), jnp.mean(critic.q_values(outputs, hparams))
 
-    def actor_loss(actor, critic_params, log_alpha, obs, noise):
+    def actor_loss(actor, critic_params, log_alpha, obs, noise, hparams=None):
         action, log_prob = sample_action(actor, obs, noise)
-        q = critic.q_values(critic_net.apply(critic_params, obs, action))
+        q = critic.q_values(critic_net.apply(critic_params, obs, action), hparams)
         return jnp.mean(actor_example_loss(q, log_prob, jnp.exp(log_alpha))), log_prob
 
     def critic_step(state: SACState, batch: Transition, hparams: SACHParams, noise):
@@ -202,7 +206,7 @@ def make_sac_parts(
 
     def actor_and_temperature_step(state: SACState, obs, hparams: SACHParams, noise):
         (pi_loss, log_prob), grads = jax.value_and_grad(actor_loss, has_aux=True)(
-            state.actor, state.critic, state.log_alpha, obs, noise
+            state.actor, state.critic, state.log_alpha, obs, noise, hparams
         )
         actor, actor_opt = adam_step(
             state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
@@ -229,11 +233,11 @@ def make_sac_parts(
     )
 
 
-def default_hparams(spec: EnvSpec) -> SACHParams:
-    """The paper's values; the target entropy -|A|."""
+def default_hparams(spec: EnvSpec, n_step: int = 1) -> SACHParams:
+    """The paper's values; the target entropy -|A|; `n_step`: agent.n_step."""
     return hparams_from_values(
         SACHParams,
-        frozenset(),
+        frozenset({"n_step"}),
         actor_lr=3e-4,
         critic_lr=3e-4,
         alpha_lr=3e-4,
@@ -241,6 +245,7 @@ def default_hparams(spec: EnvSpec) -> SACHParams:
         tau=0.005,
         reward_scale=1.0,
         target_entropy=-float(spec.action_dim),
+        n_step=n_step,
     )
 
 
@@ -307,7 +312,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         draw=draw,
         update_drawn=update_drawn,
         policy_params=lambda state: state.actor,
-        default_hparams=lambda: default_hparams(spec),
+        default_hparams=lambda: default_hparams(spec, config.n_step),
         batch_size=config.batch_size,
         n_step=config.n_step,
         parts=parts,

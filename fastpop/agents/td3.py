@@ -64,8 +64,13 @@ class TD3HParams(NamedTuple):
     noise_clip: jax.Array  # clip of that noise, same units
     policy_delay: jax.Array  # int32: critic steps per actor (and target) step
     exploration_noise: jax.Array  # acting noise std, in units of the action half-range
+    n_step: jax.Array  # int32: the member's n of n-step returns, 1..agent.n_step
+    # A distributional critic's support per member (None: agent.v_min / v_max, a constant)
+    v_min: jax.Array | None = None
+    v_max: jax.Array | None = None
 
 
+INTEGERS = frozenset({"policy_delay", "n_step"})
 TD3_DEFAULTS = {
     "actor_lr": 3e-4,
     "critic_lr": 3e-4,
@@ -101,8 +106,9 @@ class TD3Parts(NamedTuple):
     state.target_actor (state.actor without one) and state.target_critic, smoothed by `noise`,
     standard normal of the batch's action shape (`jax.random.normal(key, batch.action.shape)`);
     squared errors of a scalar critic, cross-entropies of a distributional one.
-    actor_loss(actor, critic, obs) -> -mean Q1(obs, actor(obs)), or with actor_q min -mean
-    min(Q1, Q2) (a distributional critic's Q: its mean).
+    actor_loss(actor, critic, obs, hparams=None) -> -mean Q1(obs, actor(obs)), or with actor_q
+    min -mean min(Q1, Q2) (a distributional critic's Q: its mean over the support of
+    `hparams`, `Critic.member_support`).
     actor_apply(actor, obs) -> deterministic actions.
     optimizer: the moment-only optimizer of `adam_step` (`network_optimizer`).
     """
@@ -133,7 +139,8 @@ def critic_batch_loss(critic: Critic) -> Callable:
     def cross_entropies(logits, batch, hparams, next_logits):
         reward, discount = losses.discounted_rewards(batch, hparams.discount)
         multiplier = bootstrap(discount, batch.terminated)
-        return distributional(logits, reward, multiplier, next_logits, critic.support)
+        support = critic.member_support(hparams)
+        return distributional(logits, reward, multiplier, next_logits, support)
 
     return cross_entropies
 
@@ -167,14 +174,14 @@ def make_td3_parts(
         next_outputs = critic_net.apply(state.target_critic, batch.next_obs, next_action)
         outputs = critic_net.apply(critic_params, batch.obs, batch.action)
         loss = batch_loss(outputs, batch, hparams, next_outputs)
-        return jnp.mean(loss), jnp.mean(critic.q_values(outputs))
+        return jnp.mean(loss), jnp.mean(critic.q_values(outputs, hparams))
 
-    def actor_loss(actor, critic_params, obs):
-        q = critic.q_values(critic_net.apply(critic_params, obs, actor_net.apply(actor, obs)))
-        return jnp.mean(per_example_actor_loss(q))
+    def actor_loss(actor, critic_params, obs, hparams=None):
+        outputs = critic_net.apply(critic_params, obs, actor_net.apply(actor, obs))
+        return jnp.mean(per_example_actor_loss(critic.q_values(outputs, hparams)))
 
     def actor_and_targets_step(state: TD3State, obs, hparams: TD3HParams, due):
-        loss, grads = jax.value_and_grad(actor_loss)(state.actor, state.critic, obs)
+        loss, grads = jax.value_and_grad(actor_loss)(state.actor, state.critic, obs, hparams)
         actor, actor_opt = adam_step(
             state.actor, grads, state.actor_opt, optimizer, hparams.actor_lr
         )
@@ -239,7 +246,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
     std_min = config.exploration_std_min
 
     def default_hparams() -> TD3HParams:
-        return hparams_from_values(TD3HParams, frozenset({"policy_delay"}), **TD3_DEFAULTS)
+        return hparams_from_values(TD3HParams, INTEGERS, **TD3_DEFAULTS, n_step=config.n_step)
 
     def init(key: PRNGKey, hparams: TD3HParams) -> TD3State:
         del hparams

@@ -88,8 +88,9 @@ def force_cpu_jax() -> None:
         sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
-def policy_template(agent, size: int):
-    """Shapes of what the learner publishes: (stacked policy params, stacked hparams, (each
+def policy_template(agent, hparams):
+    """Shapes of what the learner publishes: (stacked policy params, stacked `hparams` (the
+    learner's, `config.initial_hparams`: the fields set per member are part of the layout), (each
     member's trial, the env steps of that trial so far)); `learn/member_clocks.py`. A new trial
     restarts the member's envs and exploration schedules (`SlotTrials`); the step count lets a
     restarted collector resume them where the trial is, instead of from zero."""
@@ -98,8 +99,9 @@ def policy_template(agent, size: int):
 
     from fastpop import population
 
+    size = population.population_size(hparams)
+
     def build():
-        hparams = population.broadcast_hparams(agent.default_hparams(), size)
         states = population.init_population(agent, jax.random.key(0), hparams)
         clocks = (jnp.zeros(size, jnp.int32), jnp.zeros(size, jnp.int32))
         return population.member_policies(agent, states), hparams, clocks
@@ -229,7 +231,8 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: sl
 
     config = config_lib.config_from_dict(spec.config)
     agent = build_agent(config)
-    treedef = jax.tree.structure(policy_template(agent, config.population.size))
+    template = policy_template(agent, config_lib.initial_hparams(config, agent))
+    treedef = jax.tree.structure(template)
     key = jax.random.key(spec.env_seed)
     acting = JaxActing(agent, spec.num_slots, spec.envs.envs_per_member, key)
 

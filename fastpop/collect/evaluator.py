@@ -92,7 +92,8 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> No
     config = config_lib.config_from_dict(spec.config)
     atari = config_lib.atari_options(config)
     agent = build_agent(config)
-    treedef = jax.tree.structure(policy_template(agent, config.population.size))
+    template = policy_template(agent, config_lib.initial_hparams(config, agent))
+    treedef = jax.tree.structure(template)
     ring = ChunkRing.attach(spec.ring)
     try:
         while not stop_flag.is_set() and os.getppid() == spec.parent_pid:

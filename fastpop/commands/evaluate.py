@@ -189,7 +189,8 @@ def format_hparams(hparams: Any) -> str:
     """name=value of a population-of-one's hparams."""
     import numpy as np
 
-    values = {name: np.asarray(value)[0].item() for name, value in hparams._asdict().items()}
+    fields = hparams._asdict().items()
+    values = {name: np.asarray(value)[0].item() for name, value in fields if value is not None}
     return ", ".join(f"{name}={value:.4g}" for name, value in values.items())
 
 
@@ -251,9 +252,10 @@ def _template(config):
     allocated, no replay either. Restoring reads only each leaf's shape and dtype from it."""
     import jax
 
+    from fastpop.config import initial_hparams
     from fastpop.config.build import build_agent, build_env_spec, build_strategy
     from fastpop.learn import update_protocol
-    from fastpop.run.parts import initial_hparams, make_training, run_execution
+    from fastpop.run.parts import make_training, run_execution
 
     try:
         spec = build_env_spec(config)

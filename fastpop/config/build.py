@@ -73,12 +73,27 @@ def default_member_hparams(config: Config, agent) -> Any:
     import numpy as np
 
     defaults = agent.default_hparams()
+    dtype = lambda name: (
+        np.float32 if getattr(defaults, name) is None else getattr(defaults, name).dtype
+    )
     values = {
-        name: np.asarray(value, getattr(defaults, name).dtype)
+        name: np.asarray(value, dtype(name))
         for name, value in config.hparams.items()
-        if value is not None  # null: the agent's environment-dependent default
+        if value is not None  # null: the agent's default (of the env, of its config)
     }
     return defaults._replace(**jax.device_put(values))
+
+
+def initial_hparams(config: Config, agent) -> Any:
+    """Stacked hparams of every member: the config's values and the strategy's overrides."""
+    from fastpop import population
+
+    overrides = member_overrides(config)
+    return population.broadcast_hparams(
+        default_member_hparams(config, agent),
+        config.population.size,
+        **{name: [o[name] for o in overrides] for name in (overrides[0] if overrides else {})},
+    )
 
 
 def atari_options(config: Config):

@@ -68,6 +68,12 @@ _AGENT_RANGES = {
 }
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
+# A member's n of n-step returns: null means agent.n_step, the window the replay gathers and
+# the most any member may take.
+_N_STEP = "n_step"
+# A distributional critic's support per member: null means agent.v_min / v_max for every
+# member, a constant of the program (the HParams field is None).
+_SUPPORT_ENDS = ("v_min", "v_max")
 
 
 def _hparam_range(name: str) -> dict:
@@ -98,13 +104,24 @@ def _table_specs(section: str, algo: str) -> Specs:
     specs = {}
     for name, value in make_agent(algo, probe).default_hparams()._asdict().items():
         value, allowed = np.asarray(value), _hparam_range(name)
-        if name in _ENV_DEPENDENT_HPARAMS:
+        if name in _ENV_DEPENDENT_HPARAMS or name in _SUPPORT_ENDS:
             specs[name] = (float | None, allowed, None)
+        elif name == _N_STEP:
+            specs[name] = (int | None, {"min": 1}, None)  # `_with_agent_ranges`
         elif np.issubdtype(value.dtype, np.integer):
             specs[name] = (int, allowed, int(value))
         else:  # the shortest float32 repr: 3e-4, not 0.00030000001424923539
             specs[name] = (float, allowed, float(str(value)))
     return specs
+
+
+def _with_agent_ranges(specs: Specs, agent: dict) -> Specs:
+    """The hparams' specs where the agent's config bounds them: a member's n_step is at most
+    agent.n_step (its replay gathers that many rows; a member takes the first n_step)."""
+    if _N_STEP not in specs:
+        return specs
+    most = agent.get(_N_STEP, 1)
+    return {**specs, _N_STEP: (int | None, {"min": 1, "max": most}, None)}
 
 
 def _section_types() -> dict[str, type]:
@@ -148,6 +165,8 @@ def _build(raw: dict, r: Reader) -> Config:
     for name, factory in _TOP.items():
         if name in _TABLES:
             specs = _table_specs(name, algo)
+            if name == "hparams":
+                specs = _with_agent_ranges(specs, values["agent"])
             values[name] = read_fields(r, name, raw.get(name), specs, f" for algo {algo}")
         elif name == _STRATEGY_SECTIONS:
             values[name] = {
@@ -157,7 +176,7 @@ def _build(raw: dict, r: Reader) -> Config:
         elif name not in _SCALARS and name != "env":
             values[name] = _read_section(r, name, raw.get(name), factory)
     given = raw["population"] if isinstance(raw.get("population"), dict) else {}
-    specs = _table_specs("hparams", algo)
+    specs = _with_agent_ranges(_table_specs("hparams", algo), values["agent"])
     population, strategy = values["population"], values["strategy"]
     values["population"] = check_member_hparams(r, population, specs, set(given), strategy)
     sections = values[_STRATEGY_SECTIONS]
@@ -199,6 +218,43 @@ def _check_consistency(r: Reader, c: Config) -> None:
     for dotted, violated, problem in checks:
         if violated:
             r.fail(dotted, problem)
+    _check_member_supports(r, c)
+
+
+def _support_end_range(c: Config, end: str) -> tuple[str, float, float] | None:
+    """(where it is set, lowest, highest) of a member's v_min or v_max over its possible values
+    (hparams, grid or prior); None where every member keeps the agent's."""
+    from fastpop.strategies.priors import parse_prior
+
+    if (prior := c.population.priors.get(end)) is not None:
+        prior = parse_prior(end, prior)
+        values = prior.values or (prior.low, prior.high)
+        return f"population.priors.{end}", min(values), max(values)
+    if values := c.population.grid.get(end):
+        return f"population.grid.{end}", min(values), max(values)
+    if c.hparams.get(end) is not None:
+        return f"hparams.{end}", c.hparams[end], c.hparams[end]
+    return None
+
+
+def _check_member_supports(r: Reader, c: Config) -> None:
+    """v_min and v_max per member: only for a distributional critic, and every member's below
+    its v_max whatever the strategy draws (PBT's explore stays inside the priors)."""
+    ranges = {end: _support_end_range(c, end) for end in _SUPPORT_ENDS if end in c.hparams}
+    named = {end: found for end, found in ranges.items() if found is not None}
+    if named and c.agent.get("critic") != "distributional":
+        where = next(iter(named.values()))[0]
+        r.fail(where, "sets a distributional critic's support per member: needs agent.critic: "
+               f"distributional (got {c.agent.get('critic')!r})")  # fmt: skip
+    if not named:
+        return
+    lows = named.get("v_min") or ("agent.v_min", c.agent["v_min"], c.agent["v_min"])
+    highs = named.get("v_max") or ("agent.v_max", c.agent["v_max"], c.agent["v_max"])
+    if lows[2] >= highs[1]:
+        r.fail(lows[0] if "v_min" in named else highs[0],
+               f"lets v_min ({lows[0]}) reach {lows[2]}, not below the lowest v_max "
+               f"({highs[1]}, {highs[0]}): every member's support must run from its v_min up "
+               "to its v_max")  # fmt: skip
 
 
 def _apply_override(raw: dict, text: str, origins: dict[str, str]) -> None:

@@ -86,8 +86,13 @@ def continue_from(training: Training, states, sources) -> Any:
 
 
 def member_hparams_list(hparams: PyTree) -> list[dict]:
-    """Stacked hparams -> one dict of Python numbers per member (as stored: float32, int32)."""
-    fields = {name: np.asarray(value).tolist() for name, value in hparams._asdict().items()}
+    """Stacked hparams -> one dict of Python numbers per member (as stored: float32, int32);
+    optional fields left to the agent's config (None) are not listed."""
+    fields = {
+        name: np.asarray(value).tolist()
+        for name, value in hparams._asdict().items()
+        if value is not None
+    }
     size = len(next(iter(fields.values())))
     return [{name: values[m] for name, values in fields.items()} for m in range(size)]
 
@@ -97,7 +102,7 @@ def selected_hparams(hparams: PyTree, chosen: list[dict]) -> PyTree:
     return population.broadcast_hparams(
         population.member(hparams, 0),
         len(chosen),
-        **{name: [h[name] for h in chosen] for name in hparams._fields},
+        **{name: [h[name] for h in chosen] for name in member_hparams_list(hparams)[0]},
     )
 
 

@@ -23,8 +23,9 @@ from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.population import chunked, chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
 
-# sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit.
-SampleFn = Callable[[PyTree, PRNGKey], Transition]
+# sample_batch(replay_state, key, limit=None) -> Transition: draws one training batch inside the
+# jit; `limit`: the member's own n of n-step returns (`replay.member_n_step`).
+SampleFn = Callable[..., Transition]
 
 EXECUTIONS = ("vectorized", "sequential")
 
@@ -120,7 +121,11 @@ def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float])
     stacked = {}
     for name, value in fields.items():
         values = per_member.get(name)
-        if values is None:
+        if value is None:  # an optional hparam (a default of the agent's config) set per member
+            stacked[name] = None if values is None else jnp.asarray(values, jnp.float32)
+            if values is not None and len(values) != size:
+                raise ValueError(f"hparam {name!r} has {len(values)} values for {size} members")
+        elif values is None:
             stacked[name] = jnp.broadcast_to(value, (size,))
         elif len(values) != size:
             raise ValueError(f"hparam {name!r} has {len(values)} values for {size} members")
@@ -255,13 +260,13 @@ def member_update_loop(plan: UpdatePlan):
 
             def one_update(state, step):
                 positions, drawn = step
-                batch = sample_batch.gather(buffer, positions)
+                batch = sample_batch.gather(buffer, positions, replay.member_n_step(hparams))
                 return agent.update_drawn(state, batch, hparams, drawn)
         else:
             steps = step_keys
 
             def one_update(state, step_key):
-                batch = sample_batch(buffer, step_key[0])
+                batch = sample_batch(buffer, step_key[0], replay.member_n_step(hparams))
                 return agent.update(state, batch, hparams, step_key[1])
 
         if num_updates == 1:  # no loop: see `updates_per_program`

@@ -29,9 +29,11 @@ class Window(NamedTuple):
     last_row: jax.Array
 
 
-def window(rows, position, size, lane_capacity: int, lane, row, n: int) -> Window:
+def window(rows, position, size, lane_capacity: int, lane, row, n: int, limit=None) -> Window:
     """The n-step windows starting at (`lane`, `row`), (B,) each, of one buffer whose ring
-    holds `size` rows written up to `position` (exclusive)."""
+    holds `size` rows written up to `position` (exclusive). `limit`: a traced n of the member's
+    own (its hparam `n_step`), clipped to 1..n; the window's shape stays n, the steps past it
+    are not taken, exactly as if `n` were `limit` (None: n)."""
     offsets = jnp.arange(n)
     at = (row[:, None] + offsets) % lane_capacity  # (B, n): the rows a window may take
     lanes = lane[:, None]
@@ -44,6 +46,8 @@ def window(rows, position, size, lane_capacity: int, lane, row, n: int) -> Windo
     # Step k is taken when every step before it was taken and did not end its episode; the
     # first step always (the sampler drew a valid start).
     goes_on = jnp.concatenate([jnp.ones_like(ended[:, :1]), ~ended[:, :-1] & usable[:, 1:]], 1)
+    if limit is not None:
+        goes_on &= offsets < jnp.clip(limit, 1, n)
     taken = jnp.cumprod(goes_on, axis=1).astype(bool)
     steps = jnp.sum(taken, axis=1).astype(jnp.int32)
     last = jnp.take_along_axis(at, (steps - 1)[:, None], axis=1)[:, 0]

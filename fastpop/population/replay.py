@@ -225,11 +225,12 @@ def sample_positions(
 
 
 def gather_transitions(
-    spec: ReplaySpec, state: ReplayState, positions: Positions, n_step: int = 1
+    spec: ReplaySpec, state: ReplayState, positions: Positions, n_step: int = 1, limit=None
 ) -> Transition:
     """The transitions starting at `positions`; with `n_step` > 1 each spans up to `n_step` rows
-    of its episode (`n_step.window`): its reward is the (B, n_step) window, `steps` the rows
-    taken, and `next_obs` the observation after the last."""
+    of its episode (`n_step.window`), or up to a traced `limit` <= n_step (a member's own n):
+    its reward is the (B, n_step) window, `steps` the rows taken, and `next_obs` the
+    observation after the last."""
     rows, lane, row = state.rows, positions.lane, positions.row
     if n_step == 1:
         obs, next_obs = _stack_frames(spec, rows, lane, row)
@@ -242,7 +243,7 @@ def gather_transitions(
             truncated=rows.truncated[lane, row],
         )
     cap = spec.lane_capacity
-    span = n_step_window(rows, state.position, state.size, cap, lane, row, n_step)
+    span = n_step_window(rows, state.position, state.size, cap, lane, row, n_step, limit)
     return Transition(
         obs=_stack_frames(spec, rows, lane, row)[0],
         action=rows.action[lane, row],
@@ -277,16 +278,23 @@ class Sampler:
 
     spec: ReplaySpec
     batch_size: int
-    n_step: int = 1  # rows a transition's return spans (`gather_transitions`)
+    n_step: int = 1  # rows a transition's return spans at most (`gather_transitions`)
 
-    def __call__(self, state: ReplayState, key: PRNGKey) -> Transition:
-        return self.gather(state, self.positions(state, key))
+    def __call__(self, state: ReplayState, key: PRNGKey, limit=None) -> Transition:
+        return self.gather(state, self.positions(state, key), limit)
 
     def positions(self, state: ReplayState, key: PRNGKey) -> Positions:
         return sample_positions(self.spec, state, key, self.batch_size)
 
-    def gather(self, state: ReplayState, positions: Positions) -> Transition:
-        return gather_transitions(self.spec, state, positions, self.n_step)
+    def gather(self, state: ReplayState, positions: Positions, limit=None) -> Transition:
+        """`limit`: the member's own n (traced, <= n_step; `member_n_step`), None: n_step."""
+        return gather_transitions(self.spec, state, positions, self.n_step, limit)
+
+
+def member_n_step(hparams) -> jax.Array | None:
+    """A member's own n of its n-step returns, its hparam `n_step` (None: an agent without
+    one, which takes the sampler's whole window)."""
+    return getattr(hparams, "n_step", None)
 
 
 # --- memory planning (host side) ---

@@ -127,7 +127,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
         training=training,
         limiter=limiter,
         mesh=mesh,
-        hparams=initial_hparams(config, agent),
+        hparams=config_lib.initial_hparams(config, agent),
         seed=config.seed,
         updates_per_call=config.train.updates_per_call,
     )
@@ -223,16 +223,6 @@ def _check_memory(config: config_lib.Config, spec: EnvSpec, env_bytes: int) -> N
             f"{env_bytes / 2**20:,.1f} MiB more: lower population.size or "
             "collect.envs_per_member"
         )
-
-
-def initial_hparams(config: config_lib.Config, agent):
-    """Stacked hparams of every member: the config's values and the strategy's overrides."""
-    overrides = config_lib.member_overrides(config)
-    return population.broadcast_hparams(
-        config_lib.default_member_hparams(config, agent),
-        config.population.size,
-        **{name: [o[name] for o in overrides] for name in (overrides[0] if overrides else {})},
-    )
 
 
 def make_training(

@@ -82,7 +82,7 @@ def check_member_hparams(
         tp, allowed, _ = specs[name]
         for bound in prior.values or (prior.low, prior.high):
             coerce(r, f"{dotted} (a bound)", bound, float, allowed)
-        if tp is int and not prior.integer:
+        if tp in (int, int | None) and not prior.integer:
             r.fail(dotted, "is an integer hparam: use int_uniform or a choice of integers")
     population = dataclasses.replace(population, grid=grid)
     size, seeds = population_sizes(r, population, set(given), strategy)

@@ -80,10 +80,14 @@ def trained_mean(trained: jax.Array, values: jax.Array) -> jax.Array:
     return jnp.sum(jnp.where(trained, values, 0.0)) / jnp.maximum(jnp.sum(trained), 1)
 
 
-def population_actor_loss(parts, actors, critic, obs, trained, weight, embedding_obs, kernel):
+def population_actor_loss(
+    parts, actors, critic, obs, trained, weight, embedding_obs, kernel, hparams=None
+):
     """sum_m trained_m * TD3 actor loss_m - lambda * log det K, written for the whole population:
-    one `grad` of this gives each actor its own TD3 gradient plus its share of the coupling."""
-    losses = jax.vmap(parts.actor_loss, in_axes=(0, None, 0))(actors, critic, obs)
+    one `grad` of this gives each actor its own TD3 gradient plus its share of the coupling.
+    `hparams`: the critic's (member 0's), whose support its Q is the mean over."""
+    member_loss = lambda actor, member_obs: parts.actor_loss(actor, critic, member_obs, hparams)
+    losses = jax.vmap(member_loss)(actors, obs)
     td3 = jnp.sum(jnp.where(trained, losses, 0.0))
 
     length_scale, jitter = kernel
@@ -129,6 +133,7 @@ def make_update(
             state.diversity_weight,
             embedding_obs,
             kernel,
+            hparams,
         )
         step = jax.vmap(lambda a, g, o, lr: adam_step(a, g, o, parts.optimizer, lr))
         actors, opts = step(state.actors, grads, state.actor_opts, member_hparams.actor_lr)
@@ -148,7 +153,9 @@ def make_update(
         hparams = population.member(member_hparams, 0)
         size = state.trained.shape[0]
         sample_keys, noise_keys = jnp.split(jax.random.split(key, 2 * size), 2)
-        batches = jax.vmap(sample_batch, in_axes=(None, 0))(replay, sample_keys)
+        # The one critic learns with member 0's hparams: its discount, and its n of n-step.
+        n_step = population.replay.member_n_step(hparams)
+        batches = jax.vmap(lambda key: sample_batch(replay, key, n_step))(sample_keys)
         (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
             state.critic, state, batches, hparams, noise_keys
         )
