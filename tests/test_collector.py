@@ -236,7 +236,11 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
         before = chunks(4, workers)  # 2 chunks of warm-up, then the policy
         learner.clocks.start_trials(np.array([False, True]))
         workers.publish_from(learner)
-        after = chunks(1 + 4, workers)  # one of the stopped trial at most, then the trial's
+        after = chunks(1, workers)  # the collector waits for room: then it reads the publish
+        read = time.monotonic() + 5  # (before collectors withdrew their queues: never)
+        while workers.channels.rings[0].skip_below == 0 and time.monotonic() < read:
+            time.sleep(0.005)
+        after += chunks(4, workers)  # one of the stopped trial at most, then the trial's
     assert all(trials == [0, 0] for _, trials in before)
     stamps = [trials for _, trials in after]
     first = stamps.index([0, 1])

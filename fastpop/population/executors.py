@@ -23,8 +23,8 @@ from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.population import chunked, chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
 
-# sample_batch(replay_state, key, limit=None) -> Transition: draws one training batch inside the
-# jit; `limit`: the member's own n of n-step returns (`replay.member_n_step`).
+# sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit; with
+# n-step returns it is called with a third argument, the member's own n (`replay.Sampler`).
 SampleFn = Callable[..., Transition]
 
 EXECUTIONS = ("vectorized", "sequential")
@@ -253,6 +253,9 @@ def member_update_loop(plan: UpdatePlan):
     draws_once = plan.draws_once and hasattr(sample_batch, "positions")
 
     def run(state, buffer, hparams, key):
+        # A member's own n of n-step returns, where the agent's windows span more than one row
+        # (a sampler of one-step transitions is called as any SampleFn: buffer and key only).
+        own_n = (replay.member_n_step(hparams),) if agent.n_step > 1 else ()
         step_keys = jax.vmap(jax.random.split)(jax.random.split(key, num_updates))
         if draws_once:
             positions = jax.vmap(sample_batch.positions, in_axes=(None, 0))(buffer, step_keys[:, 0])
@@ -260,13 +263,13 @@ def member_update_loop(plan: UpdatePlan):
 
             def one_update(state, step):
                 positions, drawn = step
-                batch = sample_batch.gather(buffer, positions, replay.member_n_step(hparams))
+                batch = sample_batch.gather(buffer, positions, *own_n)
                 return agent.update_drawn(state, batch, hparams, drawn)
         else:
             steps = step_keys
 
             def one_update(state, step_key):
-                batch = sample_batch(buffer, step_key[0], replay.member_n_step(hparams))
+                batch = sample_batch(buffer, step_key[0], *own_n)
                 return agent.update(state, batch, hparams, step_key[1])
 
         if num_updates == 1:  # no loop: see `updates_per_program`
