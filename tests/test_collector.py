@@ -183,6 +183,22 @@ def test_a_worker_starts_with_ctrl_c_blocked_and_the_parent_gets_its_own_back():
         worker.join()
 
 
+def learner_with_collectors(size: int, collect: dict, **sections):
+    """(config, Learner) of TD3 on Pendulum-v1 with 8-8 networks, whose collectors send chunks
+    of 8 rows after 16 warm-up steps into rings of 4 (`collect`: more of that section)."""
+    from fastpop import config as config_lib
+    from fastpop.learn.learner import Learner
+    from fastpop.run.parts import build_run
+
+    collect = {"chunk_len": 8, "warmup_steps": 16, "ring_slots": 4, **collect}
+    config = config_lib.config_from_dict({
+        "name": "collector", "algo": "td3", "env": {"id": "Pendulum-v1"},
+        "population": {"size": size}, "agent": {"hidden_sizes": [8, 8]}, "collect": collect,
+        **sections,
+    })  # fmt: skip
+    return config, Learner(build_run(config).learner)
+
+
 def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode():
     """Member 1 starts a fresh trial (the learner publishes its new trial) while the
     collector's ring is full: the learner gets at most one more chunk of the stopped trial (the
@@ -196,23 +212,11 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
     import jax
     import numpy as np
 
-    from fastpop import config as config_lib
     from fastpop.collect.workers import Workers
-    from fastpop.learn.learner import Learner
-    from fastpop.run.parts import build_run
 
-    config = config_lib.config_from_dict(
-        {
-            "name": "fresh-trial",
-            "algo": "td3",
-            "env": {"id": "Pendulum-v1"},
-            "population": {"size": 2},
-            "agent": {"hidden_sizes": [8, 8]},
-            "hparams": {"exploration_noise": 0.0},
-            "collect": {"num_collectors": 1, "chunk_len": 8, "warmup_steps": 16, "ring_slots": 4},
-        }
+    config, learner = learner_with_collectors(
+        2, {"num_collectors": 1}, hparams={"exploration_noise": 0.0}
     )
-    learner = Learner(build_run(config).learner)
     policy = learner.training.policies(learner.states)
 
     def acted(member: int, obs):
@@ -266,23 +270,9 @@ def test_a_member_split_over_two_collectors_loses_one_chunk_of_its_fresh_trial_n
 
     import numpy as np
 
-    from fastpop import config as config_lib
     from fastpop.collect.workers import Workers
-    from fastpop.learn.learner import Learner
-    from fastpop.run.parts import build_run
 
-    config = config_lib.config_from_dict(
-        {
-            "name": "split-member",
-            "algo": "td3",
-            "env": {"id": "Pendulum-v1"},
-            "population": {"size": 1},
-            "agent": {"hidden_sizes": [8, 8]},
-            "collect": {"num_collectors": 2, "envs_per_member": 2, "chunk_len": 8,
-                        "warmup_steps": 16, "ring_slots": 4},
-        }
-    )  # fmt: skip
-    learner = Learner(build_run(config).learner)
+    config, learner = learner_with_collectors(1, {"num_collectors": 2, "envs_per_member": 2})
 
     def wait_until(condition, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
