@@ -43,7 +43,7 @@ import json, sys, time
 import jax
 
 from fastpop import config as config_lib
-from fastpop.collect.collector import policy_template
+from fastpop.collect.collector import config_policy_template
 from fastpop.collect.workers import Workers
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 
@@ -56,8 +56,7 @@ if __name__ == "__main__":
         "collect": {"num_collectors": 1, "chunk_len": 4, "warmup_steps": 1_000_000},
     })
     replay_spec = build_replay_spec(config, build_env_spec(config))
-    agent = build_agent(config)
-    template = policy_template(agent, config_lib.initial_hparams(config, agent))
+    template = config_policy_template(build_agent(config), config)
     zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)  # unread
     with Workers(config, zeros, replay_spec, log=lambda *_: None) as workers:
         deadline = time.monotonic() + 120

@@ -81,6 +81,18 @@ def hparams_from_values(hparams_type: type, integer_fields: frozenset[str], **va
     )
 
 
+def hparam_fields(hparams) -> dict:
+    """name -> value of the fields an HParams holds: an optional field left to its default
+    (None, e.g. a support's ends when the agent's config gives them) is not among them."""
+    return {name: value for name, value in hparams._asdict().items() if value is not None}
+
+
+def hparam_dtype(value):
+    """The dtype of an hparam field's values: its default's, float32 for an optional field left
+    None."""
+    return np.float32 if value is None else value.dtype
+
+
 def adam_step(
     params: PyTree,
     grads: PyTree,

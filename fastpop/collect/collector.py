@@ -89,11 +89,11 @@ def force_cpu_jax() -> None:
 
 
 def policy_template(agent, hparams):
-    """Shapes of what the learner publishes: (stacked policy params, stacked `hparams` (the
-    learner's, `config.initial_hparams`: the fields set per member are part of the layout), (each
-    member's trial, the env steps of that trial so far)); `learn/member_clocks.py`. A new trial
-    restarts the member's envs and exploration schedules (`SlotTrials`); the step count lets a
-    restarted collector resume them where the trial is, instead of from zero."""
+    """Shapes of what the learner publishes: (stacked policy params, stacked `hparams` (arrays or
+    their shapes; the fields set per member are part of the layout), (each member's trial, the
+    env steps of that trial so far)); `learn/member_clocks.py`. A new trial restarts the
+    member's envs and exploration schedules (`SlotTrials`); the step count lets a restarted
+    collector resume them where the trial is, instead of from zero."""
     import jax
     import jax.numpy as jnp
 
@@ -101,12 +101,23 @@ def policy_template(agent, hparams):
 
     size = population.population_size(hparams)
 
-    def build():
+    def build(hparams):
         states = population.init_population(agent, jax.random.key(0), hparams)
         clocks = (jnp.zeros(size, jnp.int32), jnp.zeros(size, jnp.int32))
         return population.member_policies(agent, states), hparams, clocks
 
-    return jax.eval_shape(build)
+    return jax.eval_shape(build, hparams)
+
+
+def config_policy_template(agent, config):
+    """`policy_template` of the hparams the learner of `config` starts with
+    (`config.initial_hparams`), traced for their shapes only: computing them eagerly cost a
+    process ~0.1 s of start-up."""
+    import jax
+
+    from fastpop.config import initial_hparams
+
+    return policy_template(agent, jax.eval_shape(lambda: initial_hparams(config, agent)))
 
 
 TRIAL_FIELD = "trial_epoch"  # per slot, beside a chunk's rows: the trial they were collected for
@@ -231,8 +242,7 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: sl
 
     config = config_lib.config_from_dict(spec.config)
     agent = build_agent(config)
-    template = policy_template(agent, config_lib.initial_hparams(config, agent))
-    treedef = jax.tree.structure(template)
+    treedef = jax.tree.structure(config_policy_template(agent, config))
     key = jax.random.key(spec.env_seed)
     acting = JaxActing(agent, spec.num_slots, spec.envs.envs_per_member, key)
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fastpop.collect import snapshot
-from fastpop.collect.collector import force_cpu_jax, policy_template, report
+from fastpop.collect.collector import config_policy_template, force_cpu_jax, report
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, StopFlag
 from fastpop.gc_settings import tune_for_tracing
 
@@ -92,8 +92,7 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> No
     config = config_lib.config_from_dict(spec.config)
     atari = config_lib.atari_options(config)
     agent = build_agent(config)
-    template = policy_template(agent, config_lib.initial_hparams(config, agent))
-    treedef = jax.tree.structure(template)
+    treedef = jax.tree.structure(config_policy_template(agent, config))
     ring = ChunkRing.attach(spec.ring)
     try:
         while not stop_flag.is_set() and os.getppid() == spec.parent_pid:

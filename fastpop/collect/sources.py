@@ -91,10 +91,9 @@ class ProcessCollection:
     def start_ahead(self, agent) -> None:
         """Starts a fresh run's collectors before its learner is made (run/parts.local_pieces):
         their warm-up acts at random; at its end they wait for `running`'s first publish."""
-        from fastpop.collect.collector import policy_template
-        from fastpop.config import initial_hparams
+        from fastpop.collect.collector import config_policy_template
 
-        template = policy_template(agent, initial_hparams(self.config, agent))
+        template = config_policy_template(agent, self.config)
         zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
         workers = self._workers(zeros, policy_version=None)
         self.workers = workers.__enter__()

@@ -189,8 +189,9 @@ def format_hparams(hparams: Any) -> str:
     """name=value of a population-of-one's hparams."""
     import numpy as np
 
-    fields = hparams._asdict().items()
-    values = {name: np.asarray(value)[0].item() for name, value in fields if value is not None}
+    from fastpop.agents.base import hparam_fields
+
+    values = {name: np.asarray(value)[0].item() for name, value in hparam_fields(hparams).items()}
     return ", ".join(f"{name}={value:.4g}" for name, value in values.items())
 
 

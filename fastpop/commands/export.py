@@ -290,9 +290,9 @@ def plain_hparams(hparams) -> dict:
     """name -> value of one member's hparams; floats as their shortest float32 repr."""
     import numpy as np
 
-    values = {
-        name: np.asarray(value) for name, value in hparams._asdict().items() if value is not None
-    }
+    from fastpop.agents.base import hparam_fields
+
+    values = {name: np.asarray(value) for name, value in hparam_fields(hparams).items()}
     return {
         name: float(str(value)) if np.issubdtype(value.dtype, np.floating) else value.item()
         for name, value in values.items()

@@ -72,12 +72,11 @@ def default_member_hparams(config: Config, agent) -> Any:
     import jax
     import numpy as np
 
+    from fastpop.agents.base import hparam_dtype
+
     defaults = agent.default_hparams()
-    dtype = lambda name: (
-        np.float32 if getattr(defaults, name) is None else getattr(defaults, name).dtype
-    )
     values = {
-        name: np.asarray(value, dtype(name))
+        name: np.asarray(value, hparam_dtype(getattr(defaults, name)))
         for name, value in config.hparams.items()
         if value is not None  # null: the agent's default (of the env, of its config)
     }

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
-from fastpop.agents.base import Agent
+from fastpop.agents.base import Agent, hparam_fields
 from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import sharding
 from fastpop.strategies.base import (
@@ -88,11 +88,7 @@ def continue_from(training: Training, states, sources) -> Any:
 def member_hparams_list(hparams: PyTree) -> list[dict]:
     """Stacked hparams -> one dict of Python numbers per member (as stored: float32, int32);
     optional fields left to the agent's config (None) are not listed."""
-    fields = {
-        name: np.asarray(value).tolist()
-        for name, value in hparams._asdict().items()
-        if value is not None
-    }
+    fields = {name: np.asarray(value).tolist() for name, value in hparam_fields(hparams).items()}
     size = len(next(iter(fields.values())))
     return [{name: values[m] for name, values in fields.items()} for m in range(size)]
 

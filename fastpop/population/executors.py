@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop.agents.base import Agent
+from fastpop.agents.base import Agent, hparam_dtype
 from fastpop.compilation.rarely_run import rarely_run_jit
 from fastpop.population import chunked, chunking, replay
 from fastpop.types import PRNGKey, PyTree, Transition
@@ -121,16 +121,12 @@ def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float])
     stacked = {}
     for name, value in fields.items():
         values = per_member.get(name)
-        if value is None:  # an optional hparam (a default of the agent's config) set per member
-            stacked[name] = None if values is None else jnp.asarray(values, jnp.float32)
-            if values is not None and len(values) != size:
-                raise ValueError(f"hparam {name!r} has {len(values)} values for {size} members")
-        elif values is None:
-            stacked[name] = jnp.broadcast_to(value, (size,))
+        if values is None:  # an optional field left None stays None
+            stacked[name] = None if value is None else jnp.broadcast_to(value, (size,))
         elif len(values) != size:
             raise ValueError(f"hparam {name!r} has {len(values)} values for {size} members")
         else:
-            stacked[name] = jnp.asarray(values, value.dtype)
+            stacked[name] = jnp.asarray(values, hparam_dtype(value))
     return type(hparams)(**stacked)
 
 
@@ -253,9 +249,7 @@ def member_update_loop(plan: UpdatePlan):
     draws_once = plan.draws_once and hasattr(sample_batch, "positions")
 
     def run(state, buffer, hparams, key):
-        # A member's own n of n-step returns, where the agent's windows span more than one row
-        # (a sampler of one-step transitions is called as any SampleFn: buffer and key only).
-        own_n = (replay.member_n_step(hparams),) if agent.n_step > 1 else ()
+        own_n = replay.own_n_args(hparams, agent.n_step)
         step_keys = jax.vmap(jax.random.split)(jax.random.split(key, num_updates))
         if draws_once:
             positions = jax.vmap(sample_batch.positions, in_axes=(None, 0))(buffer, step_keys[:, 0])

@@ -287,14 +287,17 @@ class Sampler:
         return sample_positions(self.spec, state, key, self.batch_size)
 
     def gather(self, state: ReplayState, positions: Positions, limit=None) -> Transition:
-        """`limit`: the member's own n (traced, <= n_step; `member_n_step`), None: n_step."""
+        """`limit`: the member's own n (traced, <= n_step; `own_n_args`), None: n_step."""
         return gather_transitions(self.spec, state, positions, self.n_step, limit)
 
 
-def member_n_step(hparams) -> jax.Array | None:
-    """A member's own n of its n-step returns, its hparam `n_step` (None: an agent without
-    one, which takes the sampler's whole window)."""
-    return getattr(hparams, "n_step", None)
+def own_n_args(hparams, n_step: int) -> tuple:
+    """What a sampler is called with after buffer and key for a member: with n-step windows
+    (`n_step` > 1) the member's own n, its hparam `n_step` (an agent without one: none, the
+    whole window); a sampler of one-step transitions takes buffer and key only, as any
+    `SampleFn`."""
+    own_n = getattr(hparams, "n_step", None)
+    return () if n_step == 1 or own_n is None else (own_n,)
 
 
 # --- memory planning (host side) ---

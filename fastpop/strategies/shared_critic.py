@@ -154,7 +154,7 @@ def make_update(
         size = state.trained.shape[0]
         sample_keys, noise_keys = jnp.split(jax.random.split(key, 2 * size), 2)
         # The one critic learns with member 0's hparams: its discount, and its n of n-step.
-        own_n = (population.replay.member_n_step(hparams),) if plan.agent.n_step > 1 else ()
+        own_n = population.replay.own_n_args(hparams, plan.agent.n_step)
         batches = jax.vmap(lambda key: sample_batch(replay, key, *own_n))(sample_keys)
         (loss, q_mean), grads = jax.value_and_grad(critic_loss, has_aux=True)(
             state.critic, state, batches, hparams, noise_keys
