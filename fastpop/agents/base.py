@@ -9,7 +9,8 @@ one compiled program serves members with different values.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import jax
@@ -200,13 +201,37 @@ class AlgorithmEntry(NamedTuple):
     actions: str
     """The action kind it acts in: "continuous" or "discrete"."""
     numpy_policy: str | None
-    """How a collector acts for it without JAX: a kind of `collect/numpy_policy.KINDS`
-    ("deterministic", "squashed_gaussian", "epsilon_greedy"); None: the agent's jitted act."""
+    """How a collector acts for it without JAX: a kind of `NUMPY_POLICY_HPARAMS`
+    (`collect/numpy_policy.KINDS`: "deterministic", "squashed_gaussian", "epsilon_greedy");
+    None: the agent's jitted act."""
     deterministic_action: str
     """What its act(..., explore=False) is, in words (`fastpop export`'s policy.json)."""
     shared_critic: bool = False
     """Its state and `parts` are TD3's (deterministic actor, twin critics and their targets),
     which the shared-critic strategies (cemrl, dvd) recombine."""
+    numpy_hparams: Mapping[str, str] = MappingProxyType({})
+    """role -> the field of its HParams that its numpy policy reads for that role
+    (`NUMPY_POLICY_HPARAMS`), where the field is not named as the role, e.g.
+    {"exploration_noise": "noise_std"}."""
+    policy_torso: str = "MLP_0"
+    """Its numpy policy's MLP: the module of its policy params' "params" whose `Dense_<i>`
+    layers are the deterministic kind's whole actor, the other kinds' hidden layers (their
+    heads: the `Dense_<i>` layers beside it). flax names an actor's first MLP `MLP_0`."""
+
+    def numpy_hparam_names(self) -> dict[str, str]:
+        """role -> its HParams field, of every hparam its numpy policy reads ({} without one)."""
+        roles = NUMPY_POLICY_HPARAMS.get(self.numpy_policy, ())
+        return {role: self.numpy_hparams.get(role, role) for role in roles}
 
 
 ACTION_KINDS = ("continuous", "discrete")
+NUMPY_POLICY_HPARAMS = {
+    "deterministic": ("exploration_noise",),
+    "squashed_gaussian": (),
+    "epsilon_greedy": ("epsilon_start", "epsilon_end", "epsilon_decay_steps"),
+}
+"""The numpy policies' kinds (`collect/numpy_policy.KINDS`, which acts them) and the roles of
+the hparams each reads: the deterministic kind's Gaussian noise std in half action ranges (with
+agent.exploration_std_min, the top of each episode's draw); epsilon_greedy's epsilon at the
+start, at the end, and the env steps of its linear decay. An algorithm's field of a role is
+named as the role unless its entry names another (`AlgorithmEntry.numpy_hparams`)."""

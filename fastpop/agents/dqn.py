@@ -25,6 +25,8 @@ from fastpop.agents.networks import QNetwork
 from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
+NAME = "dqn"  # its `algo:` in a config, its registry entry's and its Agent's name
+
 
 @dataclasses.dataclass(frozen=True)
 class DQNConfig:
@@ -164,7 +166,7 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         return DQNState(params, target_params, opt_state, step), {"loss": loss, "q_mean": q_mean}
 
     agent = Agent(
-        name="dqn",
+        name=NAME,
         init=init,
         act=act,
         update=keyed_update(no_draws, update_drawn),
@@ -179,7 +181,7 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
 
 
 ENTRY = AlgorithmEntry(
-    name="dqn",
+    name=NAME,
     make=make_dqn,
     config_type=DQNConfig,
     actions="discrete",

@@ -42,6 +42,8 @@ from fastpop.agents.networks import GaussianActor
 from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
+NAME = "sac"  # its `algo:` in a config, its registry entry's and its Agent's name
+
 
 @dataclasses.dataclass(frozen=True)
 class SACConfig(ActorCriticConfig):
@@ -305,7 +307,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         return state, {**critic_metrics, **actor_metrics}
 
     agent = Agent(
-        name="sac",
+        name=NAME,
         init=init,
         act=act,
         update=keyed_update(draw, update_drawn),
@@ -321,7 +323,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
 
 
 ENTRY = AlgorithmEntry(
-    name="sac",
+    name=NAME,
     make=make_sac,
     config_type=SACConfig,
     actions="continuous",

@@ -30,6 +30,8 @@ from fastpop.agents.networks import DeterministicActor
 from fastpop.agents.observation_norm import ObservationStats, with_observation_norm
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition, population_any
 
+NAME = "td3"  # its `algo:` in a config, its registry entry's and its Agent's name
+
 
 @dataclasses.dataclass(frozen=True)
 class TD3Config(ActorCriticConfig):
@@ -289,7 +291,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         return state, {**metrics, "actor_loss": policy_loss}
 
     agent = Agent(
-        name="td3",
+        name=NAME,
         init=init,
         act=act,
         update=keyed_update(draw, update_drawn),
@@ -306,7 +308,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
 
 
 ENTRY = AlgorithmEntry(
-    name="td3",
+    name=NAME,
     make=make_td3,
     config_type=TD3Config,
     actions="continuous",

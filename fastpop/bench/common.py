@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from fastpop.agents import registry
+
 AUTO = "auto"  # DeviceBenchSettings.process_env: the device env's gymnasium counterpart
 
 
@@ -24,7 +26,7 @@ class DeviceBenchSettings(NamedTuple):
 
     env_id: str  # brax/<name>, gymnax/<name>, playground/<Name>
     backend: str | None = None  # brax's pipeline; None: the env's default (gymnax: None)
-    algo: str = "td3"
+    algo: str = registry.DEFAULT
     seconds: float = 6.0  # per measurement, over all its rounds
     chunk_len: int = 32
     updates_per_call: int | None = None  # None: chunk_len

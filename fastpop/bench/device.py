@@ -96,7 +96,8 @@ class Fused:
 
     def __init__(self, config: config_lib.Config):
         from fastpop.learn.learner import Learner
-        from fastpop.run.parts import build_run, make_collection
+        from fastpop.run.parts import build_run
+        from fastpop.run.startup import make_collection
 
         start = time.perf_counter()
         self.parts = parts = build_run(config)

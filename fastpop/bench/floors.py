@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop.agents import Agent
+from fastpop.agents import Agent, dqn, sac, td3
 from fastpop.bench.common import best_seconds
 from fastpop.types import Transition
 
@@ -33,16 +33,17 @@ from fastpop.types import Transition
 PARAM_PASSES = 4
 MOMENT_PASSES = 2  # Adam's moments read + written (their bytes counted from the state)
 TARGET_READS, TARGET_WRITES = 1, 1
-# An agent's optimised trees (tree, its optimizer state) and target trees, by algorithm.
+# An agent's optimised trees (tree, its optimizer state) and target trees, by algorithm: each
+# algorithm's state, as its module writes it.
 OPTIMISED = {
-    "td3": (("critic", "critic_opt"), ("actor", "actor_opt")),
-    "sac": (("critic", "critic_opt"), ("actor", "actor_opt"), ("log_alpha", "alpha_opt")),
-    "dqn": (("params", "opt_state"),),
+    td3.NAME: (("critic", "critic_opt"), ("actor", "actor_opt")),
+    sac.NAME: (("critic", "critic_opt"), ("actor", "actor_opt"), ("log_alpha", "alpha_opt")),
+    dqn.NAME: (("params", "opt_state"),),
 }
 TARGETS = {
-    "td3": ("target_actor", "target_critic"),
-    "sac": ("target_critic",),
-    "dqn": ("target_params",),
+    td3.NAME: ("target_actor", "target_critic"),
+    sac.NAME: ("target_critic",),
+    dqn.NAME: ("target_params",),
 }
 
 
@@ -59,7 +60,7 @@ def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
 
     state = jax.jit(agent.init)(jax.random.key(0), hparams)  # one compile, not one per op
     key = jax.random.key(1)
-    if agent.name == "td3":
+    if agent.name == td3.NAME:
         critic = cost(agent.parts.critic_step, state, batch, hparams, agent.draw(key))
         actor = cost(agent.parts.actor_step, state, batch.obs, hparams, jnp.bool_(True))
         return critic + actor / float(hparams.policy_delay)
@@ -86,10 +87,10 @@ def tree_bytes(tree) -> float:
 def step_fractions(agent: Agent, hparams) -> dict[str, float]:
     """The fraction of update steps on which each optimised tree and each target is written
     (1.0 unless a delayed step writes it)."""
-    if agent.name == "td3":
+    if agent.name == td3.NAME:
         delayed = 1.0 / max(int(hparams.policy_delay), 1)
         return {"actor": delayed, "target_actor": delayed, "target_critic": delayed}
-    if agent.name == "dqn":
+    if agent.name == dqn.NAME:
         return {"target_params": 1.0 / max(int(hparams.target_update_period), 1)}
     return {}
 

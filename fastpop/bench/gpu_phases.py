@@ -14,6 +14,7 @@ import time
 import traceback
 from pathlib import Path
 
+from fastpop.agents import registry
 from fastpop.bench.common import write_json
 from fastpop.bench.gpu_plans import CONFIGS_DIR, RUN_OVERRIDES, TIGHT_DEFAULT
 
@@ -165,7 +166,8 @@ def device_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
             record.save()
 
         try:
-            algo = "dqn" if device_envs.discrete_actions(env_id) else "td3"
+            kind = "discrete" if device_envs.discrete_actions(env_id) else "continuous"
+            algo = registry.default_for(kind)
             settings = DeviceBenchSettings(
                 env_id,
                 None,

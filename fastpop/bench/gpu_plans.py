@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fastpop.agents import dqn, sac, td3
+
 # Every phase, in the order a programme runs those it has plans for (`PROGRAMMES`).
 PHASES = ("update", "device", "pipeline", "pbt", "learning")
 BENCHMARK_PHASES = PHASES[:4]  # the full, --short and --smoke programmes'
@@ -27,9 +29,9 @@ FULL_PLANS = {
         "sweeps": [
             (algo, sizes, ["vectorized", "sequential", "torch"])
             for algo, sizes in (
-                ("td3", [1, 2, 4, 8, 16, 32, 64, 80, 128, 256]),
-                ("sac", [1, 2, 4, 8, 16, 32, 64, 80, 128, 256]),
-                ("dqn", [1, 2, 4, 8, 16, 32, 64]),
+                (td3.NAME, [1, 2, 4, 8, 16, 32, 64, 80, 128, 256]),
+                (sac.NAME, [1, 2, 4, 8, 16, 32, 64, 80, 128, 256]),
+                (dqn.NAME, [1, 2, 4, 8, 16, 32, 64]),
             )
         ],
         "min_seconds": 1.0,
@@ -78,14 +80,15 @@ FULL_PLANS = {
 # brax/ant. `torch-func` (eager, vmapped) and the levers measured before are left to
 # `bench update`; `torch-compile` (each member compiled apart) too.
 TARGET_ROWS = ["vectorized", "sequential-in-one-program", "torch-leanrl"]
+TARGET_ALGOS = (td3.NAME, sac.NAME)  # issue 58's targets' algorithms (bench/gpu_report.py)
 SHORT_PLANS = {
     "update": {
         **FULL_PLANS["update"],
         "sweeps": [
-            *((algo, [80], TARGET_ROWS) for algo in ("td3", "sac")),
-            *((algo, [256], ["vectorized", "torch-leanrl"]) for algo in ("td3", "sac")),
-            *((algo, [1], ["vectorized", "torch-leanrl"]) for algo in ("td3", "sac")),
-            *((algo, [80], ["torch-leanrl-fp32"]) for algo in ("td3", "sac")),
+            *((algo, [80], TARGET_ROWS) for algo in TARGET_ALGOS),
+            *((algo, [256], ["vectorized", "torch-leanrl"]) for algo in TARGET_ALGOS),
+            *((algo, [1], ["vectorized", "torch-leanrl"]) for algo in TARGET_ALGOS),
+            *((algo, [80], ["torch-leanrl-fp32"]) for algo in TARGET_ALGOS),
         ],
         "min_seconds": 0.5,
         "anatomy_from": 80,
@@ -134,7 +137,7 @@ SMOKE_PLANS = {
     "update": {
         # One algorithm, one size: the phase's path, not its sweep (the suite runs it; each
         # program is seconds of XLA on a CPU, and DQN's Nature CNN compiles for long).
-        "sweeps": [("td3", [1], ["vectorized", "sequential"])],
+        "sweeps": [(td3.NAME, [1], ["vectorized", "sequential"])],
         "min_seconds": 0.03,
         "updates_per_call": 2,
         "matmul_size": 128,

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from fastpop.bench.gpu_phases import read_record
-from fastpop.bench.gpu_plans import EVORL_ITERATION, PHASES, TIGHT_DEFAULT
+from fastpop.bench.gpu_plans import EVORL_ITERATION, PHASES, TARGET_ALGOS, TIGHT_DEFAULT
 
 EVORL_SECONDS = 25.0  # EvoRL's PBT-SAC iteration at 256 members on one RTX 3090
 FLOOR_TARGET = 3.0  # issue 58: the vectorized step within 3x of its floor
@@ -43,7 +43,7 @@ def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, s
     (bench/floors.py, the one definition); at P = 80 the vectorized update >= 10x the best
     sequential JAX row and >= 2x the fastest PyTorch row (the LeanRL-class ones included)."""
     rows = []
-    for algo in ("td3", "sac"):
+    for algo in TARGET_ALGOS:
         found = update_rows(out_dir, ((record or {}).get("algos") or {}).get(algo, {}))
         by_key = {(r["impl"], r["population"]): r for r in found}
         for size in (80, 256):

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from fastpop.agents import sac, td3
+
 JAX_IMPLEMENTATIONS = ("vectorized", "sequential", "sequential-in-one-program")
 # PyTorch at its strongest, as LeanRL writes it (torch_leanrl.py): the population's whole step
 # compiled, K steps in one CUDA graph; TF32 matmuls as JAX's default, or off (-fp32).
 LEANRL_IMPLEMENTATIONS = ("torch-leanrl", "torch-leanrl-fp32")
-LEANRL_ALGOS = ("td3", "sac")
+LEANRL_ALGOS = (td3.NAME, sac.NAME)  # the algorithms torch_compiled.py writes as LeanRL does
 TORCH_IMPLEMENTATIONS = ("torch", "torch-compile", "torch-func", *LEANRL_IMPLEMENTATIONS)
 IMPLEMENTATIONS = (*JAX_IMPLEMENTATIONS, *TORCH_IMPLEMENTATIONS)
 SEQUENTIAL = ("sequential", "sequential-in-one-program")

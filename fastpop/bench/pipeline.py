@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from fastpop import config as config_lib
+from fastpop.agents import registry
 from fastpop.bench.common import build_learner, device_label, write_json
 
 
@@ -80,7 +81,8 @@ def bench_pipeline(
     from fastpop.bench.update import bench_update
     from fastpop.envs import env_spec
 
-    algo = "dqn" if env_spec(env_id).discrete else "td3"  # Atari ids: DQN's Nature CNN
+    # the configs' algorithm of the env's action kind (Atari ids: DQN's Nature CNN)
+    algo = registry.default_for("discrete" if env_spec(env_id).discrete else "continuous")
     base = {
         "name": "bench_pipeline",
         "algo": algo,

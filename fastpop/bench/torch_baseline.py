@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ALGOS = ("td3", "sac", "dqn")
+from fastpop.agents import dqn, sac, td3
+
+ALGOS = (td3.NAME, sac.NAME, dqn.NAME)  # the JAX agents these mirror
 VARIANTS = ("eager", "compile", "func")
 
 # HalfCheetah shapes for TD3/SAC, Atari shapes for DQN.
@@ -47,7 +49,7 @@ class ReplayBuffer:
     def __init__(self, algo: str, size: int, seed: int, device: torch.device = CPU):
         self.generator = torch.Generator(device).manual_seed(seed)
         make = {"generator": self.generator, "device": device}
-        if algo == "dqn":
+        if algo == dqn.NAME:
             obs_shape = (size, *ATARI_OBS_SHAPE)
             self.obs = torch.randint(0, 256, obs_shape, dtype=torch.uint8, **make)
             self.next_obs = torch.randint(0, 256, obs_shape, dtype=torch.uint8, **make)
@@ -296,12 +298,12 @@ def make_dqn_agent(seed: int = 0, device: torch.device = CPU) -> DQNAgent:
     return DQNAgent(seed, device=device)
 
 
-AGENT_FACTORIES = {"td3": make_td3_agent, "sac": make_sac_agent, "dqn": make_dqn_agent}
+AGENT_FACTORIES = {td3.NAME: make_td3_agent, sac.NAME: make_sac_agent, dqn.NAME: make_dqn_agent}
 
 
 def default_buffer_size(algo: str, population_size: int) -> int:
     """10k transitions; DQN shrinks (to at least 1k) to keep all image buffers within budget."""
-    if algo != "dqn":
+    if algo != dqn.NAME:
         return MLP_BUFFER_SIZE
     bytes_per_transition = 2 * math.prod(ATARI_OBS_SHAPE)  # obs + next_obs
     fits = DQN_BUFFER_BYTES_BUDGET // (bytes_per_transition * population_size)
@@ -312,7 +314,7 @@ def make_agents(
     algo: str, seeds: range, device: torch.device, hidden: int | None, batch_size: int | None
 ) -> list:
     """One agent per seed; `hidden` (TD3's and SAC's MLP width) and `batch_size` shrink them."""
-    if hidden is not None and algo == "dqn":
+    if hidden is not None and algo == dqn.NAME:
         raise ValueError("hidden sets TD3's and SAC's MLP width; DQN's Nature CNN is fixed")
     options = {} if hidden is None else {"hidden": hidden}
     agents = [AGENT_FACTORIES[algo](seed, device, **options) for seed in seeds]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from torch.func import grad_and_value
 
+from fastpop.agents import sac, td3
 from fastpop.bench.torch_baseline import Batch
 from fastpop.bench.torch_func import FuncSAC, FuncTD3, polyak
 from fastpop.bench.torch_variants import own_code
@@ -244,7 +245,7 @@ class LeanSAC(LeanUpdate):
         return 0
 
 
-LEAN_AGENTS = {"td3": LeanTD3, "sac": LeanSAC}
+LEAN_AGENTS = {td3.NAME: LeanTD3, sac.NAME: LeanSAC}
 
 
 def phases_in_order(lean: LeanUpdate, done: int, updates_per_call: int) -> list[tuple[int, int]]:

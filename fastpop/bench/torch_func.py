@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value
 
+from fastpop.agents import dqn, sac, td3
 from fastpop.bench.torch_baseline import GAMMA, TAU, Batch
 
 Params = dict[str, Tensor]
@@ -215,4 +216,4 @@ class FuncDQN:
         return {"loss": loss}
 
 
-FUNC_AGENTS = {"td3": FuncTD3, "sac": FuncSAC, "dqn": FuncDQN}
+FUNC_AGENTS = {td3.NAME: FuncTD3, sac.NAME: FuncSAC, dqn.NAME: FuncDQN}

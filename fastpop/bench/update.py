@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
-from fastpop.agents import Agent, make_agent
+from fastpop.agents import Agent, make_agent, registry, td3
 from fastpop.bench import anatomy, floors, kernel_times, levers
 from fastpop.bench.common import (
     device_label,
@@ -36,16 +36,20 @@ from fastpop.bench.floors import matmul_gflops, update_cost
 from fastpop.population import replay
 from fastpop.types import EnvSpec, stored_obs
 
-# The paper's shapes: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
-BENCH_SPECS = {
-    "td3": EnvSpec(obs_shape=(17,), action_dim=6),
-    "sac": EnvSpec(obs_shape=(17,), action_dim=6),
-    "dqn": EnvSpec(
+# The paper's shapes, by action kind: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
+SPECS_BY_ACTIONS = {
+    "continuous": EnvSpec(obs_shape=(17,), action_dim=6),
+    "discrete": EnvSpec(
         obs_shape=(84, 84, 4), obs_dtype=np.dtype(np.uint8), num_actions=6, frame_stack=4
     ),
 }
 # Rows of random data per member: enough to sample from, small enough for P=64 in RAM.
-BENCH_REPLAY_ROWS = {"td3": 10_000, "sac": 10_000, "dqn": 1_000}
+REPLAY_ROWS_BY_ACTIONS = {"continuous": 10_000, "discrete": 1_000}
+# by algorithm: those registered when the benchmark is imported
+BENCH_SPECS = {entry.name: SPECS_BY_ACTIONS[entry.actions] for entry in registry.entries()}
+BENCH_REPLAY_ROWS = {
+    entry.name: REPLAY_ROWS_BY_ACTIONS[entry.actions] for entry in registry.entries()
+}
 
 
 def random_rows(spec: replay.ReplaySpec, env_spec: EnvSpec, key) -> replay.Rows:
@@ -137,7 +141,7 @@ def time_executors(
 class UpdateBenchSettings(NamedTuple):
     """What `fastpop bench update` times at every population size and implementation."""
 
-    algo: str  # td3, sac or dqn, on `BENCH_SPECS`' shapes
+    algo: str  # a registered algorithm, on `BENCH_SPECS`' shapes (by its action kind)
     updates_per_call: int = 10
     batch_size: int | None = None  # None: the agent's default
     min_seconds: float = 2.0  # per implementation and population size, over all rounds
@@ -311,7 +315,7 @@ def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
 def actor_step_fraction(agent: Agent) -> float | None:
     """The fraction of update steps that take the update's conditional branch (TD3's delayed
     actor step: 1 / policy_delay), for counting its kernels as they run; None: no such branch."""
-    if agent.name != "td3":
+    if agent.name != td3.NAME:
         return None
     return 1.0 / max(int(agent.default_hparams().policy_delay), 1)
 

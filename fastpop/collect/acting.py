@@ -103,11 +103,11 @@ def numpy_policy_for(
     blocks' LayerNorms), or slots whose weights outgrow the cache. `exploration_std_min`: the
     config's agent.exploration_std_min, where it has one (the deterministic kind's per-episode
     noise)."""
-    kind = registry.get(algo).numpy_policy
-    if kind is None or len(spec.obs_shape) != 1:
+    entry = registry.get(algo)
+    if entry.numpy_policy is None or len(spec.obs_shape) != 1:
         return None
     paths = leaf_paths(published)
-    if not all(_numpy_policy_leaf(path[1:]) for path in paths if path[0] == 0):
+    if not all(_numpy_policy_leaf(path[1:], entry.policy_torso) for path in paths if path[0] == 0):
         return None  # an actor of other layers than NumpyActing computes
     params = jax.tree.leaves(published[0])
     member_bytes = sum(leaf.size * leaf.dtype.itemsize for leaf in params) // params[0].shape[0]
@@ -115,17 +115,22 @@ def numpy_policy_for(
         return None
     bounds = (GaussianActor.log_std_min, GaussianActor.log_std_max)
     low, high = spec.action_low, spec.action_high
-    return NumpyPolicy(kind, envs_per_member, low, high, bounds, paths, exploration_std_min)
+    return NumpyPolicy(
+        *(entry.numpy_policy, envs_per_member, low, high, bounds, paths),
+        torso=entry.policy_torso,
+        hparam_names=entry.numpy_hparam_names(),
+        exploration_std_min=exploration_std_min,
+    )
 
 
-def _numpy_policy_leaf(path: KeyPath) -> bool:
+def _numpy_policy_leaf(path: KeyPath, torso: str) -> bool:
     """Whether an actor param's path is a Dense layer's kernel or bias, in the actor or in its
-    MLP: ("params", "MLP_0", "Dense_1", "kernel"), ("params", "Dense_0", "bias"); or one of
-    the observation statistics published beside them (agent.observation_norm), which
-    NumpyActing applies: ("observation_norm", "mean")."""
+    MLP (`torso`, the entry's): ("params", "MLP_0", "Dense_1", "kernel"), ("params", "Dense_0",
+    "bias"); or one of the observation statistics published beside them
+    (agent.observation_norm), which NumpyActing applies: ("observation_norm", "mean")."""
     if path in ((OBSERVATION_NORM_KEY, "mean"), (OBSERVATION_NORM_KEY, "var")):
         return True
     *modules, leaf = path
     if not modules or modules[0] != "params" or leaf not in ("kernel", "bias"):
         return False
-    return all(m == "MLP_0" or str(m).startswith("Dense_") for m in modules[1:])
+    return all(m == torso or str(m).startswith("Dense_") for m in modules[1:])

@@ -23,7 +23,9 @@ from fastpop.types import OBSERVATION_NORM_KEY, normalized_observation
 # exploration_noise (TD3's; with exploration_std_min, each slot's std drawn between the two at
 # each of its episodes' starts), "squashed_gaussian" tanh of a sample of mean and log-std heads
 # (SAC's), "epsilon_greedy" a uniform random action with probability epsilon, else argmax Q
-# (DQN's).
+# (DQN's). What each reads of an algorithm's params and hparams, its registry entry names
+# (`agents/base.AlgorithmEntry.policy_torso`, `.numpy_hparams`; the hparams' roles:
+# `agents/base.NUMPY_POLICY_HPARAMS`), checked when it is registered; `NumpyPolicy` brings them.
 KINDS = ("deterministic", "squashed_gaussian", "epsilon_greedy")
 
 KeyPath = tuple[str | int, ...]
@@ -31,8 +33,9 @@ KeyPath = tuple[str | int, ...]
 
 class NumpyPolicy(NamedTuple):
     """How a collector acts without JAX: the policy's kind (one of KINDS), its envs per member,
-    the action bounds, a squashed Gaussian's log-std bounds, and the key path of every published
-    leaf (`acting.numpy_policy_for` makes it)."""
+    the action bounds, a squashed Gaussian's log-std bounds, the key path of every published
+    leaf, and what the kind reads of the algorithm's params and hparams, as its registry entry
+    names them (`acting.numpy_policy_for` makes it)."""
 
     kind: str
     envs_per_member: int  # epsilon_greedy's epsilon: a member's env steps = a slot's x this
@@ -40,6 +43,8 @@ class NumpyPolicy(NamedTuple):
     action_high: float
     log_std_bounds: tuple[float, float]
     leaf_paths: tuple[KeyPath, ...]  # (0, "params", "MLP_0", "Dense_0", "kernel"), ...
+    torso: str  # the module of the policy params' "params" holding its MLP: "MLP_0"
+    hparam_names: dict[str, str]  # role -> the algorithm's hparam: {"exploration_noise": ...}
     # The deterministic kind's per-episode noise (agent.exploration_std_min); None: none
     exploration_std_min: float | None = None
 
@@ -118,21 +123,23 @@ class NumpyActing:
         self._episode_draws: np.ndarray | None = None  # per slot, with exploration_std_min
 
     def set_policy(self, params: dict, hparams: dict) -> None:
-        """params: the slots' actor params ({"params": {"MLP_0": ...}}, leading axis: slot, and
-        with agent.observation_norm their statistics, {"observation_norm": {"mean", "var"}});
-        hparams: their hparams by name."""
+        """params: the slots' actor params ({"params": {policy.torso: ...}}, leading axis:
+        slot, and with agent.observation_norm their statistics, {"observation_norm": {"mean",
+        "var"}}); hparams: their hparams by name (those of `policy.hparam_names` are read)."""
         norm = params.get(OBSERVATION_NORM_KEY)
         if norm is not None:  # (slots, 1, obs_dim), as the observations are shaped
             self._observation_norm = tuple(
                 np.asarray(norm[name], np.float32)[:, None, :] for name in ("mean", "var")
             )
         params = params["params"]
-        self._torso = _dense_layers(params["MLP_0"])
+        self._torso = _dense_layers(params[self.policy.torso])
         # SAC's mean and log-std heads; DQN's action values, or with a dueling head its
         # advantages then value (Dense_0, Dense_1): Q = V + A - mean(A) differs from A by a
         # per-state constant, so the argmax of the advantages is Q's (agents/networks.QNetwork).
         self._heads = _dense_layers(params)
-        self._hparams = {name: np.asarray(value) for name, value in hparams.items()}
+        # by role: the kind's names, whatever the algorithm names them
+        names = self.policy.hparam_names.items()
+        self._hparams = {role: np.asarray(hparams[name]) for role, name in names}
         if self.policy.kind == "deterministic":  # its noise per slot, fixed until the next policy
             noise = self._hparams["exploration_noise"].astype(np.float32) * self.half_range
             self._noise_scale = noise[:, None]

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 CUDA_INSTALL = "python -m pip install -e '.[cuda]'"
 CUDA_PLUGINS = ("jax-cuda12-plugin", "jax-cuda13-plugin")
-SMOKE_ALGO, SMOKE_POPULATION = "td3", 8
+SMOKE_POPULATION = 8  # members of the TD3 population whose update is timed
 SMOKE_AGENT: dict = {}  # agent config fields over the benchmark's defaults (tests shrink it)
 
 
@@ -47,7 +47,7 @@ def families() -> list[Family]:
     ]
     device = [
         Family(adapter.PREFIX.rstrip("/"), adapter.PROBE_ID, adapter.PACKAGE, adapter.EXTRA)
-        for adapter in device_envs.FAMILIES
+        for adapter in device_envs.families()
     ]
     return process + device
 
@@ -189,14 +189,14 @@ def report_update(seconds: float) -> None:
     """TD3's update for SMOKE_POPULATION members on the default device, vectorized, timed."""
     import jax
 
-    from fastpop.agents import make_agent
+    from fastpop.agents import make_agent, td3
     from fastpop.bench import levers
     from fastpop.bench.update import BENCH_SPECS, make_executor, random_replay, time_executors
     from fastpop.population import broadcast_hparams, init_population
 
-    agent = make_agent(SMOKE_ALGO, BENCH_SPECS[SMOKE_ALGO], **SMOKE_AGENT)
+    agent = make_agent(td3.NAME, BENCH_SPECS[td3.NAME], **SMOKE_AGENT)
     key = jax.random.key(0)
-    spec, buffers = random_replay(SMOKE_ALGO, SMOKE_POPULATION, key)
+    spec, buffers = random_replay(td3.NAME, SMOKE_POPULATION, key)
     executor, _ = make_executor(levers.parse("vectorized"), agent, spec, updates_per_call=10)
     hparams = broadcast_hparams(agent.default_hparams(), SMOKE_POPULATION)
     states = {"vectorized": init_population(agent, key, hparams)}
@@ -204,7 +204,7 @@ def report_update(seconds: float) -> None:
     timing = time_executors(executors, states, buffers, hparams, seconds)["vectorized"]
     rate = SMOKE_POPULATION * 10 / timing["seconds_per_call"]
     print(
-        f"update: {SMOKE_ALGO.upper()}, {SMOKE_POPULATION} members vectorized on "
+        f"update: {td3.NAME.upper()}, {SMOKE_POPULATION} members vectorized on "
         f"{jax.devices()[0].device_kind}: compiled in {timing['compile_seconds']:.1f} s, "
         f"{rate:,.0f} agent-updates/s over {timing['calls']} calls"
     )
