@@ -12,9 +12,11 @@ import pytest
 from fastpop import config as config_lib
 from fastpop import population
 from fastpop.compilation import compile_stats
+from fastpop.learn.learner import Learner
 from fastpop.learn.replay_store import ReplayStore
 from fastpop.population import replay
 from fastpop.run import checkpoint
+from fastpop.run import parts as run_parts
 from fastpop.run.parts import build_learner
 from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.types import EnvSpec
@@ -51,7 +53,7 @@ def member_buffer(store: ReplayStore, member: int):
 @pytest.mark.parametrize("layout", ["stacked", "listed"])
 def test_no_sampled_transition_or_frame_stack_crosses_a_copied_buffers_join(layout):
     spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
-    store = ReplayStore(spec, layout, size=2, batch_size=8)
+    store = ReplayStore(replay.Sampler(spec, 8), layout, size=2)
     # Member 0's environment writes frames 10, 11, ...; member 1's 100, 101, ...
     for chunk in range(6):
         if chunk == 3:  # PBT exploit with replay: copy: member 1 takes member 0's buffer
@@ -71,9 +73,9 @@ def test_no_sampled_transition_or_frame_stack_crosses_a_copied_buffers_join(layo
 
 def test_join_marks_survive_a_checkpoint():
     spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
-    store = ReplayStore(spec, "stacked", size=3, batch_size=8)
+    store = ReplayStore(replay.Sampler(spec, 8), "stacked", size=3)
     store.copy_members(np.array([0, 0, 2]))
-    restored = ReplayStore(spec, "stacked", size=3, batch_size=8)
+    restored = ReplayStore(replay.Sampler(spec, 8), "stacked", size=3)
     restored.restore(jax.tree.map(np.asarray, store.save()), store.counters())
     assert restored.joins.tolist() == [False, True, False]
 
@@ -85,7 +87,9 @@ def test_listed_and_stacked_buffers_save_alike_and_restore_each_others(
     """An Atari run lists its buffers on one CPU device and stacks them on several (or on an
     accelerator): a checkpoint of either resumes into the other, rows and positions intact."""
     spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
-    stores = {name: ReplayStore(spec, name, size=2, batch_size=8) for name in ("stacked", "listed")}
+    stores = {
+        name: ReplayStore(replay.Sampler(spec, 8), name, size=2) for name in ("stacked", "listed")
+    }
     for chunk in range(3):
         t = np.arange(chunk * CHUNK, (chunk + 1) * CHUNK)
         for store in stores.values():
@@ -94,13 +98,40 @@ def test_listed_and_stacked_buffers_save_alike_and_restore_each_others(
     assert_trees_equal(saved["listed"], saved["stacked"])
     tree = {"buffers": stores[saved_by].save()}
     path = checkpoint.save(tmp_path, 12, tree, {})
-    restored = ReplayStore(spec, restored_into, size=2, batch_size=8)
+    restored = ReplayStore(replay.Sampler(spec, 8), restored_into, size=2)
     template = {"buffers": restored.save()}
     restored.restore(checkpoint.restore(path, template)[0]["buffers"], None)
     for member in range(2):
         assert_trees_equal(
             member_buffer(restored, member), member_buffer(stores[restored_into], member)
         )
+
+
+def test_the_store_samples_with_the_runs_one_sampler(monkeypatch):
+    """The replay store draws with the sampler the run's updates draw with (`run/parts.py`
+    makes it once): with n-step returns its draws are n-step windows too, and the states DvD
+    embeds (their `obs`) are those a one-step draw of the same key gives."""
+    from tests.test_resume import rows_for
+
+    handed, make_training = [], run_parts.make_training
+    spy = lambda *args: handed.append(args[4]) or make_training(*args)  # its sample_batch
+    monkeypatch.setattr(run_parts, "make_training", spy)
+    overrides = ["agent.n_step=3", "agent.batch_size=4", "agent.hidden_sizes=[8,8]"]
+    config = config_lib.load_config(None, ["algo=td3", "env.id=Pendulum-v1", *overrides])
+    parts = run_parts.build_run(config).learner
+    learner = Learner(parts)
+    assert handed == [parts.sampler] and learner.replay.sampler is parts.sampler
+    assert parts.sampler.n_step == 3 and learner.replay.spec is parts.replay_spec
+    learner.config = config  # what rows_for reads
+    for chunk in range(4):
+        learner.insert(rows_for(learner, chunk))
+    key = jax.random.key(5)
+    batch = learner.replay.sample(key)
+    buffer = member_buffer(learner.replay, 0)
+    assert_trees_equal(batch, parts.sampler(buffer, key))
+    assert batch.reward.shape == (4, 3)  # the window of an n-step draw
+    one_step = replay.Sampler(parts.replay_spec, 4)(buffer, key)
+    np.testing.assert_array_equal(np.asarray(batch.obs), np.asarray(one_step.obs))
 
 
 def assert_trees_equal(a, b) -> None:
@@ -140,7 +171,7 @@ def test_whether_the_buffers_are_ready_reads_their_sizes_not_their_rows(layout):
     """Asked until the warm-up ends: each ask read (and copied) every buffer's rows once, ~0.2 s
     a time for two members' Pong replays, to stack their sizes."""
     spec = replay.make_replay_spec(STACKED, capacity=64, lanes=1, chunk_len=CHUNK)
-    store = ReplayStore(spec, layout, size=3, batch_size=8)
+    store = ReplayStore(replay.Sampler(spec, 8), layout, size=3)
     sizes = jax.make_jaxpr(store._layout.sizes)(store.buffers)
     made = [np.prod(v.aval.shape, dtype=int) for e in sizes.eqns for v in e.outvars]
     assert max(made, default=0) <= 3  # nothing row-sized made (stacked: the sizes as they are)
@@ -183,7 +214,7 @@ def test_the_insert_compiled_ahead_is_the_program_the_first_insert_runs(layout):
     add program of its own."""
     size, lanes = 3, 2
     spec = replay.make_replay_spec(STACKED, capacity=64, lanes=lanes, chunk_len=CHUNK)
-    store = ReplayStore(spec, layout, size, batch_size=4)
+    store = ReplayStore(replay.Sampler(spec, 4), layout, size)
     COMPILED.clear()
     store.compile_insert_ahead().result()
     assert COMPILED.count("jit(add)") == 1

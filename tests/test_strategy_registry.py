@@ -11,6 +11,7 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop.config import ConfigError, load_config
+from fastpop.run import progress
 from fastpop.strategies import registry
 from fastpop.strategies.base import Selection, Strategy, StrategyEntry
 from tests.dependencies import require
@@ -123,6 +124,28 @@ def test_a_registered_strategy_is_checked_as_its_entry_says(toy):
     with pytest.raises(ConfigError, match="unknown key 'toy' in --set"):
         load_config(None, ["toy.width=3"])  # without its strategy, no section of that name
     registry.register(toy)
+
+
+def test_a_strategy_reads_its_flags_from_its_entry_alone(toy):
+    """A strategy's flags are kept on its entry only: the built `Strategy` carries the entry
+    (`make_strategy` sets it), so what the learner and device collection read of it cannot
+    disagree with what progress lines read of the registry."""
+    assert "acts_on_evaluations" not in Strategy._fields  # no second place to set it
+    with pytest.raises(TypeError):
+        Strategy("toy", 1, True, lambda: 0, lambda *a: a, acts_on_evaluations=False)
+    config = load_config(None, ["strategy=toy"])
+    built = config_lib.build_strategy(config)
+    assert built.entry is toy and built.acts_on_evaluations  # the entry's default
+    assert progress.late_evaluations_line(2, "toy").startswith("2 evaluation(s)")
+    registry.register(toy._replace(acts_on_evaluations=False), replace=True)
+    built = config_lib.build_strategy(config)
+    assert built.entry is registry.get("toy") and not built.acts_on_evaluations
+    assert progress.late_evaluations_line(2, "toy") is None
+    for name in ("independent", "branch_merge"):  # the built-ins alike
+        strategy = config_lib.build_strategy(load_config(None, [f"strategy={name}"]))
+        assert strategy.entry is registry.get(name)
+        assert strategy.acts_on_evaluations is registry.get(name).acts_on_evaluations
+    assert not registry.get("independent").acts_on_evaluations
 
 
 def test_a_registered_strategy_trains_in_process(toy, tmp_path):

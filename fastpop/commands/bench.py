@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fastpop.agents import ALGORITHMS
+from fastpop.agents import ALGORITHMS, registry
 from fastpop.bench import checkpoint, levers
 from fastpop.bench.checkpoint_timing import fill_replay, tree_bytes
 from fastpop.bench.common import build_learner
@@ -49,8 +49,8 @@ def add_update_parser(benchmarks) -> None:
     update.add_argument(
         "--algo",
         type=one_of("algorithm", ALGORITHMS),
-        default="td3",
-        help=f"one of {', '.join(ALGORITHMS)} (default td3)",
+        default=registry.DEFAULT,
+        help=f"one of {', '.join(ALGORITHMS)} (default {registry.DEFAULT})",
     )
     update.add_argument(
         "--pop",
@@ -155,9 +155,10 @@ def add_device_parser(benchmarks) -> None:
     device.add_argument("--backend", default=None, help="brax backend (default: env.backend's)")
     device.add_argument(
         "--algo",
-        type=one_of("algorithm", ("td3", "sac", "dqn")),
+        type=one_of("algorithm", ALGORITHMS),
         default=None,
-        help="default: dqn for discrete actions, else td3",
+        help=f"default: {registry.default_for('discrete')} for discrete actions, else "
+        f"{registry.default_for('continuous')}",
     )
     device.add_argument(
         "--seconds", type=float, default=6.0, help="timed seconds per measurement (default 6)"
@@ -267,19 +268,20 @@ def run_device(args: argparse.Namespace) -> int:
 
     if not device_envs.is_device_id(args.env):
         return fail(
-            f"--env {args.env}: device mode steps JAX environments ({device_envs.ID_FORMS})"
+            f"--env {args.env}: device mode steps JAX environments ({device_envs.id_forms()})"
         )
     if args.backend is not None and not device_envs.takes_backend(args.env):
-        names = device_envs.BACKEND_FAMILY_NAMES
+        names = device_envs.backend_family_names()
         return fail(f"--backend {args.backend}: only {names} environments have a physics backend")
     try:
         discrete = device_envs.discrete_actions(args.env)
     except ValueError as error:  # UnknownEnvironment, MissingExtra
         return fail(str(error))
+    kind = "discrete" if discrete else "continuous"
     if args.algo is None:
-        args.algo = "dqn" if discrete else "td3"
-    if (args.algo == "dqn") != discrete:
-        kind, fits = ("discrete", "dqn") if discrete else ("continuous", "td3 or sac")
+        args.algo = registry.default_for(kind)
+    if registry.get(args.algo).actions != kind:
+        fits = " or ".join(registry.names_with(actions=kind))
         return fail(f"--algo {args.algo}: {args.env} has {kind} actions: use {fits}")
     agent = {} if args.hidden_sizes is None else {"hidden_sizes": args.hidden_sizes}
     settings = DeviceBenchSettings(

@@ -28,7 +28,7 @@ class EnvConfig:
     `playground/CheetahRun`, ...; pip install -e '.[playground]')."""
     atari_terminal_on_life_loss: bool = False
     """Atari training only: a lost life is a terminal step (Mnih et al.; not Machado et al.)."""
-    backend: str | None = field(None, choices=device_envs.BACKENDS)
+    backend: str | None = field(None, choices=device_envs.BACKENDS)  # live: follows `register`
     """brax ids only: brax's physics pipeline. null: generalized, brax's own default and the
     closest to MuJoCo, for every environment and platform (`brax_envs.default_backend`). spring
     is the choice for speed, 2-5x positional and generalized on a CPU (ant, halfcheetah,
@@ -53,7 +53,8 @@ def check_env(r: Reader, env: EnvConfig) -> EnvConfig:
         r.fail("env.id", str(error))
     problems = {}
     if not device_envs.takes_backend(env_id):
-        names, forms = device_envs.BACKEND_FAMILY_NAMES, device_envs.BACKEND_ID_FORMS
+        names = device_envs.backend_family_names()
+        forms = device_envs.id_forms(with_backends=True)
         problems["backend"] = f"only {names} environments (env.id: {forms}) have a physics backend"
     if device_envs.is_device_id(env_id):
         length = env.episode_length
@@ -62,7 +63,7 @@ def check_env(r: Reader, env: EnvConfig) -> EnvConfig:
         env = dataclasses.replace(env, episode_length=length)
     else:
         problems["episode_length"] = (
-            f"only environments stepped on the device (env.id: {device_envs.ID_FORMS}) take a "
+            f"only environments stepped on the device (env.id: {device_envs.id_forms()}) take a "
             "time limit here; gymnasium environments keep their registered one"
         )
     for name, problem in problems.items():
@@ -107,7 +108,7 @@ def check_collection(r: Reader, config: Any) -> None:
     if not on_device and mode == "device":
         r.fail(
             "collect.mode",
-            f"device steps JAX environments (env.id: {device_envs.ID_FORMS}) on the device, "
+            f"device steps JAX environments (env.id: {device_envs.id_forms()}) on the device, "
             f"and {env_id} is a gymnasium environment, stepped in collector "
             "processes: use collect.mode: processes (or null), or a device id such as "
             "brax/halfcheetah or gymnax/CartPole-v1",

@@ -16,29 +16,114 @@ the env where the family knows), `default_episode_length(env_id)`, `counterpart(
 gymnasium id or None`, `LIBRARIES` (the distributions whose code its programs hold: their
 versions key stored programs, compilation/stored_programs.py) and `BACKENDS` (its physics
 pipelines, () for none; with some, `resolve_backend(env_id, backend)`). A family is its adapter
-and its entry in `FAMILIES`: code elsewhere asks this registry, never a family by name
-(tests/test_env_families.py lists the modules that still do).
+and its registration here (`register`: the built-ins below, a plugin from its own module): code
+elsewhere asks this registry, never a family by name (tests/test_env_families.py lists the
+modules that still do), and everything said of the families (`families`, `id_forms`,
+`BACKENDS`, ...) is read from the registry when it is asked, so a family registered later is in
+it.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from types import ModuleType
 
 from fastpop.envs import brax_envs, gymnax_envs, playground_envs
 from fastpop.types import DeviceEnv, EnvSpec
 
-FAMILIES = (brax_envs, gymnax_envs, playground_envs)
-# For messages: "brax/<name>, gymnax/<name>, playground/<name>"
-ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES)
-# Every family's physics backends (env.backend's choices), and the ids that take one.
-BACKENDS = tuple(dict.fromkeys(name for family in FAMILIES for name in family.BACKENDS))
-BACKEND_ID_FORMS = ", ".join(f"{family.PREFIX}<name>" for family in FAMILIES if family.BACKENDS)
-BACKEND_FAMILY_NAMES = ", ".join(f.PREFIX.rstrip("/") for f in FAMILIES if f.BACKENDS)
+# What an adapter defines: its constants, then its functions (`resolve_backend` too where it
+# has `BACKENDS`).
+ADAPTER_CONSTANTS = ("PREFIX", "EXTRA", "PACKAGE", "PROBE_ID", "LIBRARIES", "BACKENDS")
+ADAPTER_FUNCTIONS = (
+    "check_id",
+    "make",
+    "discrete_actions",
+    "default_episode_length",
+    "counterpart",
+)
+
+_FAMILIES: dict[str, ModuleType] = {}  # PREFIX -> adapter, in registration order
+
+
+def _label(adapter) -> str:
+    return getattr(adapter, "__name__", None) or repr(adapter)
+
+
+def register(adapter: ModuleType) -> ModuleType:
+    """Add a family's adapter (a module, or any object with its names); ValueError for one that
+    lacks a name fastpop asks of it, or whose `PREFIX` is taken or overlaps another's (an id
+    would belong to both)."""
+    missing = [name for name in ADAPTER_CONSTANTS + ADAPTER_FUNCTIONS if not hasattr(adapter, name)]
+    if getattr(adapter, "BACKENDS", ()) and not hasattr(adapter, "resolve_backend"):
+        missing.append("resolve_backend")
+    label = _label(adapter)
+    if missing:
+        raise ValueError(f"env family {label} lacks {', '.join(missing)}")
+    prefix = adapter.PREFIX
+    if not (isinstance(prefix, str) and prefix.endswith("/") and len(prefix) > 1):
+        raise ValueError(f"env family {label}: PREFIX must end with '/', as 'brax/' does")
+    for taken, other in _FAMILIES.items():
+        if prefix.startswith(taken) or taken.startswith(prefix):
+            raise ValueError(
+                f"env family {label}: prefix {prefix!r} is taken by {_label(other)} "
+                f"({taken!r}); a family's ids need a prefix of their own"
+            )
+    _FAMILIES[prefix] = adapter
+    return adapter
+
+
+def unregister(prefix: str) -> None:
+    """Remove a family registered at run time (a test's toy); an unknown prefix is ignored."""
+    _FAMILIES.pop(prefix, None)
+
+
+for _adapter in (brax_envs, gymnax_envs, playground_envs):
+    register(_adapter)
+
+
+def families() -> tuple[ModuleType, ...]:
+    """Every registered family's adapter, the built-ins first."""
+    return tuple(_FAMILIES.values())
+
+
+def id_forms(with_backends: bool = False) -> str:
+    """The device ids' forms, for messages: "brax/<name>, gymnax/<name>, playground/<name>"
+    (`with_backends`: only the families with physics backends)."""
+    return ", ".join(f"{f.PREFIX}<name>" for f in families() if f.BACKENDS or not with_backends)
+
+
+def backend_family_names() -> str:
+    """The families with physics backends, for messages: "brax"."""
+    return ", ".join(f.PREFIX.rstrip("/") for f in families() if f.BACKENDS)
+
+
+class Backends:
+    """Every family's physics backends, read from the registry each time: `env.backend`'s
+    choices (a config field's choices that follows `register`)."""
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for f in families() for name in f.BACKENDS))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __repr__(self) -> str:
+        return repr(self.names())
+
+
+BACKENDS = Backends()
 
 
 def family(env_id: str):
     """The adapter module of a device id, or None for an id stepped in collector processes."""
-    return next((f for f in FAMILIES if env_id.startswith(f.PREFIX)), None)
+    return next((f for f in families() if env_id.startswith(f.PREFIX)), None)
 
 
 def is_device_id(env_id: str) -> bool:
@@ -46,9 +131,9 @@ def is_device_id(env_id: str) -> bool:
 
 
 def family_libraries() -> tuple[str, ...]:
-    """The distributions every family's programs hold (their `LIBRARIES`), read from `FAMILIES`
-    each time: what stored programs add to their key (`make_device_env`)."""
-    return tuple(sorted({name for family in FAMILIES for name in family.LIBRARIES}))
+    """The distributions every family's programs hold (their `LIBRARIES`), read from the
+    registry each time: what stored programs add to their key (`make_device_env`)."""
+    return tuple(sorted({name for family in families() for name in family.LIBRARIES}))
 
 
 def takes_backend(env_id: str) -> bool:
@@ -64,8 +149,8 @@ def resolve_backend(env_id: str, backend: str | None = None) -> str | None:
     if not adapter.BACKENDS:
         if backend is not None:
             raise ValueError(
-                f"backend {backend!r}: only {BACKEND_ID_FORMS} ids have a physics backend, "
-                f"and {env_id} is not one"
+                f"backend {backend!r}: only {id_forms(with_backends=True)} ids have a physics "
+                f"backend, and {env_id} is not one"
             )
         return None
     return adapter.resolve_backend(env_id, backend)

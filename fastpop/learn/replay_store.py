@@ -6,10 +6,11 @@
     listed    one buffer per member, kept as a list (the sequential executor: slicing a stacked
               buffer per member and call would copy it)
 
-`ReplayStore` inserts collected rows, hands the executors the buffers and the in-jit sampler,
-copies members (PBT `replay: copy`), saves and restores. Rows arrive member-major: lanes
-m*E .. m*E+E-1 are member m's E environments. What differs between layouts is a `Layout` of
-functions, chosen once when the store is made: no method asks which layout it has.
+`ReplayStore` inserts collected rows, hands the executors the buffers, samples them with the
+run's one `replay.Sampler` (the one the executors draw with), copies members (PBT `replay:
+copy`), saves and restores. Rows arrive member-major: lanes m*E .. m*E+E-1 are member m's E
+environments. What differs between layouts is a `Layout` of functions, chosen once when the
+store is made: no method asks which layout it has.
 
 A copied buffer goes on receiving rows from its own member's environments, whose stream does
 not continue the source's: the first row written after a copy is marked as an episode start, so
@@ -267,13 +268,14 @@ def rows_adder(layout: Layout, size: int):
 class ReplayStore:
     """Device replay buffers of one run, in one of `LAYOUTS`."""
 
-    def __init__(self, spec: replay.ReplaySpec, layout: str, size: int, batch_size: int, mesh=None):
+    def __init__(self, sampler: replay.Sampler, layout: str, size: int, mesh=None):
+        """`sampler`: the run's one sampler (`run/parts.py`: replay spec, batch size, n-step),
+        the one its updates draw with; the buffers are made for its spec."""
+        spec = sampler.spec
         self._layout = make_layout(spec, layout, size, mesh)
         self.spec, self.layout, self.size = spec, layout, size
-        self.batch_size = batch_size
-        # One training batch from one buffer, inside jit (what the executors call).
-        self.sample_batch = replay.Sampler(spec, batch_size)
-        self._sample = jax.jit(lambda buffer, key: self.sample_batch(buffer, key))
+        self.sampler = sampler
+        self._sample = jax.jit(lambda buffer, key: sampler(buffer, key))
         self.buffers = self._layout.empty()
         self.add_rows = rows_adder(self._layout, size)  # `insert` for a program making rows
         # Members whose next inserted row starts a new stream (their buffer was just copied).
@@ -281,7 +283,9 @@ class ReplayStore:
         self._ready = False  # every buffer holds a transition (two rows per lane)
 
     def sample(self, key: PRNGKey) -> Transition:
-        """A batch from the shared buffer, or from member 0's (DvD's embedding states)."""
+        """A batch from the shared buffer, or from member 0's, drawn as the run's updates draw
+        theirs (n-step windows too): DvD embeds its states (`obs`), which the window leaves
+        as a one-step draw's."""
         return self._sample(self._layout.first(self.buffers), key)
 
     def insert(self, rows: replay.Rows) -> None:

@@ -48,7 +48,9 @@ def member_configurations(population) -> list[dict]:
 
 
 def make_strategy(name: str, setting):
-    """The `Strategy` named `name`, built by its registry entry from a `base.StrategySetting`."""
+    """The `Strategy` named `name`, built by its registry entry from a `base.StrategySetting`
+    and carrying that entry (`Strategy.entry`): its flags are read from the entry alone."""
     from fastpop.strategies import registry
 
-    return registry.get(name).make(setting)
+    entry = registry.get(name)
+    return entry.make(setting)._replace(entry=entry)

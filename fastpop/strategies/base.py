@@ -138,9 +138,15 @@ class Strategy(NamedTuple):
     learning: Learning | None = None  # shared-parameter strategies (cemrl, dvd)
     member_labels: Callable[[Any], list[dict]] | None = None  # per member, fields its
     # metrics rows and members.json carry (halving: {"trial": id}); None: none
-    # False: its steps change nothing (independent members), so an evaluation may come back
-    # whenever it is ready without changing what the run trains
-    acts_on_evaluations: bool = True
+    entry: StrategyEntry | None = None  # its registry entry, set by `make_strategy` (never by
+    # its factory): what is known of it before a run is built is read there, and only there
+
+    @property
+    def acts_on_evaluations(self) -> bool:
+        """Its entry's `StrategyEntry.acts_on_evaluations` (false: its steps change nothing, so
+        an evaluation may come back whenever it is ready without changing what the run trains);
+        True for a strategy made without the registry (a test's), the side that waits."""
+        return True if self.entry is None else self.entry.acts_on_evaluations
 
 
 def no_selection(state, evaluation: Evaluation, hparams: list[dict]):
@@ -208,8 +214,10 @@ class StrategyEntry(NamedTuple):
     """Its members are TD3 actors sharing one critic and one replay buffer, updated in one
     program (`algo` with a shared-critic entry, replay.shared, vectorized, no grid)."""
     acts_on_evaluations: bool = True
-    """Its steps do something with an evaluation's results (false: independent members), so a
-    run reports the evaluations that came back too late for a step."""
+    """Its steps do something with an evaluation's results (false: independent members): a
+    run reports the evaluations that came back too late for a step, and its rounds draw a key
+    and wait for the evaluation's program. The one place this is kept: the built `Strategy`
+    reads it from `Strategy.entry`."""
     wait_option: str | None = None
     """The config field that makes the learner wait for each evaluation, named where a run
     reports evaluations that came back too late for its steps (pbt's `pbt.wait`)."""

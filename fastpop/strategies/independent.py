@@ -49,7 +49,6 @@ def make_independent(evaluation_interval: int) -> Strategy:
         waits_for_evaluation=False,
         init=lambda: (),
         step=lambda state, evaluation, hparams: (state, None),
-        acts_on_evaluations=False,
     )
 
 
