@@ -108,7 +108,8 @@ def train_here(tmp_path: Path, preset: Path, *overrides: str):
     tmp_path/run: the finished `fastpop.run.loop.Run`."""
     from fastpop import config as config_lib
     from fastpop.run import loop
-    from fastpop.run.parts import build_run, local_pieces
+    from fastpop.run.parts import build_run
+    from fastpop.run.startup import local_pieces
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -26,7 +26,8 @@ import numpy as np
 from fastpop import config as config_lib
 from fastpop.compilation import compile_stats
 from fastpop.population import sharding
-from fastpop.run.parts import build_run, make_collection
+from fastpop.run.parts import build_run
+from fastpop.run.startup import make_collection
 from fastpop.schema import ConfigError
 from fastpop.strategies.base import Evaluation
 from tests.helpers import program_names

@@ -15,7 +15,8 @@ from fastpop.collect import snapshot
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import compile_stats
 from fastpop.learn.learner import Learner
-from fastpop.run.parts import build_run, make_collection
+from fastpop.run.parts import build_run
+from fastpop.run.startup import make_collection
 from fastpop.strategies.base import Evaluation
 from tests.dependencies import require
 from tests.helpers import program_names
@@ -140,7 +141,8 @@ def test_a_snapshot_handed_in_while_the_evaluation_compiles(monkeypatch, acts_on
     config = config_lib.load_config(PRESET, [*SMALL, "eval.episodes=2"])
     learner, collection = learner_and_collection(config)
     assert learner.strategy.acts_on_evaluations is False  # the preset's independent members
-    learner.strategy = learner.strategy._replace(acts_on_evaluations=acts_on_evaluations)
+    entry = learner.strategy.entry._replace(acts_on_evaluations=acts_on_evaluations)
+    learner.strategy = learner.strategy._replace(entry=entry)
     release, compile_evaluation = threading.Event(), collection.evaluation._compile
 
     def held_back():
@@ -178,14 +180,15 @@ def test_a_round_of_independent_members_draws_no_key(acts_on_evaluations):
     evaluation deferred past its program's compile comes back after. Strategies that act on
     evaluations draw their round's key from it."""
     learner, _ = learner_and_collection(config_lib.load_config(PRESET, SMALL))
-    learner.strategy = learner.strategy._replace(acts_on_evaluations=acts_on_evaluations)
+    entry = learner.strategy.entry._replace(acts_on_evaluations=acts_on_evaluations)
+    learner.strategy = learner.strategy._replace(entry=entry)
     key = host(learner.key)
     learner.strategy_step(Evaluation(0, 16, np.array([-900.0, -800.0])))
     assert np.array_equal(host(learner.key), key) is not acts_on_evaluations
 
 
 def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_after_it():
-    """A run (run/parts.local_pieces) traces device mode's chunk programs from the learner's
+    """A run (run/startup.start_device) traces device mode's chunk programs from the learner's
     shapes while the learner is made in a thread, compiles each in a thread as soon as it is
     traced and makes the env lanes in a thread: the first chunk compiles nothing more, and every
     chunk gives the numbers of a collection that made them after a learner made first, bit for
@@ -195,7 +198,7 @@ def test_the_chunk_programs_and_lanes_made_beside_the_learner_equal_those_made_a
     learner_ahead = ahead.make_ahead(parts.learner)
     assert ahead.env_lanes._ahead is not None and ahead._programs_ahead is not None
     learner = learner_ahead.result()
-    assert make_collection(parts, learner, device=ahead) is ahead
+    ahead.set_policy_template(learner.policy_template())  # as run/startup.start_device does
     for compiling in ahead._programs_ahead[1:]:
         compiling.result()
     compiled = program_names(compile_stats.BACKEND)

@@ -104,7 +104,7 @@ def test_a_collectors_warm_up_ends_on_a_chunk_boundary():
 def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_its_policies(
     observation_norm,
 ):
-    """A fresh run starts its collectors before it makes its learner (run/parts.local_pieces):
+    """A fresh run starts its collectors before it makes its learner (run/startup.start_processes):
     they send exactly their warm-up's random rows, then wait for the learner's first publish
     rather than step on at random, and act with its policies once `running` publishes them
     (with agent.observation_norm, the statistics published beside the actor's params: still in

@@ -15,7 +15,8 @@ import numpy as np
 
 from fastpop import config as config_lib
 from fastpop.run import loop
-from fastpop.run.parts import build_run, local_pieces
+from fastpop.run.parts import build_run
+from fastpop.run.startup import local_pieces
 from fastpop.strategies.pb2 import to_unit
 from fastpop.strategies.priors import parse_prior
 from tests.dependencies import require

@@ -65,7 +65,8 @@ def test_each_algorithms_population_update_lowers_for_cuda(algo, options):
 def device_learner(algo: str, env_id: str, strategy: str = "independent", size: int = 2):
     """A tiny device-mode learner and its collection (nothing trained)."""
     from fastpop.learn.learner import Learner
-    from fastpop.run.parts import build_run, make_collection
+    from fastpop.run.parts import build_run
+    from fastpop.run.startup import make_collection
 
     data = {"name": "portability", "algo": algo, "strategy": strategy, "env": {"id": env_id}}
     data["agent"] = {"hidden_sizes": [16, 16], "batch_size": 16}
@@ -95,12 +96,11 @@ def test_device_modes_programs_lower_for_cuda(algo, env_id, strategy):
 
     learner, collection = device_learner(algo, env_id, strategy, size=3)
     key = jax.random.key(0)
-    state = chunk_programs.device_state(learner)
-    buffers, states, learner_key, hparams, member_hparams = state
+    buffers, states, learner_key, hparams, member_hparams = learner.state
     programs = chunk_programs.chunk_programs(
         learner.training, learner.replay.add_rows, collection.chunk_rollout
     )
-    plan = chunk_programs.plan_chunk(learner, 1)
+    plan = learner.begin_device_chunk(1)
     lower_for(programs.collect, collection.lanes, buffers, states, key, hparams, plan)
     lower_for(programs.update, buffers, states, learner_key, member_hparams, plan)
     lanes, states, hparams = collection.lanes, learner.states, learner.hparams

@@ -57,7 +57,7 @@ def simulate(limiter: RateLimiter, collector_share: float, ticks: int, seed: int
                 limiter.record_insert()
                 inserts += 1
         elif sample_ok:
-            limiter.record_sample()
+            limiter.record_calls()
             samples += 1
         if limiter.learning:
             learning_inserts = limiter.inserted - limiter.inserted_at_start
@@ -84,7 +84,7 @@ def test_achieved_ratio_counts_from_the_start_of_learning():
     limiter = RateLimiter(4.0, min_size=16, tolerance=0.2, samples_per_call=16, insert_size=8)
     for _ in range(3):  # 24 inserted, learning started at 16
         limiter.record_insert()
-    limiter.record_sample()
+    limiter.record_calls()
     assert limiter.achieved_samples_per_insert == pytest.approx(16 / 8)
 
 
@@ -113,7 +113,7 @@ def simulate_timed(limiter: RateLimiter, ticks_per_call: int, ticks: int) -> lis
         if limiter.can_insert():
             limiter.record_insert()
         if tick >= busy_until and limiter.can_sample():
-            limiter.record_sample()  # the call's samples count when it starts, as in run/loop.py
+            limiter.record_calls()  # the call's samples count when it starts, as in run/loop.py
             busy_until = tick + ticks_per_call
         if limiter.learning:
             target = limiter.samples_per_insert * (limiter.inserted - limiter.inserted_at_start)
@@ -159,7 +159,7 @@ def test_the_fast_side_runs_ahead_by_a_bounded_amount():
         while limiter.can_sample() and limiter.sampled + 64 <= 16.0 * (
             limiter.inserted - limiter.inserted_at_start
         ):
-            limiter.record_sample()
+            limiter.record_calls()
     chunks_ahead = 0
     while limiter.can_insert():
         limiter.record_insert()
@@ -168,12 +168,12 @@ def test_the_fast_side_runs_ahead_by_a_bounded_amount():
     assert chunks_ahead <= slack / (16.0 * 16) + 1
     while not limiter.can_insert():
         assert limiter.can_sample()
-        limiter.record_sample()
+        limiter.record_calls()
     # And the converse: a learner alone stops once it is `slack` ahead, not a fraction ahead.
     for _ in range(1_000):
         limiter.record_insert()
     while limiter.can_sample():
-        limiter.record_sample()
+        limiter.record_calls()
     learning_inserts = limiter.inserted - limiter.inserted_at_start
     ahead = limiter.sampled - 16.0 * learning_inserts
     assert 0 < ahead <= slack

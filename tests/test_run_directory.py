@@ -10,7 +10,7 @@ import pytest
 
 from fastpop.commands import cli, run_directory
 from fastpop.config import ConfigError
-from fastpop.run import loop, parts, resume
+from fastpop.run import loop, resume, startup
 from tests.runs import TD3_PENDULUM
 
 
@@ -118,7 +118,7 @@ def test_overwrite_empties_a_run_and_holds_it_while_training(tmp_path, monkeypat
         return 0
 
     # no learner, no collectors: only what the command does with the directory
-    monkeypatch.setattr(parts, "local_pieces", lambda *args, **kwargs: None)
+    monkeypatch.setattr(startup, "local_pieces", lambda *args, **kwargs: None)
     monkeypatch.setattr(loop.Run, "__init__", lambda self, *args, **kwargs: None)
     monkeypatch.setattr(cli, "execute", execute)
     assert train(run, "--overwrite") == 0

@@ -8,6 +8,7 @@ on in this process with a temporary FASTPOP_CACHE_DIR.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fastpop import config as config_lib
 from fastpop.compilation import compile_cache, compile_stats, static_codec, stored_programs
 from tests.dependencies import require
 from tests.helpers import program_names, train_here
@@ -371,3 +373,19 @@ def test_fields_left_out_of_the_identity_change_no_program(tmp_path, monkeypatch
         programs = sorted((tmp_path / str(index) / "programs").glob("*.program"))
         blobs.append({path.name: path.read_bytes() for path in programs})
     assert len(blobs[0]) == 4 and blobs[0] == blobs[1]  # collect, update, evaluate, lanes
+
+
+def test_an_edited_plugin_keys_its_programs_anew(tmp_path, monkeypatch):
+    """A plugin's code decides the programs of a run that names it (an algorithm's update): the
+    identity they are stored under hashes its source, so an edited plugin is traced again
+    rather than loaded stale. (Before, only fastpop's own sources keyed them.)"""
+    from fastpop.run.parts import program_identity
+
+    (tmp_path / "edited_plugin.py").write_text("SCALE = 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "edited_plugin", raising=False)
+    config = config_lib.load_config(GYMNAX, ["plugins=[edited_plugin]"])
+    before = program_identity(config)
+    assert program_identity(config) == before  # the same source, the same identity
+    (tmp_path / "edited_plugin.py").write_text("SCALE = 2.0\n")
+    assert program_identity(config) != before

@@ -21,7 +21,7 @@ from fastpop.collect.device_evaluation import DeviceEvaluation
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
-from fastpop.learn.learner import Learner, LearnerParts
+from fastpop.learn.learner import Learner, LearnerParts, rows_adder_for, state_shapes
 from fastpop.learn.update_protocol import Training
 from fastpop.population import sharding
 from fastpop.types import EnvSpec
@@ -211,7 +211,7 @@ class DeviceCollection:
         return []
 
     def make_ahead(self, learner_parts: LearnerParts) -> Future | None:
-        """Before the learner `learner_parts` make is made (run/parts.local_pieces; one device,
+        """Before the learner `learner_parts` make is made (run/startup.start_device; one device,
         one process): the env lanes made in a thread, and the chunk's programs traced here from
         shapes, a run's longest trace, while the learner is made in a thread (XLA compiles its
         members' init on the other core), each compiled in a thread of its own as soon as it
@@ -222,7 +222,7 @@ class DeviceCollection:
         if self.env_lanes.placement is not None or jax.process_count() > 1:
             return None
         self.env_lanes.make_ahead()
-        add_rows, state = chunk_programs.chunk_program_inputs(learner_parts)
+        add_rows, state = rows_adder_for(learner_parts), state_shapes(learner_parts)
         learner = in_background(Learner, learner_parts)
         rollout, identity = self.chunk_rollout, self._identity
         programs = chunk_programs.chunk_programs(

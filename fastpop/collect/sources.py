@@ -89,7 +89,7 @@ class ProcessCollection:
         self.stop_check: Callable[[], None] = lambda: None
 
     def start_ahead(self, agent) -> None:
-        """Starts a fresh run's collectors before its learner is made (run/parts.local_pieces):
+        """Starts a fresh run's collectors before its learner is made (run/startup.start_processes):
         their warm-up acts at random; at its end they wait for `running`'s first publish."""
         from fastpop.collect.collector import config_policy_template
 

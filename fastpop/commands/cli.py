@@ -178,7 +178,8 @@ def train_config(config, run_dir: Path, overwrite: bool) -> int:
     from fastpop.commands import run_directory
     from fastpop.config import ConfigError
     from fastpop.run.loop import CHECKPOINTS_DIR, Run
-    from fastpop.run.parts import build_run, local_pieces
+    from fastpop.run.parts import build_run
+    from fastpop.run.startup import local_pieces
 
     descriptor = None
     try:

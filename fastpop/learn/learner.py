@@ -3,7 +3,10 @@ bookkeeping around it (rate limiter, update counter, the strategy's state).
 
 `Run` (fastpop.run.loop) drives it: `insert` collected rows, `update` when `can_update`,
 `policy_copy` / `host_policy_tree` for the workers, `strategy_step` after each evaluation round;
-device mode's chunk (fastpop.collect.chunk_programs) reads and sets its arrays and counters.
+device mode's chunk (fastpop.collect.chunk_programs) runs between `begin_device_chunk` and
+`end_device_chunk` on its `state`. Its device arrays are a `LearnerState`, made and updated by
+the pure functions of fastpop.learn.learner_state that both modes call; its host counters are
+one `Bookkeeping` (fastpop.learn.bookkeeping) that both modes go through.
 How members are trained and changed between rounds is the strategy's `Training`
 (fastpop.learn.update_protocol); where rows live is the `ReplayStore`: the learner depends on
 neither's kind. Its parts are built once, by fastpop.run.parts; its update calls are counted
@@ -19,11 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop.learn import member_clocks, policy_copy, update_protocol
-from fastpop.learn.member_clocks import MemberClocks
+from fastpop.learn import learner_state, member_clocks, policy_copy, update_protocol
+from fastpop.learn.bookkeeping import Bookkeeping
+from fastpop.learn.learner_state import ChunkPlan, LearnerState
 from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.learn.rate_limiter import RateLimiter
-from fastpop.learn.replay_store import ReplayStore
+from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
 from fastpop.learn.update_calls import UpdateCalls
 from fastpop.population import replay, sharding
 from fastpop.strategies.base import Evaluation, Strategy
@@ -47,6 +51,7 @@ class LearnerParts(NamedTuple):
     env_spec: EnvSpec
     replay_spec: replay.ReplaySpec
     replay_layout: str  # replay_store.LAYOUTS
+    sampler: replay.Sampler  # the run's one sampler: its updates' and the replay store's
     population_size: int
     strategy: Strategy
     training: update_protocol.Training
@@ -64,25 +69,41 @@ class Learner:
         self.agent, self.size = parts.agent, parts.population_size
         self.hparams = parts.hparams
         self.mesh = parts.mesh  # None: one device
-        self.replay = ReplayStore(
-            parts.replay_spec, parts.replay_layout, self.size, parts.agent.batch_size, self.mesh
-        )
+        self.replay = ReplayStore(parts.sampler, parts.replay_layout, self.size, self.mesh)
         self.strategy = parts.strategy
         self.training = parts.training
-        self.key, init_key = jax.random.split(jax.random.key(parts.seed))
-        self.key = self._replicated(self.key)
-        self.states, self.strategy_state = self.training.init(init_key, self.hparams)
-        self.member_hparams = self.training.adopt(self.hparams)
-        self.limiter = parts.limiter
-        self.calls = UpdateCalls(self.mesh, parts.updates_per_call)
-        self.clocks = MemberClocks(self.size)  # versions and trials (learn/member_clocks.py)
-        # Counts changes of the acting policies (updates, selections, restores): a collection
-        # whose workers act with copies sends them new ones when it differs from what it sent.
-        self.policy_version = 0
+        # `learner_state.init_state`'s, the buffers made by the replay store
+        made = learner_state.init_agents(self.training, self.hparams, parts.seed)
+        self.states, key, self.member_hparams, self.strategy_state = made
+        self.key = self._replicated(key)
+        self.book = Bookkeeping(
+            self.size, parts.limiter, UpdateCalls(self.mesh, parts.updates_per_call)
+        )
+
+    # The bookkeeping's counters, as the run loop, progress and checkpoints read them.
+    limiter = property(lambda self: self.book.limiter)
+    clocks = property(lambda self: self.book.clocks)
+    calls = property(lambda self: self.book.calls)
+
+    @property
+    def policy_version(self) -> int:
+        return self.book.policy_version
 
     @property
     def buffers(self):
         return self.replay.buffers
+
+    @property
+    def state(self) -> LearnerState:
+        """Every device array of the learner (its strategy's state aside)."""
+        return LearnerState(
+            self.replay.buffers, self.states, self.key, self.hparams, self.member_hparams
+        )
+
+    @state.setter
+    def state(self, state: LearnerState) -> None:
+        self.replay.buffers, self.states, self.key = state.buffers, state.states, state.key
+        self.hparams, self.member_hparams = state.hparams, state.member_hparams
 
     def _replicated(self, key):
         """The learner's key on every device of the mesh, as a program over the mesh returns it
@@ -132,7 +153,7 @@ class Learner:
         )
         self.calls.updates = counters["updates"]
         self.clocks.restore(counters["clocks"])
-        self.policy_version += 1
+        self.book.policies_changed()
         limiter = self.limiter
         limiter.inserted, limiter.sampled = counters["inserted"], counters["sampled"]
         limiter.inserted_at_start = counters["inserted_at_start"]
@@ -188,11 +209,24 @@ class Learner:
         `lane_epochs`: per lane, the trial its collector acted for (None: the current ones).
         A member's rows of a stopped trial are taken out of its buffer again, so that a fresh
         trial learns from its own rows only (`MemberClocks`)."""
-        own = self.clocks.own_rows(lane_epochs)
-        before = self.limiter.inserted
+        start = self.book.begin_chunk(lane_epochs)
         self.replay.insert(rows)
-        self.limiter.record_insert()
-        self.replay.clear_members(self.clocks.record_rows(own, before))
+        self.replay.clear_members(start.stale)
+
+    def begin_device_chunk(self, lanes_per_member: int) -> ChunkPlan:
+        """Device mode: the insert of the next chunk of rows (made on the device) recorded, and
+        what its programs need fixed: the env steps before it, the join marks (cleared here),
+        the update calls the rows allow (`Bookkeeping.calls_due`)."""
+        start = self.book.begin_chunk()  # rows made for the current trials: none stale
+        joins = self.replay.take_joins()
+        calls = np.int32(self.book.calls_due(lanes_per_member))
+        return ChunkPlan(start.env_steps, joins, calls, start.restarts)
+
+    def end_device_chunk(self, state: LearnerState, plan: ChunkPlan, metrics: dict) -> None:
+        """The state a chunk's programs returned, and their update calls counted (`metrics`:
+        the last call's)."""
+        self.state = state
+        self.book.end_calls(int(plan.calls), metrics)
 
     def can_update(self) -> bool:
         """The rate limiter allows a call and every buffer holds a transition to sample."""
@@ -211,11 +245,8 @@ class Learner:
     def update(self) -> None:
         """Dispatches an update call (it runs while the host goes on; the states are donated)."""
         self.calls.wait_for_ahead()
-        self.key, update_key = jax.random.split(self.key)
-        self.states, metrics = self.training.update(*self._update_inputs(), update_key)
-        self.limiter.record_sample()
-        self.calls.record(1, metrics)
-        self.policy_version += 1
+        self.state, metrics = learner_state.update_call(self.training, self.state)
+        self.book.end_calls(1, metrics)
 
     def wait_for_update(self) -> None:
         """Until the last update's states are computed."""
@@ -250,11 +281,10 @@ class Learner:
             self.training, self.states, self.hparams, selection, self.replay, key
         )
         self.member_hparams = self.training.adopt(self.hparams)
-        self.policy_version += 1
         fresh = update_protocol.fresh_members(selection, self.size)
         after = self.all_member_hparams()
         changed = update_protocol.changed_members(selection.sources, fresh, before, after)
-        self.clocks.changed(changed)
+        self.book.policies_changed(changed)
         self.clocks.start_trials(fresh)
 
     def snapshot_facts(self) -> dict:
@@ -282,9 +312,24 @@ class Learner:
         )
         self.strategy_state, self.states, self.hparams = result[:3]
         self.member_hparams = self.training.adopt(self.hparams)
-        self.policy_version += 1
         changed = np.ones(self.size, bool) if result.changed is None else result.changed
-        self.clocks.changed(changed)
+        self.book.policies_changed(changed)
         if result.fresh is not None:
             self.clocks.start_trials(result.fresh)
         return result.events, result.scalars
+
+
+def rows_adder_for(parts: LearnerParts):
+    """add_rows(buffers, rows, joins) of the replay of the learner `parts` make, for a program
+    that makes its own rows (device mode; `replay_store.rows_adder`): nothing allocated."""
+    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size, parts.mesh)
+    return rows_adder(layout, parts.population_size)
+
+
+def state_shapes(parts: LearnerParts) -> LearnerState:
+    """The `LearnerState` of the learner `parts` make, as shapes (`jax.eval_shape` of
+    `learner_state.init_state`): what device mode traces its chunk programs from while the
+    learner is made. One device."""
+    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size, parts.mesh)
+    init = lambda: learner_state.init_state(parts.training, layout.empty, parts.hparams, parts.seed)
+    return jax.eval_shape(lambda: init()[0])

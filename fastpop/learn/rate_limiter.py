@@ -72,8 +72,9 @@ class RateLimiter:
         if not self.learning and self.inserted - self.refill_from >= self.min_size:
             self.inserted_at_start = self.inserted
 
-    def record_sample(self) -> None:
-        self.sampled += self.samples_per_call
+    def record_calls(self, calls: int = 1) -> None:
+        """`calls` update calls started: their samples count (a call's count when it starts)."""
+        self.sampled += calls * self.samples_per_call
 
     @property
     def achieved_samples_per_insert(self) -> float:
@@ -100,6 +101,3 @@ class InProgramLimiter(RateLimiter):
         if not self.learning:
             return 0
         return max(0, int((self._target() - self.sampled) // self.samples_per_call))
-
-    def record_calls(self, calls: int) -> None:
-        self.sampled += calls * self.samples_per_call

@@ -6,35 +6,31 @@
                                      (`DeviceParts`: its DeviceEnv) are made of; refused
                                      (ConfigError) before any process or file exists
 
-The learner, the collections and the run are made from the parts (`make_collection`,
-`local_pieces`): none of them reads the config's fields on its own or works the collection
-mode out again. `fastpop.config.build` keeps the low-level builders that collector and evaluator
-processes (which get the config, not the parts: agents do not cross the spawn boundary) use.
+The learner, the collections and the run are made from the parts (fastpop.run.startup): none
+of them reads the config's fields on its own or works the collection mode out again.
+`fastpop.config.build` keeps the low-level builders that collector and evaluator processes
+(which get the config, not the parts: agents do not cross the spawn boundary) use.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import NamedTuple
 
 from fastpop import config as config_lib
 from fastpop import population, strategies
-from fastpop.collect.device_collection import DeviceCollection, DeviceParts
+from fastpop.collect.device_collection import DeviceParts
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
-from fastpop.collect.sources import Collection, ProcessCollection
 from fastpop.compilation import compile_cache
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.config.plugins import plugin_sources
 from fastpop.envs.device_envs import make_device_env
 from fastpop.learn import update_protocol
 from fastpop.learn.learner import Learner, LearnerParts
 from fastpop.learn.rate_limiter import InProgramLimiter, RateLimiter
 from fastpop.learn.replay_store import layout_for
-from fastpop.machine import usable_cores
 from fastpop.population import replay, sharding
-from fastpop.run.checkpoint import CheckpointStore, LocalCheckpoints
-from fastpop.run.stop_signals import StopSignals
 from fastpop.run.trackers import check_trackers
 from fastpop.types import EnvSpec
 
@@ -67,12 +63,13 @@ NOT_IN_PROGRAMS = (
 
 
 def program_identity(config: config_lib.Config) -> str:
-    """The config as text, less NOT_IN_PROGRAMS (the `identity` of
-    fastpop.compilation.stored_programs)."""
+    """The config as text, less NOT_IN_PROGRAMS, with its plugins' sources hashed (the
+    `identity` of fastpop.compilation.stored_programs)."""
     fields = config_lib.config_to_dict(config)
     for dotted in NOT_IN_PROGRAMS:
         section, _, name = dotted.partition(".")
         (fields[section] if name else fields).pop(name or section, None)
+    fields["plugin_sources"] = plugin_sources(config.plugins)  # their code decides programs too
     return json.dumps(fields, sort_keys=True)
 
 
@@ -122,6 +119,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
         env_spec=spec,
         replay_spec=replay_spec,
         replay_layout=layout_for(config.replay.shared, execution),
+        sampler=sampler,
         population_size=config.population.size,
         strategy=strategy,
         training=training,
@@ -152,52 +150,6 @@ def _build_run(config: config_lib.Config) -> RunParts:
 def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
     """The config's learner alone (no collection): tests, benchmarks, `fastpop eval`."""
     return learner_class(build_run(config).learner)
-
-
-def make_collection(parts: RunParts, learner: Learner | None, log=print, device=None):
-    """The parts' collection: collector processes, or envs stepped on the device, which decode
-    evaluation snapshots to `learner`'s policy template (`device`: a DeviceCollection made
-    before the learner, given the template here)."""
-    if parts.device is None:
-        waits = parts.learner.strategy.waits_for_evaluation  # its evaluator starts early
-        return ProcessCollection(parts.config, parts.learner.replay_spec, log, waits)
-    if device is None:  # its env lanes made now
-        return DeviceCollection(parts.device, learner.policy_template())
-    device.set_policy_template(learner.policy_template())
-    return device
-
-
-class RunPieces(NamedTuple):
-    """What a run on one process and a run on one of several (fastpop.distributed) differ in."""
-
-    learner: Learner
-    collection: Collection
-    signals: StopSignals
-    checkpoints: CheckpointStore
-
-
-def local_pieces(
-    parts: RunParts, checkpoint_dir: Path, log=print, collectors_ahead: bool = False
-) -> RunPieces:
-    """A run on this process alone: its learner, its collection, Ctrl-C and SIGTERM acted on at
-    once, checkpoints in `checkpoint_dir` (<run>/checkpoints). `collectors_ahead`: a fresh run
-    (never one to restore) whose collector processes start now, before the learner is made,
-    unless they outnumber the cores."""
-    # Device mode: the learner made in a thread while the chunk program is traced, then
-    # compiled in one. Process mode, fresh: the collectors step their warm-up.
-    device, ahead, learner_ahead = None, None, None
-    if parts.device is not None:
-        device = DeviceCollection(parts.device)
-        learner_ahead = device.make_ahead(parts.learner)
-    elif collectors_ahead and parts.config.collect.num_collectors <= usable_cores():
-        # (more collectors than cores made the learner late: 16 on 2 cores put the paper
-        # preset's first env step at 10-15 s against 8.5-9.3)
-        ahead = make_collection(parts, None, log)
-        ahead.start_ahead(parts.learner.agent)
-    learner = Learner(parts.learner) if learner_ahead is None else learner_ahead.result()
-    collection = ahead or make_collection(parts, learner, log, device)  # processes or device
-    checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
-    return RunPieces(learner, collection, StopSignals(), checkpoints)
 
 
 def env_state_bytes(config: config_lib.Config, device_env, identity: str | None) -> int:

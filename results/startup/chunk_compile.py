@@ -24,12 +24,12 @@ from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
 from fastpop.compilation.background import in_background
+from fastpop.learn.learner import rows_adder_for, state_shapes
+from fastpop.learn.learner_state import LearnerState
 from fastpop.run.parts import build_run
 
 
-def lower_as_one(
-    programs: chunk_programs.ChunkPrograms, lanes, learner: chunk_programs.DeviceState
-):
+def lower_as_one(programs: chunk_programs.ChunkPrograms, lanes, learner: LearnerState):
     """Both programs called inside one jit (env lanes, buffers and states donated, as the one
     program was), lowered for `chunk_programs.placed_arguments`, as `lowerings` lowers them."""
 
@@ -52,9 +52,11 @@ def main() -> None:
     tree = Path(fastpop.__file__).resolve().parents[1]
     config = config_lib.load_config(tree / "configs" / f"{args.preset}.yaml", [])
     parts = build_run(config)
-    collection = DeviceCollection(parts.device_parts())
-    add_rows, state = chunk_programs.chunk_program_inputs(parts.learner_parts())
-    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
+    collection = DeviceCollection(parts.device)
+    add_rows, state = rows_adder_for(parts.learner), state_shapes(parts.learner)
+    programs = chunk_programs.chunk_programs(
+        parts.learner.training, add_rows, collection.chunk_rollout
+    )
     lanes = collection.env_lanes.shapes()
 
     started, cpu_started = time.perf_counter(), time.process_time()

@@ -16,10 +16,10 @@ import jax
 from fastpop import config as config_lib
 from fastpop import xla_defaults
 from fastpop.collect import chunk_programs
-from fastpop.collect.chunk_programs import ChunkPlan, chunk_program_inputs, device_state
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import stored_programs
-from fastpop.learn.learner import Learner
+from fastpop.learn.learner import Learner, rows_adder_for, state_shapes
+from fastpop.learn.learner_state import ChunkPlan
 from fastpop.run.parts import build_run
 
 PRESET = Path(__file__).resolve().parents[2] / "configs" / "td3_brax_inverted_pendulum_cpu.yaml"
@@ -34,19 +34,21 @@ def main() -> None:
     args = parser.parse_args()
     config = config_lib.load_config(PRESET, [f"population.size={args.pop}"])
     parts = build_run(config)
-    collection = DeviceCollection(parts.device_parts())
-    add_rows, shapes = chunk_program_inputs(parts.learner_parts())
-    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
+    collection = DeviceCollection(parts.device)
+    add_rows, shapes = rows_adder_for(parts.learner), state_shapes(parts.learner)
+    programs = chunk_programs.chunk_programs(
+        parts.learner.training, add_rows, collection.chunk_rollout
+    )
     lanes = collection.env_lanes.shapes()
     lowered = next(chunk_programs.lowerings(programs, lanes, shapes))
     compiled = {way: lowered.compile(options) for way, options in WAYS.items()}
-    learner = Learner(parts.learner_parts())
+    learner = Learner(parts.learner)
     plan = ChunkPlan.template(args.pop)
     print(f"P = {args.pop}, ENV_STEPPING = {xla_defaults.ENV_STEPPING}")
     for round_ in range(args.rounds):
         for way, program in compiled.items():
             lanes = collection.env_lanes.program(collection.env_lanes.key)
-            lanes, state = stored_programs.committed((lanes, device_state(learner)))
+            lanes, state = stored_programs.committed((lanes, learner.state))
             buffers, calls, start = state.buffers, 0, time.perf_counter()
             while time.perf_counter() - start < args.seconds:
                 lanes, buffers = program(

@@ -18,6 +18,7 @@ from fastpop import config as config_lib
 from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
+from fastpop.learn.learner import rows_adder_for, state_shapes
 from fastpop.run.parts import build_run
 
 
@@ -32,11 +33,13 @@ def main() -> None:
     parts = build_run(config)
     built = time.perf_counter() - started
 
-    learner_parts = parts.learner_parts()
-    collection = DeviceCollection(parts.device_parts())
+    learner_parts = parts.learner
+    collection = DeviceCollection(parts.device)
     started = time.perf_counter()
-    add_rows, state = chunk_programs.chunk_program_inputs(learner_parts)
-    programs = chunk_programs.chunk_programs(parts.training, add_rows, collection.chunk_rollout)
+    add_rows, state = rows_adder_for(learner_parts), state_shapes(learner_parts)
+    programs = chunk_programs.chunk_programs(
+        parts.learner.training, add_rows, collection.chunk_rollout
+    )
     lanes = collection.env_lanes.shapes()
     for _ in chunk_programs.lowerings(programs, lanes, state):
         pass
