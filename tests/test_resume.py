@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
+from fastpop.collect import snapshot
 from fastpop.commands import cli
 from fastpop.learn.learner import Learner
 from fastpop.population import replay
@@ -238,3 +239,20 @@ def test_an_unusable_newest_checkpoint_is_named_and_the_previous_one_used(tmp_pa
     resumed = resume.resume_run(tmp_path, [], log=said.append)
     assert resumed.member_env_steps == 8
     assert any("000000000016" in line and "checksum mismatch" in line for line in said)
+
+
+def test_a_resume_restores_what_the_rounds_and_checkpoints_hold_in_place(tmp_path):
+    """The evaluation rounds and checkpoints are handed the run's parts, never the Run: a resume
+    restores the progress and pending evaluations they share in place, where both see them."""
+    run = run_with_checkpoint(tmp_path)
+    meta = snapshot.SnapshotMeta(3, 8 * run.config.population.size, 0, 1.0)
+    arrays = snapshot.encode(run.learner.policy_leaves(), meta)
+    run.evaluations.pending.add(arrays, run.learner.all_member_hparams())
+    run.checkpoints.save("interval")
+    resumed = resume.resume_run(tmp_path, [])
+    rounds, checkpoints = resumed.evaluations, resumed.checkpoints
+    held = [*vars(rounds).values(), *rounds.parts, *vars(checkpoints).values()]
+    assert not any(isinstance(value, loop.Run) for value in held)
+    assert resumed.progress.resumes == 1 and resumed.progress.last_checkpoint[1] == 8
+    assert rounds.parts.progress is resumed.progress is checkpoints.state.progress
+    assert checkpoints.state.pending is rounds.pending and list(rounds.pending.snapshots) == [3]

@@ -41,7 +41,8 @@ from fastpop.learn.learner import Learner, LearnerParts, averaged_metrics
 from fastpop.population import replay, sharding
 from fastpop.run.loop import CHECKPOINTS_DIR, Run
 from fastpop.run.metrics import MetricsWriter
-from fastpop.run.parts import RunParts, RunPieces
+from fastpop.run.parts import RunParts
+from fastpop.run.startup import RunPieces
 from fastpop.run.stop_signals import stop_exception
 from fastpop.strategies import registry as strategies
 
@@ -300,8 +301,10 @@ class DistributedRun(Run):
                 self.lockstep, local, parts.learner.replay_spec, log, elapsed
             )
         directory = run_dir / CHECKPOINTS_DIR
-        checkpoints = AgreedCheckpoints(directory, config.checkpoint.keep, self.lockstep.exchange)
-        pieces = RunPieces(learner, collection, collection.signals, checkpoints)
+        self.checkpoint_store = AgreedCheckpoints(
+            directory, config.checkpoint.keep, self.lockstep.exchange
+        )
+        pieces = RunPieces(learner, collection, collection.signals, self.checkpoint_store)
         super().__init__(parts, run_dir, log, pieces)
         if process:  # its own files only; the run directory is process 0's
             self.run_dir = Path(run_dir) / PROCESSES_DIR / str(process)
@@ -320,7 +323,7 @@ class DistributedRun(Run):
             self._note_lost(lost)
             raise lost from None
         finally:
-            self.checkpoints.store.close()
+            self.checkpoint_store.close()
 
     def _note_lost(self, error: ProcessLost) -> None:
         with MetricsWriter(self.run_dir, tensorboard=False) as events:

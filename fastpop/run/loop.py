@@ -23,12 +23,13 @@ from fastpop import config as config_lib
 from fastpop import strategies
 from fastpop.collect.workers import WorkerFailed
 from fastpop.run import progress as progress_lib
-from fastpop.run.evaluation_rounds import EvaluationRounds
+from fastpop.run.evaluation_rounds import EvaluationRounds, LoopParts
 from fastpop.run.metrics import MetricsWriter, rewind_logs, write_members
-from fastpop.run.parts import RunParts, RunPieces, local_pieces
+from fastpop.run.parts import RunParts
 from fastpop.run.phases import PhaseClock, PhaseWatch
-from fastpop.run.progress import RunProgress
+from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.run.run_checkpoints import RunCheckpoints, TrainError
+from fastpop.run.startup import RunPieces, local_pieces
 from fastpop.run.stop_signals import StopRequested
 from fastpop.run.trackers import open_trackers
 from fastpop.run.update_pipeline import UpdatePipeline
@@ -50,10 +51,8 @@ class Run:
         if pieces is None:
             pieces = local_pieces(parts, run_dir / CHECKPOINTS_DIR, log)
         self.learner, self.collection, self.signals, store = pieces
-        interval = parts.learner.strategy.evaluation_interval
-        self.progress = RunProgress(config.population.size, next_eval=interval)
-        self.evaluations = EvaluationRounds(self)
-        self.checkpoints = RunCheckpoints(self, store, run_dir / CHECKPOINTS_DIR)
+        strategy = parts.learner.strategy
+        self.progress = RunProgress(config.population.size, next_eval=strategy.evaluation_interval)
         self.last_progress = time.monotonic()
         # Says what a call longer than a progress interval is doing (the first update compiles),
         # and times every phase of the run for its time breakdown.
@@ -62,6 +61,24 @@ class Run:
         self.updates = UpdatePipeline(
             self.learner, self.collection, self.clock, self.watch, self.signals.check
         )
+        # What its evaluation rounds and checkpoints work with (`metrics` opens as it starts).
+        loop_parts = LoopParts(
+            config=config,
+            learner=self.learner,
+            collection=self.collection,
+            updates=self.updates,
+            progress=self.progress,
+            clock=self.clock,
+            watch=self.watch,
+            signals=self.signals,
+            elapsed=self.elapsed,  # a distributed run's: the clock its processes agreed on
+            metrics=lambda: self.metrics,
+            log=log,
+        )
+        pending = PendingEvaluations()  # saved by the checkpoints, resent by the rounds
+        self.evaluations = EvaluationRounds(loop_parts, strategy, pending)
+        directory = run_dir / CHECKPOINTS_DIR
+        self.checkpoints = RunCheckpoints(loop_parts, pending, store, directory, run_dir)
 
     @property
     def member_env_steps(self) -> int:
@@ -118,7 +135,9 @@ class Run:
         running.enter_context(self.collection.running(self.learner, metrics.log_event, generation))
         if hasattr(self.collection, "stop_check"):  # before its workers are checked
             self.collection.stop_check = self.signals.check
-        self.checkpoints.announce_resume()
+        if resumed_from is not None:
+            self.checkpoints.announce_resume()
+            self.evaluations.resend()  # results the previous process never received
 
     def open_metrics(self, purge_step: int | None) -> MetricsWriter:
         trackers = open_trackers(self.config, self.run_dir)

@@ -128,6 +128,13 @@ class RunProgress:
             last_checkpoint=(data["elapsed"], member_env_steps),
         )
 
+    def continue_from(self, data: dict, member_env_steps: int) -> None:
+        """This progress made what `restored` makes of `saved()` data, in place: the parts of
+        the run that hold it (its evaluation rounds, checkpoints, clock) see the restored one."""
+        restored = self.restored(data, self.size, member_env_steps)
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(restored, field.name))
+
 
 PENDING_FIELDS = ("eval_index", "hparams", "labels", "facts")  # of a pending round, saved
 
@@ -169,12 +176,17 @@ class PendingEvaluations:
         data = [dict(zip(PENDING_FIELDS, (i, *self.snapshots[i][1:]), strict=True)) for i in order]
         return [self.snapshots[i][0] for i in order], data
 
+    def restore(self, arrays: list[dict], data: list[dict]) -> None:
+        """The snapshots `saved()` returned, in place of those held."""
+        self.snapshots = {}
+        for entry, snapshot_arrays in zip(data, arrays, strict=True):
+            kept = entry["hparams"], entry["labels"], entry["facts"]
+            self.snapshots[entry["eval_index"]] = (snapshot_arrays, *kept)
+
     @classmethod
     def restored(cls, arrays: list[dict], data: list[dict]) -> PendingEvaluations:
         pending = cls()
-        for entry, snapshot_arrays in zip(data, arrays, strict=True):
-            kept = entry["hparams"], entry["labels"], entry["facts"]
-            pending.snapshots[entry["eval_index"]] = (snapshot_arrays, *kept)
+        pending.restore(arrays, data)
         return pending
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from fastpop.run import checkpoint, run_state
 from fastpop.run.checkpoint import CheckpointStore
+from fastpop.run.evaluation_rounds import LoopParts
+from fastpop.run.progress import PendingEvaluations
 from fastpop.run.stop_signals import StopRequested
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -24,51 +26,63 @@ class TrainError(RuntimeError):
 
 
 class RunCheckpoints:
-    """The checkpoints of `run` (a `fastpop.run.loop.Run`): written into `store`; `directory`
-    is where a stop that writes none looks for the newest complete one."""
+    """The checkpoints of a run (`parts`, with the evaluations it has not had answered:
+    `pending`): written into `store`; `directory` is where a stop that writes none looks for the
+    newest complete one; `run_dir` is what `fastpop resume` continues."""
 
-    def __init__(self, run, store: CheckpointStore, directory: Path):
-        self.run, self.store, self.directory = run, store, directory
+    def __init__(
+        self,
+        parts: LoopParts,
+        pending: PendingEvaluations,
+        store: CheckpointStore,
+        directory: Path,
+        run_dir: Path,
+    ):
+        self.parts, self.store, self.directory, self.run_dir = parts, store, directory, run_dir
+        self.state = run_state.RunState(
+            parts.config, parts.learner, parts.collection, parts.progress, pending
+        )
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
 
     def save(self, reason: str) -> Path:
         """The whole run as it is now, its updates done: see fastpop.run.run_state for what
         goes where."""
-        run = self.run
-        run.updates.wait(check=False)
+        parts, learner = self.parts, self.parts.learner
+        parts.updates.wait(check=False)
         start = time.perf_counter()
-        with_replay = run.config.checkpoint.replay
-        with run.clock("checkpoints"), run.watch.phase(f"writing a checkpoint ({reason})"):
-            run.clock.lap()  # the timers it saves: every second until now
-            tree, metadata = run_state.capture(run, reason)
-            path = self.store.save(run.member_env_steps, tree, metadata)
+        with_replay = parts.config.checkpoint.replay
+        with parts.clock("checkpoints"), parts.watch.phase(f"writing a checkpoint ({reason})"):
+            parts.clock.lap()  # the timers it saves: every second until now
+            metrics = parts.metrics()
+            tree, metadata = run_state.capture(self.state, reason, metrics.lengths())
+            path = self.store.save(learner.member_env_steps, tree, metadata)
         seconds = time.perf_counter() - start
-        run.progress.last_checkpoint = (run.elapsed(), run.member_env_steps)
+        parts.progress.last_checkpoint = (parts.elapsed(), learner.member_env_steps)
         fields, written = self.store.describe(path)
-        run.metrics.log_event(
+        metrics.log_event(
             "checkpoint",
-            {"path": str(path), "reason": reason, "member_env_steps": run.member_env_steps}
+            {"path": str(path), "reason": reason, "member_env_steps": learner.member_env_steps}
             | {"seconds": seconds, **fields, "replay": with_replay},
         )
-        run.log(f"checkpoint {path} ({reason}; {written} in {seconds:.1f}s)")
+        parts.log(f"checkpoint {path} ({reason}; {written} in {seconds:.1f}s)")
         return path
 
     def save_at_stop(self, reason: str) -> None:
         """The checkpoint of a stop, unless the run was stopped at once (before it, or by a
         signal repeated while it is written)."""
-        run = self.run
-        if run.signals.stopped_at_once:
-            run.log(f"stopped at once: no checkpoint written ({self.newest()})")
+        log = self.parts.log
+        if self.parts.signals.stopped_at_once:
+            log(f"stopped at once: no checkpoint written ({self.newest()})")
             return
         try:
             self.save(reason)
         except OSError as error:
             raise self.write_failed(error) from None
         except (KeyboardInterrupt, StopRequested):  # a repeated signal: stop at once
-            run.log(f"stopped at once: checkpoint abandoned ({self.newest()})")
+            log(f"stopped at once: checkpoint abandoned ({self.newest()})")
             return
         if reason != "completed":
-            run.log(f"continue it with: fastpop resume {run.run_dir}")
+            log(f"continue it with: fastpop resume {self.run_dir}")
 
     def newest(self) -> str:
         newest = checkpoint.complete_checkpoints(self.directory)
@@ -78,19 +92,17 @@ class RunCheckpoints:
         what = "the disk is full" if error.errno in DISK_FULL else "a write failed"
         return TrainError(
             f"stopping: {what} ({error}); {self.newest()} (intact; resume from "
-            f"it with `fastpop resume {self.run.run_dir}` once there is room)"
+            f"it with `fastpop resume {self.run_dir}` once there is room)"
         )
 
     def template(self, metadata: dict) -> dict:
-        return run_state.template(self.run, metadata)
+        return run_state.template(self.state, metadata)
 
     def restore(self, tree: dict, metadata: dict, path: Path) -> None:
         """Continue from a checkpoint (before the run starts): the learner and the collection
-        restore their own state; the run adopts the progress and pending evaluations restored
-        for it."""
-        run = self.run
-        restored = run_state.restore(run, tree, metadata)
-        run.progress, run.evaluations.pending = restored.progress, restored.pending
+        restore their own state, the run's progress and pending evaluations are restored in
+        place (fastpop.run.run_state)."""
+        run_state.restore(self.state, tree, metadata)
         self.resumed_from = {"path": str(path), "logs": metadata["logs"], **metadata["run"]}
 
     def restore_latest(self, warn=print) -> Path:
@@ -100,24 +112,24 @@ class RunCheckpoints:
         return path
 
     def announce_resume(self) -> None:
-        """A resumed run's line and event, and the snapshots its previous process never had
-        answered handed to the evaluator."""
-        run, resumed = self.run, self.resumed_from
+        """A resumed run's line and event (its unanswered snapshots are the evaluation
+        rounds' to hand out again: `EvaluationRounds.resend`)."""
+        parts, resumed = self.parts, self.resumed_from
         if resumed is None:
             return
         replay = (
             "replay restored"
             if resumed["replay_saved"]
             else "replay not saved (checkpoint.replay: false): the buffers refill from the "
-            f"collectors, learning waits for replay.min_size={run.config.replay.min_size}"
+            f"collectors, learning waits for replay.min_size={parts.config.replay.min_size}"
         )
-        run.log(
-            f"resumed from {resumed['path']}: {run.member_env_steps:,} env steps per member, "
-            f"{run.learner.updates:,} updates, {resumed['elapsed']:.0f}s of wall time; {replay}"
+        steps = parts.learner.member_env_steps
+        parts.log(
+            f"resumed from {resumed['path']}: {steps:,} env steps per member, "
+            f"{parts.learner.updates:,} updates, {resumed['elapsed']:.0f}s of wall time; {replay}"
         )
-        run.metrics.log_event(
+        parts.metrics().log_event(
             "resumed",
-            {"path": resumed["path"], "member_env_steps": run.member_env_steps}
+            {"path": resumed["path"], "member_env_steps": steps}
             | {"wall_time": resumed["elapsed"], "replay_restored": resumed["replay_saved"]},
         )
-        run.evaluations.resend()  # results the previous process never received

@@ -8,39 +8,37 @@
                    limiter), the strategy's plain-number state (PBT history, DvD bandit, ...),
                    the run's clock and counters, and the byte length of every log file
 
-`capture` takes both from a Run, `template` is what restoring one needs, `restore` puts a
-not-yet-started Run's learner and collection where the checkpoint left them and returns the
-progress and pending evaluations the Run adopts. Strategy states are NamedTuples of plain
-numbers and arrays: `split_strategy_state` takes the arrays out (into the npz) and leaves
-JSON-ready data; `join_strategy_state` puts them back against the state a fresh run starts
-from, which supplies the types (both in `fastpop.strategies.codec`, imported here for callers).
+`capture` takes both from the parts of a run that save their state (`RunState`), `template` is
+what restoring them needs, `restore` puts a not-yet-started run's parts where the checkpoint left
+them: the learner and the collection restore their own state, the run's progress and pending
+evaluations are restored in place (the loop's other parts hold them). Strategy states are
+NamedTuples of plain numbers and arrays: `split_strategy_state` takes the arrays out (into the
+npz) and leaves JSON-ready data; `join_strategy_state` puts them back against the state a fresh
+run starts from, which supplies the types (both in `fastpop.strategies.codec`, imported here for
+callers).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 from fastpop import config as config_lib
 from fastpop.collect import snapshot
 from fastpop.collect.sources import Collection
 from fastpop.learn.learner import Learner
-from fastpop.run.evaluation_rounds import EvaluationRounds
-from fastpop.run.metrics import MetricsWriter
 from fastpop.run.progress import PendingEvaluations, RunProgress
 from fastpop.schema import ConfigError
 
 
-class Run(Protocol):
-    """What a checkpoint reads from and restores into (`fastpop.run.loop.Run`)."""
+class RunState(NamedTuple):
+    """The parts of a run a checkpoint saves and restores (`fastpop.run.loop.Run`'s)."""
 
     config: config_lib.Config
     learner: Learner
     collection: Collection
     progress: RunProgress
-    evaluations: EvaluationRounds  # its `pending` snapshots are saved
-    metrics: MetricsWriter
-    member_env_steps: int
+    pending: PendingEvaluations  # the snapshots the evaluator has not answered yet
 
 
 # Fields a resume may change with --set: they change how long and how observably the run goes
@@ -64,57 +62,51 @@ SAFE_ON_RESUME = (
 )
 
 
-def capture(run: Run, reason: str) -> tuple[dict, dict]:
-    """(tree, metadata) of a checkpoint of `run` as it is now."""
-    with_replay = run.config.checkpoint.replay
-    pending_arrays, pending_data = run.evaluations.pending.saved()
+def capture(state: RunState, reason: str, log_lengths: dict) -> tuple[dict, dict]:
+    """(tree, metadata) of a checkpoint of the run's `state` as it is now; `log_lengths`: the
+    bytes written so far to each of its log files (`MetricsWriter.lengths`)."""
+    config, learner = state.config, state.learner
+    with_replay = config.checkpoint.replay
+    pending_arrays, pending_data = state.pending.saved()
     tree = {
-        "learner": run.learner.saved_tree(with_replay),
-        "collection": run.collection.saved(),  # device mode: env states and their key
+        "learner": learner.saved_tree(with_replay),
+        "collection": state.collection.saved(),  # device mode: env states and their key
         "pending": pending_arrays,
     }
-    counters = run.progress.saved() | {
+    counters = state.progress.saved() | {
         "reason": reason,
-        "member_env_steps": run.member_env_steps,
+        "member_env_steps": learner.member_env_steps,
         "replay_saved": with_replay,
         "pending": pending_data,
     }
     metadata = {
-        "config": config_lib.config_to_dict(run.config),
-        "learner": run.learner.saved_counters(),
+        "config": config_lib.config_to_dict(config),
+        "learner": learner.saved_counters(),
         "run": counters,
-        "logs": run.metrics.lengths(),
+        "logs": log_lengths,
     }
     return tree, metadata
 
 
-def template(run: Run, metadata: dict) -> dict:
-    """The tree a checkpoint of `run`'s config holds, given the checkpoint's metadata."""
+def template(state: RunState, metadata: dict) -> dict:
+    """The tree a checkpoint of the run's config holds, given the checkpoint's metadata."""
     counters = metadata["run"]
-    pending = snapshot.layout(run.learner.policy_leaves())
+    pending = snapshot.layout(state.learner.policy_leaves())
     return {
-        "learner": run.learner.saved_tree(counters["replay_saved"]),
-        "collection": run.collection.saved(),
+        "learner": state.learner.saved_tree(counters["replay_saved"]),
+        "collection": state.collection.saved(),
         "pending": [pending] * len(counters["pending"]),
     }
 
 
-class Restored(NamedTuple):
-    """The run's own state as a checkpoint left it (what `RunCheckpoints.restore` adopts)."""
-
-    progress: RunProgress
-    pending: PendingEvaluations
-
-
-def restore(run: Run, tree: dict, metadata: dict) -> Restored:
-    """Restores `run`'s learner and collection (not started yet) to where the checkpoint left
-    them; returns the run's progress and pending evaluations as they were."""
-    run.learner.restore(tree["learner"], metadata["learner"])
-    run.collection.restore(tree.get("collection", {}))
+def restore(state: RunState, tree: dict, metadata: dict) -> None:
+    """Restores the run's `state` (not started yet) to where the checkpoint left it: its
+    learner and collection, then its progress and pending evaluations, in place."""
+    state.learner.restore(tree["learner"], metadata["learner"])
+    state.collection.restore(tree.get("collection", {}))
     counters = metadata["run"]
-    size = run.config.population.size
-    progress = RunProgress.restored(counters, size, run.member_env_steps)
-    return Restored(progress, PendingEvaluations.restored(tree["pending"], counters["pending"]))
+    state.progress.continue_from(counters, state.learner.member_env_steps)
+    state.pending.restore(tree["pending"], counters["pending"])
 
 
 def resume_config(saved: dict, overrides: Sequence[str], source: str) -> config_lib.Config:
