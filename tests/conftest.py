@@ -15,10 +15,13 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # And compiles with LLVM's O1 rather than XLA's default O2: ~20% less time for the suite on a
 # 2-core CPU, its small programs run as fast, and both sides of every equivalence compile alike.
-if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=1".strip()
-    )
+# Without XLA's MLIR fusion emitters too (as device mode already compiles its env-stepping
+# programs: xla_defaults.ENV_STEPPING): their compile is the larger part of a small program's,
+# so the suite's cold compiles take less CPU (tests/test_n_step.py 72 -> 50 CPU-s from an
+# empty cache; tests/test_learning.py, which trains more than it compiles, 100 -> 92).
+for flag in ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false"):
+    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
 
 # Programs kept traced on disk (fastpop/compilation/stored_programs.py) only where a test asks for
 # them (tests/test_stored_programs.py): they follow the compilation cache, which a test calling
