@@ -19,9 +19,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # programs: xla_defaults.ENV_STEPPING): their compile is the larger part of a small program's,
 # so the suite's cold compiles take less CPU (tests/test_n_step.py 72 -> 50 CPU-s from an
 # empty cache; tests/test_learning.py, which trains more than it compiles, 100 -> 92).
-for flag in ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false"):
-    if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", "")]
+    + [
+        flag
+        for flag in ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false")
+        if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", "")
+    ]
+).strip()
 
 # Programs kept traced on disk (fastpop/compilation/stored_programs.py) only where a test asks for
 # them (tests/test_stored_programs.py): they follow the compilation cache, which a test calling

@@ -46,6 +46,7 @@ from fastpop import config as config_lib
 from fastpop.collect.collector import config_policy_template
 from fastpop.collect.workers import Workers
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
+from fastpop.run.parts import process_parts
 
 if __name__ == "__main__":
     import numpy as np
@@ -55,10 +56,12 @@ if __name__ == "__main__":
         "population": {"size": 2},
         "collect": {"num_collectors": 1, "chunk_len": 4, "warmup_steps": 1_000_000},
     })
-    replay_spec = build_replay_spec(config, build_env_spec(config))
+    env_spec = build_env_spec(config)
+    replay_spec = build_replay_spec(config, env_spec)
     template = config_policy_template(build_agent(config), config)
     zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)  # unread
-    with Workers(config, zeros, replay_spec, log=lambda *_: None) as workers:
+    parts = process_parts(config, env_spec)
+    with Workers(parts, zeros, replay_spec, log=lambda *_: None) as workers:
         deadline = time.monotonic() + 120
         while (rows := workers.next_chunk()[0]) is None and time.monotonic() < deadline:
             workers.check()
@@ -128,8 +131,8 @@ def test_collectors_started_before_the_learner_step_their_warm_up_then_wait_for_
         }
     )
     parts = build_run(config)
-    collection = ProcessCollection(config, parts.learner.replay_spec, log=lambda *_: None)
-    collection.start_ahead(parts.learner.agent)
+    collection = ProcessCollection(parts.processes, parts.learner.replay_spec, log=lambda *_: None)
+    collection.start_ahead(parts.learner.agent, parts.learner.hparams)
     workers, warm_up_chunks = collection.workers, 64 // 8
 
     def chunks_within(seconds: float, enough: float = math.inf) -> int:
@@ -183,8 +186,8 @@ def test_a_worker_starts_with_ctrl_c_blocked_and_the_parent_gets_its_own_back():
 
 
 def learner_with_collectors(size: int, collect: dict, **sections):
-    """(config, Learner) of TD3 on Pendulum-v1 with 8-8 networks, whose collectors send chunks
-    of 8 rows after 16 warm-up steps into rings of 4 (`collect`: more of that section)."""
+    """(ProcessParts, Learner) of TD3 on Pendulum-v1 with 8-8 networks, whose collectors send
+    chunks of 8 rows after 16 warm-up steps into rings of 4 (`collect`: more of that section)."""
     from fastpop import config as config_lib
     from fastpop.learn.learner import Learner
     from fastpop.run.parts import build_run
@@ -195,7 +198,8 @@ def learner_with_collectors(size: int, collect: dict, **sections):
         "population": {"size": size}, "agent": {"hidden_sizes": [8, 8]}, "collect": collect,
         **sections,
     })  # fmt: skip
-    return config, Learner(build_run(config).learner)
+    parts = build_run(config)
+    return parts.processes, Learner(parts.learner)
 
 
 def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode():
@@ -213,7 +217,7 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
 
     from fastpop.collect.workers import Workers
 
-    config, learner = learner_with_collectors(
+    processes, learner = learner_with_collectors(
         2, {"num_collectors": 1}, hparams={"exploration_noise": 0.0}
     )
     policy = learner.training.policies(learner.states)
@@ -235,7 +239,7 @@ def test_a_collector_takes_up_a_fresh_trial_at_a_chunk_boundary_in_a_new_episode
         assert len(got) == count
         return got
 
-    with Workers(config, learner.host_policy_tree(), learner.replay.spec) as workers:
+    with Workers(processes, learner.host_policy_tree(), learner.replay.spec) as workers:
         before = chunks(4, workers)  # 2 chunks of warm-up, then the policy
         learner.clocks.start_trials(np.array([False, True]))
         workers.publish_from(learner)
@@ -271,7 +275,7 @@ def test_a_member_split_over_two_collectors_loses_one_chunk_of_its_fresh_trial_n
 
     from fastpop.collect.workers import Workers
 
-    config, learner = learner_with_collectors(1, {"num_collectors": 2, "envs_per_member": 2})
+    processes, learner = learner_with_collectors(1, {"num_collectors": 2, "envs_per_member": 2})
 
     def wait_until(condition, timeout: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout
@@ -289,7 +293,7 @@ def test_a_member_split_over_two_collectors_loses_one_chunk_of_its_fresh_trial_n
         assert taken[0] is not None
         return taken[2].tolist()
 
-    with Workers(config, learner.host_policy_tree(), learner.replay.spec) as workers:
+    with Workers(processes, learner.host_policy_tree(), learner.replay.spec) as workers:
         rings, slow = workers.channels.rings, workers.processes.collectors[1]
         assert wait_until(lambda: all(len(ring) == 4 for ring in rings))  # both blocked
         os.kill(slow.pid, signal.SIGSTOP)

@@ -25,6 +25,7 @@ from fastpop.collect.segments import (
 from fastpop.collect.shm import ChunkRing, ParamChannel, StopFlag
 from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.config.build import build_env_spec, build_replay_spec
+from fastpop.run.parts import process_parts
 from tests.runs import FAST, START_SECONDS, TD3_PENDULUM, assert_clean_stderr
 from tests.runs import segments as run_segments
 from tests.shm_leaks import leftovers, shm_entries
@@ -61,9 +62,10 @@ def test_on_arm_no_channel_is_created_or_attached_and_workers_refuse_to_start(mo
         config = config_lib.config_from_dict(
             {"name": "arm", "algo": "td3", "env": {"id": "Pendulum-v1"}}
         )
-        replay_spec = build_replay_spec(config, build_env_spec(config))
+        env_spec = build_env_spec(config)
+        replay_spec = build_replay_spec(config, env_spec)
         with pytest.raises(WorkerFailed, match="total store order"):
-            Workers(config, [np.zeros(3, np.float32)], replay_spec)
+            Workers(process_parts(config, env_spec), [np.zeros(3, np.float32)], replay_spec)
 
 
 def test_on_arm_a_process_mode_run_is_refused_before_its_directory_exists(

@@ -38,9 +38,12 @@ def raw_step_rate(env_id: str, seconds: float, seed: int = 0) -> float:
 def collection_rate(config: config_lib.Config, seconds: float) -> float:
     """Env steps/s of the config's collectors acting with the policy (warm-up disabled)."""
     from fastpop.collect.workers import Workers
+    from fastpop.config.build import build_env_spec
+    from fastpop.run.parts import process_parts
 
     learner = build_learner(config)
-    with Workers(config, learner.host_policy_tree(), learner.replay.spec) as workers:
+    processes = process_parts(config, build_env_spec(config))
+    with Workers(processes, learner.host_policy_tree(), learner.replay.spec) as workers:
         rows = 0
         deadline = None
         while deadline is None or time.perf_counter() < deadline:

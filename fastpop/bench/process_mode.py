@@ -122,10 +122,13 @@ def measure_process_mode(config: config_lib.Config, rounds: int, seconds: float,
     """`rounds` rounds of `seconds / rounds` each after the warm-up; `rates` turns them into
     medians (the device rows' `rates`)."""
     from fastpop.collect.workers import Workers
+    from fastpop.config.build import build_env_spec
+    from fastpop.run.parts import process_parts
 
     learner = build_learner(config)
     policy, spec = learner.host_policy_tree(), learner.replay.spec
-    with Workers(config, policy, spec, log=lambda line: None) as workers:
+    processes = process_parts(config, build_env_spec(config))
+    with Workers(processes, policy, spec, log=lambda line: None) as workers:
         passes = RunLoopPasses(learner, workers)
         warm_up = passes.warm_up()
         measured = [passes.round(seconds / rounds) for _ in range(rounds)]

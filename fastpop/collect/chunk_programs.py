@@ -17,7 +17,7 @@ an env's step), the update with XLA's defaults (its MLPs ran ~10% slower without
 Built here, above the learner, from the pure functions process mode's learner calls too
 (`learner_state.update_calls` runs `update_call` K times; the replay's `add_rows` is its insert
 as a pure function), traced from the shapes of `learner_state.init_state`
-(`learner.state_shapes`) while the learner is made.
+(`learner.chunk_program_inputs`) while the learner is made.
 """
 
 from __future__ import annotations

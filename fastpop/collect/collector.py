@@ -36,7 +36,8 @@ from fastpop.gc_settings import tune_for_tracing
 
 
 class CollectorEnvs(NamedTuple):
-    """What a collector reads of the config before its warm-up ends, as plain data."""
+    """What a collector reads of the config before its warm-up ends, as plain data (made once,
+    with the run's parts: fastpop.run.parts.process_parts)."""
 
     env_id: str
     atari: Any  # envs.AtariOptions, or None for other envs
@@ -44,20 +45,6 @@ class CollectorEnvs(NamedTuple):
     num_collectors: int
     envs_per_member: int
     warmup_steps: int  # per member
-
-    @classmethod
-    def of(cls, config) -> CollectorEnvs:
-        from fastpop.config.build import atari_options
-
-        collect = config.collect
-        return cls(
-            config.env.id,
-            atari_options(config),
-            collect.atari_vector,
-            collect.num_collectors,
-            collect.envs_per_member,
-            collect.warmup_steps,
-        )
 
 
 class CollectorSpec(NamedTuple):
@@ -112,7 +99,8 @@ def policy_template(agent, hparams):
 def config_policy_template(agent, config):
     """`policy_template` of the hparams the learner of `config` starts with
     (`config.initial_hparams`), traced for their shapes only: computing them eagerly cost a
-    process ~0.1 s of start-up."""
+    process ~0.1 s of start-up. For the spawned processes, which rebuild their agent from the
+    config they are sent (the learner's side has its hparams: `policy_template`)."""
     import jax
 
     from fastpop.config import initial_hparams

@@ -21,7 +21,7 @@ from fastpop.collect.device_evaluation import DeviceEvaluation
 from fastpop.compilation import stored_programs
 from fastpop.compilation.background import in_background
 from fastpop.config.sections import CollectConfig
-from fastpop.learn.learner import Learner, LearnerParts, rows_adder_for, state_shapes
+from fastpop.learn.learner import Learner, LearnerParts, chunk_program_inputs
 from fastpop.learn.update_protocol import Training
 from fastpop.population import sharding
 from fastpop.types import EnvSpec
@@ -222,7 +222,7 @@ class DeviceCollection:
         if self.env_lanes.placement is not None or jax.process_count() > 1:
             return None
         self.env_lanes.make_ahead()
-        add_rows, state = rows_adder_for(learner_parts), state_shapes(learner_parts)
+        add_rows, state = chunk_program_inputs(learner_parts)
         learner = in_background(Learner, learner_parts)
         rollout, identity = self.chunk_rollout, self._identity
         programs = chunk_programs.chunk_programs(

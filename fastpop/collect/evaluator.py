@@ -11,7 +11,7 @@ import os
 import signal
 import time
 import traceback
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,7 +22,12 @@ from fastpop.gc_settings import tune_for_tracing
 
 
 class EvaluatorSpec(NamedTuple):
-    config: dict
+    """Plain data that crosses the spawn boundary (fastpop.collect.worker_processes)."""
+
+    config: dict  # the resolved config (config_to_dict): the agent is rebuilt from it
+    env_id: str
+    atari: Any  # envs.AtariOptions of the training envs, or None for other envs
+    episodes: int  # per member and snapshot (eval.episodes)
     ring: ChunkRingSpec  # of `snapshot.layout`s
     stop: str  # the StopFlag's segment
     seed: int
@@ -90,7 +95,6 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> No
     from fastpop.config.build import build_agent
 
     config = config_lib.config_from_dict(spec.config)
-    atari = config_lib.atari_options(config)
     agent = build_agent(config)
     treedef = jax.tree.structure(config_policy_template(agent, config))
     ring = ChunkRing.attach(spec.ring)
@@ -107,10 +111,10 @@ def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> No
                 agent,
                 policy,
                 hparams,
-                config.env.id,
-                config.eval.episodes,
+                spec.env_id,
+                spec.episodes,
                 seed=spec.seed + 7919 * meta.eval_index,
-                atari=atari,
+                atari=spec.atari,
             )
             result = {
                 **meta._asdict(),

@@ -20,6 +20,7 @@ from typing import Protocol
 import jax
 import numpy as np
 
+from fastpop.collect.worker_processes import ProcessParts
 from fastpop.learn.learner import Learner
 from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.population import replay
@@ -69,31 +70,39 @@ class Collection(Protocol):
 
 
 class ProcessCollection:
-    """Collector and evaluator processes (fastpop.collect.workers), started by `running`. The
-    processes rebuild their envs and agents from the config (agents do not cross the spawn
-    boundary). They act with copies of the policies: on every pass the workers are checked, and
-    `publish` sends the learner's policies if they changed (`Learner.policy_version`). Nothing
-    to checkpoint: a resumed run starts new processes with new seeds."""
+    """Collector and evaluator processes (fastpop.collect.workers), made of the run's
+    `ProcessParts` and started by `running`. The processes rebuild their envs and agents from
+    the parts' resolved config (agents do not cross the spawn boundary). They act with copies of
+    the policies: on every pass the workers are checked, and `publish` sends the learner's
+    policies if they changed (`Learner.policy_version`). Nothing to checkpoint: a resumed run
+    starts new processes with new seeds."""
 
     chunks_per_pass = None  # the loop drains every chunk that is ready
 
     def __init__(
-        self, config, replay_spec: replay.ReplaySpec, log=print, waits_for_evaluation=False
+        self,
+        parts: ProcessParts,
+        replay_spec: replay.ReplaySpec,
+        log=print,
+        waits_for_evaluation=False,
     ):
-        """`waits_for_evaluation`: the strategy's (its evaluator starts with the collectors'
-        first rows; otherwise with the first trained policies, `Workers`)."""
-        self.config, self.replay_spec, self.log = config, replay_spec, log
+        """`parts`: `RunParts.processes`; `waits_for_evaluation`: the strategy's (its evaluator
+        starts with the collectors' first rows; otherwise with the first trained policies,
+        `Workers`)."""
+        self.parts, self.replay_spec, self.log = parts, replay_spec, log
         self.evaluator_with_first_rows = waits_for_evaluation
         self.workers = None  # while running
         # The run loop's stop check, made before a worker check (a group signal kills both).
         self.stop_check: Callable[[], None] = lambda: None
 
-    def start_ahead(self, agent) -> None:
+    def start_ahead(self, agent, hparams) -> None:
         """Starts a fresh run's collectors before its learner is made (run/startup.start_processes):
-        their warm-up acts at random; at its end they wait for `running`'s first publish."""
-        from fastpop.collect.collector import config_policy_template
+        their warm-up acts at random; at its end they wait for `running`'s first publish.
+        `agent`, `hparams`: the learner's (`LearnerParts`), whose policies' layout the
+        collectors' channel is made for (traced for shapes only)."""
+        from fastpop.collect.collector import policy_template
 
-        template = config_policy_template(agent, self.config)
+        template = policy_template(agent, hparams)
         zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
         workers = self._workers(zeros, policy_version=None)
         self.workers = workers.__enter__()
@@ -124,7 +133,7 @@ class ProcessCollection:
 
         early = self.evaluator_with_first_rows
         return Workers(
-            *(self.config, policy, self.replay_spec, self.log, log_event, generation),
+            *(self.parts, policy, self.replay_spec, self.log, log_event, generation),
             policy_version=policy_version,
             evaluator_with_first_rows=early,
         )

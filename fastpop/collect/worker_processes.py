@@ -7,7 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import time
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -16,6 +16,10 @@ from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
 from fastpop.collect.rows import RowLayout
 from fastpop.collect.spawning import starting_worker
 from fastpop.collect.worker_channels import WorkerChannels
+from fastpop.types import EnvSpec
+
+if TYPE_CHECKING:  # the learner's side never imports the config package for its sections
+    from fastpop.config.sections import CollectConfig
 
 STOP_TIMEOUT_SECONDS = 3.0
 
@@ -42,14 +46,29 @@ def describe_exit(code: int | None) -> str:
     return f"exit code {code}"
 
 
+class ProcessParts(NamedTuple):
+    """What process mode's workers are made of (`RunParts.processes`, fastpop.run.parts, made
+    once; a distributed process's, of its own members: fastpop.distributed.multihost). Spawned
+    collectors and evaluators receive no agent and no `Config`: they rebuild theirs from
+    `config_dict`, the resolved config as plain data."""
+
+    env_spec: EnvSpec
+    collect: CollectConfig
+    population_size: int
+    seed: int
+    algo: str  # which numpy policy a collector acts with (`acting.numpy_policy_for`)
+    exploration_std_min: float | None  # agent.exploration_std_min, where the agent has one
+    collector_envs: CollectorEnvs  # what a collector reads before its warm-up ends
+    eval_episodes: int
+    config_dict: dict  # the resolved config (config_to_dict): a spawned process rebuilds its agent
+
+
 class WorkerLaunch(NamedTuple):
     """What every worker process is started from. What crosses to a collector is plain data,
     so that unpickling it imports no JAX."""
 
     context: Any  # multiprocessing's "spawn" context
-    config: Any  # the run's Config
-    config_dict: dict  # the same, as plain data
-    collector_envs: CollectorEnvs
+    parts: ProcessParts
     row_layout: RowLayout
     blocks: list[tuple[int, int]]  # each collector's (first_slot, num_slots)
     numpy_policies: list  # how each collector acts once its warm-up ends (acting.numpy_policy_for)
@@ -59,13 +78,13 @@ class WorkerLaunch(NamedTuple):
 
     def collector_spec(self, index: int, restarts: int, channels: WorkerChannels) -> CollectorSpec:
         first, count = self.blocks[index]
-        entropy = [self.config.seed, first, restarts]
+        entropy = [self.parts.seed, first, restarts]
         entropy += [self.generation] if self.generation else []
         seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] % 2**31)
         return CollectorSpec(
             index,
-            self.config_dict,
-            self.collector_envs,
+            self.parts.config_dict,
+            self.parts.collector_envs,
             first,
             count,
             self.row_layout,
@@ -78,11 +97,15 @@ class WorkerLaunch(NamedTuple):
         )
 
     def evaluator_spec(self, restarts: int, channels: WorkerChannels) -> EvaluatorSpec:
+        parts = self.parts
         return EvaluatorSpec(
-            self.config_dict,
+            parts.config_dict,
+            parts.collector_envs.env_id,
+            parts.collector_envs.atari,
+            parts.eval_episodes,
             channels.eval_ring.spec,
             channels.stop_flag.spec,
-            self.config.seed + 10_000 * restarts,
+            parts.seed + 10_000 * restarts,
             mp.current_process().pid,
         )
 
@@ -184,7 +207,7 @@ class WorkerProcesses:
         return reasons
 
     def _restart_or_fail(self, name: str, count: int, reason: str, start) -> None:
-        max_restarts = self.launch.config.collect.max_restarts
+        max_restarts = self.launch.parts.collect.max_restarts
         if count > max_restarts:
             raise WorkerFailed(
                 f"{name} died ({reason}) and was already restarted "

@@ -15,14 +15,17 @@ from collections import deque
 import jax
 import numpy as np
 
-from fastpop import config as config_lib
 from fastpop.collect.acting import numpy_policy_for
-from fastpop.collect.collector import TRIAL_FIELD, CollectorEnvs
+from fastpop.collect.collector import TRIAL_FIELD
 from fastpop.collect.rows import RowLayout
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.worker_channels import WorkerChannels
-from fastpop.collect.worker_processes import WorkerFailed, WorkerLaunch, WorkerProcesses
-from fastpop.config.build import build_env_spec
+from fastpop.collect.worker_processes import (
+    ProcessParts,
+    WorkerFailed,
+    WorkerLaunch,
+    WorkerProcesses,
+)
 from fastpop.population import replay
 
 
@@ -50,7 +53,7 @@ class Workers:
 
     def __init__(
         self,
-        config,
+        parts: ProcessParts,
         initial_policy,
         replay_spec,
         log=print,
@@ -59,7 +62,8 @@ class Workers:
         policy_version: int | None = 0,
         evaluator_with_first_rows: bool = True,
     ):
-        """`initial_policy`: what the collectors act with first, as host arrays
+        """`parts`: what the workers are made of (`RunParts.processes`, fastpop.run.parts).
+        `initial_policy`: what the collectors act with first, as host arrays
         (`Learner.host_policy_tree`: stacked policy params, hparams, env steps per member).
         `replay_spec`: the learner's (`Learner.replay.spec`); collectors build their chunks
         with it rather than deriving their own. `generation`: resumes of the run so far.
@@ -74,27 +78,24 @@ class Workers:
         self.log = log
         self.initial_leaves = jax.tree.leaves(initial_policy)
         self.published_version = policy_version
-        num_envs = config.population.size * config.collect.envs_per_member
-        blocks = split_slots(num_envs, config.collect.num_collectors)
+        collect, per_member = parts.collect, parts.collect.envs_per_member
+        blocks = split_slots(parts.population_size * per_member, collect.num_collectors)
         # How each collector acts once its warm-up ends: in numpy where it can (it then never
         # imports JAX), else with the agent's jitted `act`.
-        env_spec, envs_per_member = build_env_spec(config), config.collect.envs_per_member
-        std_min = config.agent.get("exploration_std_min")  # per-episode exploration noise
+        std_min = parts.exploration_std_min  # per-episode exploration noise
         numpy_policies = [
-            numpy_policy_for(config.algo, env_spec, initial_policy, count, envs_per_member, std_min)
+            numpy_policy_for(parts.algo, parts.env_spec, initial_policy, count, per_member, std_min)
             for _, count in blocks
         ]
         launch = WorkerLaunch(
             mp.get_context("spawn"),
-            config,
-            config_lib.config_to_dict(config),
-            CollectorEnvs.of(config),
+            parts,
             RowLayout.of(replay_spec),
             blocks,
             numpy_policies,
             generation,
         )
-        self.channels = WorkerChannels(replay_spec, blocks, config.collect.ring_slots)
+        self.channels = WorkerChannels(replay_spec, blocks, collect.ring_slots)
         no_events = lambda kind, payload: None
         self.processes = WorkerProcesses(launch, self.channels, log, log_event or no_events)
         self.pending = [deque() for _ in blocks]

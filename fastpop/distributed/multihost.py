@@ -3,8 +3,9 @@ lock step.
 
 Each process holds a contiguous block of members (fastpop.population.sharding's mesh spans every
 process's devices, process by process) and runs collectors and an evaluator for those members
-only, with the config cut down to them (`local_config`). Rows become global arrays with
-`jax.make_array_from_process_local_data`: only a process's own rows cross to its own devices.
+only, made of the process parts of the config cut down to them (`local_parts`). Rows become
+global arrays with `jax.make_array_from_process_local_data`: only a process's own rows cross to
+its own devices.
 
 The loop's decisions must be the same on every process, since each compiled call over the member
 arrays is made by all of them: `LockstepCollection.agree`, called once per pass of the loop,
@@ -34,6 +35,7 @@ import jax
 import numpy as np
 
 from fastpop import config as config_lib
+from fastpop.collect.worker_processes import ProcessParts
 from fastpop.collect.workers import WorkerFailed, Workers
 from fastpop.distributed.checkpoint_sharded import ShardedCheckpoints
 from fastpop.distributed.lockstep import WATCHDOG, AgreedSignals, Lockstep, ProcessLost, lost_from
@@ -41,7 +43,7 @@ from fastpop.learn.learner import Learner, LearnerParts, averaged_metrics
 from fastpop.population import replay, sharding
 from fastpop.run.loop import CHECKPOINTS_DIR, Run
 from fastpop.run.metrics import MetricsWriter
-from fastpop.run.parts import RunParts
+from fastpop.run.parts import RunParts, process_parts
 from fastpop.run.startup import RunPieces
 from fastpop.run.stop_signals import stop_exception
 from fastpop.strategies import registry as strategies
@@ -62,6 +64,13 @@ def local_config(config: config_lib.Config, process: int, count: int) -> config_
         "seed": config.seed + 7919 * process,
     }
     return config_lib.config_from_dict(data)
+
+
+def local_parts(parts: RunParts, process: int, count: int) -> ProcessParts:
+    """What this process's collectors and evaluator are made of: the run's process parts for
+    `local_config` (the env spec is the run's)."""
+    local = local_config(parts.config, process, count)
+    return process_parts(local, parts.processes.env_spec)
 
 
 class HostLearner(Learner):
@@ -112,7 +121,7 @@ class HostEvents(MetricsWriter):
 
 class LockstepCollection:
     """This process's collector and evaluator processes (`Workers`, of its own members: see
-    `local_config`), with the loop's decisions made together with the other processes (module
+    `local_parts`), with the loop's decisions made together with the other processes (module
     docstring): `agree`, once per pass of the loop, through its `signals`' check. A `Collection`
     (fastpop.collect.sources); nothing to checkpoint."""
 
@@ -121,13 +130,13 @@ class LockstepCollection:
     def __init__(
         self,
         lockstep: Lockstep,
-        config: config_lib.Config,
+        parts: ProcessParts,
         replay_spec: replay.ReplaySpec,
         log,
         local_elapsed: Callable[[], float],
     ):
-        """config: this process's (`local_config`); local_elapsed: this process's run clock."""
-        self.lockstep, self.config, self.replay_spec, self.log = lockstep, config, replay_spec, log
+        """parts: this process's (`local_parts`); local_elapsed: this process's run clock."""
+        self.lockstep, self.parts, self.replay_spec, self.log = lockstep, parts, replay_spec, log
         self.signals, self.local_elapsed = AgreedSignals(self.agree), local_elapsed
         self.workers: Workers | None = None  # while running
         self.agreed_elapsed: float | None = None  # process 0's clock at the latest pass
@@ -146,8 +155,8 @@ class LockstepCollection:
     @contextlib.contextmanager
     def running(self, learner: Learner, log_event, generation: int) -> Iterator[None]:
         policy, version = learner.host_policy_tree(), learner.policy_version
-        config, spec, log = self.config, self.replay_spec, self.log
-        workers = Workers(config, policy, spec, log, log_event, generation, version)
+        parts, spec, log = self.parts, self.replay_spec, self.log
+        workers = Workers(parts, policy, spec, log, log_event, generation, version)
         with workers:
             self.workers = workers
             self.agree()  # the processes start the loop together, on one clock
@@ -296,7 +305,7 @@ class DistributedRun(Run):
             template = learner.policy_template()
             collection = LockstepDeviceCollection(self.lockstep, parts.device, template, elapsed)
         else:
-            local = local_config(config, process, jax.process_count())
+            local = local_parts(parts, process, jax.process_count())
             collection = LockstepCollection(
                 self.lockstep, local, parts.learner.replay_spec, log, elapsed
             )

@@ -319,17 +319,11 @@ class Learner:
         return result.events, result.scalars
 
 
-def rows_adder_for(parts: LearnerParts):
-    """add_rows(buffers, rows, joins) of the replay of the learner `parts` make, for a program
-    that makes its own rows (device mode; `replay_store.rows_adder`): nothing allocated."""
-    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size, parts.mesh)
-    return rows_adder(layout, parts.population_size)
-
-
-def state_shapes(parts: LearnerParts) -> LearnerState:
-    """The `LearnerState` of the learner `parts` make, as shapes (`jax.eval_shape` of
-    `learner_state.init_state`): what device mode traces its chunk programs from while the
-    learner is made. One device."""
+def chunk_program_inputs(parts: LearnerParts) -> tuple:
+    """(add_rows, the `LearnerState`'s shapes) of the learner `parts` make, without making it:
+    its replay's rows as a pure function (`replay_store.rows_adder`: device mode's insert) and
+    `jax.eval_shape` of `learner_state.init_state`. What device mode traces its chunk programs
+    from while the learner is made; nothing allocated or compiled. One device."""
     layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size, parts.mesh)
     init = lambda: learner_state.init_state(parts.training, layout.empty, parts.hparams, parts.seed)
-    return jax.eval_shape(lambda: init()[0])
+    return rows_adder(layout, parts.population_size), jax.eval_shape(lambda: init()[0])

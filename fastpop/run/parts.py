@@ -2,14 +2,17 @@
 
     build_run(config) -> RunParts    collection mode, and what the learner (`LearnerParts`:
                                      env spec, agent, replay spec, strategy, training, rate
-                                     limiter, mesh, hparams) and device collection
-                                     (`DeviceParts`: its DeviceEnv) are made of; refused
-                                     (ConfigError) before any process or file exists
+                                     limiter, mesh, hparams), device collection (`DeviceParts`:
+                                     its DeviceEnv) or process collection (`ProcessParts`: its
+                                     collect section, the collectors' envs, the resolved config
+                                     spawned processes rebuild their agent from) are made of;
+                                     refused (ConfigError) before any process or file exists
 
 The learner, the collections and the run are made from the parts (fastpop.run.startup): none
-of them reads the config's fields on its own or works the collection mode out again.
-`fastpop.config.build` keeps the low-level builders that collector and evaluator processes
-(which get the config, not the parts: agents do not cross the spawn boundary) use.
+of them reads the config's fields on its own or works the collection mode out again. Collector
+and evaluator processes get plain data (agents do not cross the spawn boundary): their
+`ProcessParts.config_dict`, from which they rebuild their agent with `fastpop.config.build`'s
+low-level builders.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ from typing import NamedTuple
 
 from fastpop import config as config_lib
 from fastpop import population, strategies
+from fastpop.collect.collector import CollectorEnvs
 from fastpop.collect.device_collection import DeviceParts
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
+from fastpop.collect.worker_processes import ProcessParts
 from fastpop.compilation import compile_cache
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 from fastpop.config.plugins import plugin_sources
@@ -37,13 +42,14 @@ from fastpop.types import EnvSpec
 
 class RunParts(NamedTuple):
     """Everything a run is made of, each part made once. `config` is the record written with
-    the run (config.yaml, checkpoints) and what collector processes rebuild their envs and
-    agents from; `learner` what its learner is made of; `device` what device collection is made
-    of (None in process mode)."""
+    the run (config.yaml, checkpoints); `learner` what its learner is made of; `device` what
+    device collection is made of (None in process mode); `processes` what process collection's
+    workers are made of (None in device mode)."""
 
     config: config_lib.Config
     learner: LearnerParts
     device: DeviceParts | None
+    processes: ProcessParts | None
 
     @property
     def collection_mode(self) -> str:
@@ -102,6 +108,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
     replay_spec = build_replay_spec(config, spec)
     strategy = config_lib.build_strategy(config)
     execution = run_execution(config, spec, mesh)
+    processes = process_parts(config, spec) if device_env is None else None
     sampler = replay.Sampler(replay_spec, agent.batch_size, agent.n_step)
     training = make_training(config, spec, agent, strategy, sampler, execution, mesh)
     kind = InProgramLimiter if mode == "device" else RateLimiter
@@ -144,7 +151,33 @@ def _build_run(config: config_lib.Config) -> RunParts:
             mesh=mesh,
             program_identity=identity,
         )
-    return RunParts(config, learner, device)
+    return RunParts(config, learner, device, processes)
+
+
+def process_parts(config: config_lib.Config, spec: EnvSpec) -> ProcessParts:
+    """What `config`'s collector and evaluator processes are made of, over its env spec `spec`
+    (`build_run`'s; a distributed process's, over its own members' config:
+    fastpop.distributed.multihost)."""
+    collect = config.collect
+    collector_envs = CollectorEnvs(
+        config.env.id,
+        config_lib.atari_options(config),
+        collect.atari_vector,
+        collect.num_collectors,
+        collect.envs_per_member,
+        collect.warmup_steps,
+    )
+    return ProcessParts(
+        env_spec=spec,
+        collect=collect,
+        population_size=config.population.size,
+        seed=config.seed,
+        algo=config.algo,
+        exploration_std_min=config.agent.get("exploration_std_min"),
+        collector_envs=collector_envs,
+        eval_episodes=config.eval.episodes,
+        config_dict=config_lib.config_to_dict(config),
+    )
 
 
 def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:

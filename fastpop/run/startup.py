@@ -42,8 +42,9 @@ def make_collection(parts: RunParts, learner: Learner, log=print) -> Collection:
 
 
 def process_collection(parts: RunParts, log=print) -> ProcessCollection:
+    """Process mode's collection, of the parts' `processes`, nothing started yet."""
     waits = parts.learner.strategy.waits_for_evaluation  # its evaluator starts early
-    return ProcessCollection(parts.config, parts.learner.replay_spec, log, waits)
+    return ProcessCollection(parts.processes, parts.learner.replay_spec, log, waits)
 
 
 def start_device(parts: RunParts) -> tuple[Learner, DeviceCollection]:
@@ -63,8 +64,8 @@ def start_processes(
     learner is made, unless they outnumber the cores (16 collectors on 2 cores put the paper
     preset's first env step at 10-15 s, against 8.5-9.3 s made after the learner)."""
     collection = process_collection(parts, log)
-    if collectors_ahead and parts.config.collect.num_collectors <= usable_cores():
-        collection.start_ahead(parts.learner.agent)
+    if collectors_ahead and parts.processes.collect.num_collectors <= usable_cores():
+        collection.start_ahead(parts.learner.agent, parts.learner.hparams)
     return Learner(parts.learner), collection
 
 

@@ -24,7 +24,7 @@ from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
 from fastpop.compilation.background import in_background
-from fastpop.learn.learner import rows_adder_for, state_shapes
+from fastpop.learn.learner import chunk_program_inputs
 from fastpop.learn.learner_state import LearnerState
 from fastpop.run.parts import build_run
 
@@ -53,7 +53,7 @@ def main() -> None:
     config = config_lib.load_config(tree / "configs" / f"{args.preset}.yaml", [])
     parts = build_run(config)
     collection = DeviceCollection(parts.device)
-    add_rows, state = rows_adder_for(parts.learner), state_shapes(parts.learner)
+    add_rows, state = chunk_program_inputs(parts.learner)
     programs = chunk_programs.chunk_programs(
         parts.learner.training, add_rows, collection.chunk_rollout
     )

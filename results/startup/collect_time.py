@@ -18,7 +18,7 @@ from fastpop import xla_defaults
 from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.compilation import stored_programs
-from fastpop.learn.learner import Learner, rows_adder_for, state_shapes
+from fastpop.learn.learner import Learner, chunk_program_inputs
 from fastpop.learn.learner_state import ChunkPlan
 from fastpop.run.parts import build_run
 
@@ -35,7 +35,7 @@ def main() -> None:
     config = config_lib.load_config(PRESET, [f"population.size={args.pop}"])
     parts = build_run(config)
     collection = DeviceCollection(parts.device)
-    add_rows, shapes = rows_adder_for(parts.learner), state_shapes(parts.learner)
+    add_rows, shapes = chunk_program_inputs(parts.learner)
     programs = chunk_programs.chunk_programs(
         parts.learner.training, add_rows, collection.chunk_rollout
     )

@@ -37,14 +37,14 @@ else:
     gc.set_threshold(700, 10, 10)  # CPython's default
 from fastpop import config as config_lib
 from fastpop.collect import chunk_programs
-from fastpop.learn.learner import rows_adder_for, state_shapes
+from fastpop.learn.learner import chunk_program_inputs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.run import parts as run_parts
 
 parts = run_parts.build_run(config_lib.load_config(sys.argv[2]))
 device = DeviceCollection(parts.device)
 start = time.perf_counter()
-add_rows, state = rows_adder_for(parts.learner), state_shapes(parts.learner)
+add_rows, state = chunk_program_inputs(parts.learner)
 programs = chunk_programs.chunk_programs(parts.learner.training, add_rows, device.chunk_rollout)
 lanes = device.env_lanes.shapes()
 for _ in chunk_programs.lowerings(programs, lanes, state):

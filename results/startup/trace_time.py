@@ -18,7 +18,7 @@ from fastpop import config as config_lib
 from fastpop.collect import chunk_programs
 from fastpop.collect.device_collection import DeviceCollection
 from fastpop.commands import cli  # noqa: F401  (imported as `fastpop train` imports it)
-from fastpop.learn.learner import rows_adder_for, state_shapes
+from fastpop.learn.learner import chunk_program_inputs
 from fastpop.run.parts import build_run
 
 
@@ -36,7 +36,7 @@ def main() -> None:
     learner_parts = parts.learner
     collection = DeviceCollection(parts.device)
     started = time.perf_counter()
-    add_rows, state = rows_adder_for(learner_parts), state_shapes(learner_parts)
+    add_rows, state = chunk_program_inputs(learner_parts)
     programs = chunk_programs.chunk_programs(
         parts.learner.training, add_rows, collection.chunk_rollout
     )
