@@ -11,7 +11,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import make_agent
-from fastpop.bench.update import random_rows
+from fastpop.bench.random_replay import random_rows
 from fastpop.population import replay
 from fastpop.types import EnvSpec
 

@@ -178,6 +178,7 @@ def test_the_summary_names_the_machine_phases_and_targets(smoke):
     for phase in gpu_plans.BENCHMARK_PHASES:
         assert f"| {phase} | done |" in readme
     assert readme.count("| not measured") == 10  # smoke sizes judge none of the 10 targets
+    assert "\n## Targets\n" in readme and "issue" not in readme.lower()  # no tracker numbers
     assert "| 2 | 2 |" in readme  # the device table
     assert "What bounds a vectorized population step" in readme
 
@@ -284,7 +285,7 @@ def test_the_directory_is_packed_after_every_phase_without_checkpoints(smoke, tm
 def test_the_command_line_knows_every_phase():
     assert bench_gpu.PHASES == gpu_plans.PHASES
     for name, (plans, caps) in gpu_plans.PROGRAMMES.items():
-        learning = name.startswith("learning")  # the learning phase alone (issue 59)
+        learning = name.startswith("learning")  # the learning phase alone
         assert (
             set(plans)
             == set(caps)
@@ -296,7 +297,7 @@ def test_the_command_line_knows_every_phase():
 
 
 def test_each_remote_call_of_the_short_programme_ends_30_s_inside_the_remote_limit():
-    """Issue 58: caps, grace, the SIGKILL waits, install, packing after each phase and the
+    """Caps, grace, the SIGKILL waits, install, packing after each phase and the
     outer timeout's kill margin, at least 30 s inside the device tool's 600 s."""
     called = [phase for call in gpu_plans.SHORT_CALLS for phase in call]
     assert sorted(called) == sorted(set(called)) and set(called) <= set(gpu_plans.PHASES)
@@ -330,7 +331,7 @@ def test_the_remote_script_runs_each_call_under_the_planned_limit():
 def test_every_programme_names_configs_envs_and_rows_that_exist(programme):
     from fastpop import config as config_lib
     from fastpop.bench import levers
-    from fastpop.bench.update import BENCH_SPECS
+    from fastpop.bench.random_replay import BENCH_SPECS
     from fastpop.envs import device_envs
 
     plans, _ = gpu_plans.PROGRAMMES[programme]
@@ -446,7 +447,7 @@ def test_the_learner_target_is_busy_and_rate_or_bound_by_rows(
     (tmp_path / "pipeline_x.json").write_text(json.dumps(pipeline))
     name, _, judged = pipeline_target(tmp_path, {"json": "pipeline_x.json"})
     assert judged == verdict and "or bound by its rows" in name
-    old = {"population": 80, "learner": {"collectors": 14, "utilisation": 0.8}}  # before issue 58
+    old = {"population": 80, "learner": {"collectors": 14, "utilisation": 0.8}}  # an old result
     (tmp_path / "pipeline_x.json").write_text(json.dumps(old))
     assert pipeline_target(tmp_path, {"json": "pipeline_x.json"})[2].startswith("not measured")
 

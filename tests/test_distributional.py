@@ -185,8 +185,8 @@ def test_layer_norm_alone_keeps_the_scalar_critic():
 
 
 def test_the_shared_critic_strategies_train_a_distributional_critic():
-    # TD3's parts carry the critic's kind: CEM-RL's and DvD's one critic (shared_critic.py) is
-    # the members' own, through the parts' critic_loss and actor_loss (CEM-RL's run here).
+    # TD3's internals carry the critic's kind: CEM-RL's and DvD's one critic (shared_critic.py) is
+    # the members' own, through the internals' critic_loss and actor_loss (CEM-RL's run here).
     options = ["agent.critic=distributional", "agent.num_atoms=11", "agent.layer_norm=true"]
     learner = shared_learner("cemrl", 3, *options, "agent.v_min=-10", "agent.v_max=300")
     critic = learner.states.critic["params"]["MLP_0"]

@@ -84,7 +84,7 @@ def test_without_a_target_actor_the_targets_come_from_the_online_actor():
 
     @jax.jit
     def losses(state):
-        loss = lambda agent, s: agent.parts.critic_loss(s.critic, s, batch, hparams, noise)[0]
+        loss = lambda agent, s: agent.internals.critic_loss(s.critic, s, batch, hparams, noise)[0]
         return (
             loss(fast, state._replace(target_actor=None)),
             loss(td3, state._replace(target_actor=state.actor)),  # as tau = 1 keeps it
@@ -104,11 +104,11 @@ def test_target_critics_after_every_critic_step_are_td3s_with_a_policy_delay_of_
     @jax.jit
     def steps(state):
         (ours, _), (theirs, _) = (
-            a.parts.critic_step(state, batch, hparams, noise) for a in (fast, td3)
+            a.internals.critic_step(state, batch, hparams, noise) for a in (fast, td3)
         )
         due = jnp.bool_(True)
         stepped = [
-            a.parts.actor_step(s, batch.obs, hparams, due)[0]
+            a.internals.actor_step(s, batch.obs, hparams, due)[0]
             for a, s in ((fast, ours), (td3, theirs))
         ]
         return state, ours, theirs, *stepped
@@ -128,10 +128,10 @@ def test_the_actor_maximizes_the_smaller_q_of_the_two_critics():
 
         @jax.jit
         def losses(actor, critic, obs, td3=td3, fast=fast, twin=twin):
-            actions = td3.parts.actor_apply(actor, obs)
+            actions = td3.internals.actor_apply(actor, obs)
             q = twin.q_values(twin.network.apply(critic, obs, actions))  # (B, 2): the means
-            mins = fast.parts.actor_loss(actor, critic, obs)
-            return mins, td3.parts.actor_loss(actor, critic, obs), q
+            mins = fast.internals.actor_loss(actor, critic, obs)
+            return mins, td3.internals.actor_loss(actor, critic, obs), q
 
         state = random_state(td3)
         obs = np.random.default_rng(5).standard_normal((64, 5)).astype(np.float32)

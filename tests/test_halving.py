@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from fastpop.analysis.sweep import load_member_curves
-from fastpop.run.metrics import read_metrics, summarize
 from fastpop.run.resume import resume_run
+from fastpop.run.run_files import read_metrics, summarize
 from fastpop.strategies.base import Evaluation
 from fastpop.strategies.halving import HalvingSettings, make_halving, rung_schedule
 from fastpop.strategies.priors import Prior

@@ -15,8 +15,9 @@ from fastpop.analysis.plot import (
     returns_by_minute,
     returns_table,
 )
-from fastpop.run import metrics
-from fastpop.run.metrics import MetricsWriter, evaluation_rounds, read_metrics, summarize
+from fastpop.run import metrics, run_files
+from fastpop.run.metrics import MetricsWriter
+from fastpop.run.run_files import evaluation_rounds, read_metrics, summarize
 from tests.dependencies import require
 
 MEMBERS = 3
@@ -182,9 +183,9 @@ def test_events_and_scalars_files(tmp_path):
         writer.log_scalars(10, {"learner/critic_loss": 0.25})
         with pytest.raises(ValueError, match="kind"):
             writer.log_event("exploit", {"kind": "x"})
-    events = metrics.read_jsonl(tmp_path / "events.jsonl")
+    events = run_files.read_jsonl(tmp_path / "events.jsonl")
     assert events[0]["kind"] == "collector_restart" and events[0]["collector"] == 1
-    scalars = metrics.read_jsonl(tmp_path / "scalars.jsonl")
+    scalars = run_files.read_jsonl(tmp_path / "scalars.jsonl")
     assert scalars == [{"step": 10, "learner/critic_loss": 0.25}]
 
 
@@ -292,7 +293,7 @@ def test_a_directory_without_evaluation_rows_is_named_by_the_plot_and_the_sweep(
     for load, cannot in ((plot.load_curve, "plot"), (load_member_curves, "aggregate")):
         with pytest.raises(ValueError, match=r"no metrics file; is .* a fastpop run directory"):
             load(tmp_path)
-        (tmp_path / metrics.METRICS_FILE).write_text("")
+        (tmp_path / run_files.METRICS_FILE).write_text("")
         with pytest.raises(ValueError, match=f"no evaluation rows yet; nothing to {cannot}"):
             load(tmp_path)
-        (tmp_path / metrics.METRICS_FILE).unlink()
+        (tmp_path / run_files.METRICS_FILE).unlink()

@@ -9,7 +9,7 @@ import pytest
 
 from fastpop import population
 from fastpop.compilation import compile_stats
-from fastpop.population import UpdatePlan, chunked, chunking, executors, tuning_cache
+from fastpop.population import UpdatePlan, chunked, chunking, stacking, tuning_cache
 from tests.helpers import (
     TINY_OPTIONS,
     leaves_allclose,
@@ -164,7 +164,7 @@ def test_changing_hparam_values_does_not_recompile():
 
 
 # 4 members: one program; 20: sliced leaf by leaf (its compile grows faster than P)
-@pytest.mark.parametrize("size", [4, executors.UNSTACK_IN_ONE_PROGRAM_UP_TO + 4])
+@pytest.mark.parametrize("size", [4, stacking.UNSTACK_IN_ONE_PROGRAM_UP_TO + 4])
 def test_stack_unstack_gather_round_trip(size):
     tree = {"w": jnp.arange(3.0 * size).reshape(size, 3), "step": jnp.arange(size)}
     members = population.unstack(tree)

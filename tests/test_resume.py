@@ -242,7 +242,7 @@ def test_an_unusable_newest_checkpoint_is_named_and_the_previous_one_used(tmp_pa
 
 
 def test_a_resume_restores_what_the_rounds_and_checkpoints_hold_in_place(tmp_path):
-    """The evaluation rounds and checkpoints are handed the run's parts, never the Run: a resume
+    """The evaluation rounds and checkpoints are handed the loop's services, never the Run: a resume
     restores the progress and pending evaluations they share in place, where both see them."""
     run = run_with_checkpoint(tmp_path)
     meta = snapshot.SnapshotMeta(3, 8 * run.config.population.size, 0, 1.0)
@@ -251,8 +251,8 @@ def test_a_resume_restores_what_the_rounds_and_checkpoints_hold_in_place(tmp_pat
     run.checkpoints.save("interval")
     resumed = resume.resume_run(tmp_path, [])
     rounds, checkpoints = resumed.evaluations, resumed.checkpoints
-    held = [*vars(rounds).values(), *rounds.parts, *vars(checkpoints).values()]
+    held = [*vars(rounds).values(), *rounds.services, *vars(checkpoints).values()]
     assert not any(isinstance(value, loop.Run) for value in held)
     assert resumed.progress.resumes == 1 and resumed.progress.last_checkpoint[1] == 8
-    assert rounds.parts.progress is resumed.progress is checkpoints.state.progress
+    assert rounds.services.progress is resumed.progress is checkpoints.state.progress
     assert checkpoints.state.pending is rounds.pending and list(rounds.pending.snapshots) == [3]

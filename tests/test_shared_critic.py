@@ -181,7 +181,7 @@ def dvd_inputs(size=3, identical=False):
 def loss_and_grads(learner, states, obs, weight):
     def loss(actors):
         return shared_critic.population_actor_loss(
-            learner.agent.parts, actors, states.critic, obs, states.trained,
+            learner.agent.internals, actors, states.critic, obs, states.trained,
             jnp.float32(weight), obs[0, :8], (1.0, 1e-3),
         )[0]  # fmt: skip
 
@@ -195,7 +195,7 @@ def test_dvd_gradient_matches_finite_differences_of_the_population_loss():
 
     def coupling_only(flat):
         actors = unravel(flat)
-        points = diversity.embeddings(learner.agent.parts.actor_apply, actors, obs[0, :8])
+        points = diversity.embeddings(learner.agent.internals.actor_apply, actors, obs[0, :8])
         return -weight * diversity.log_det(diversity.rbf_kernel(points, 1.0), 1e-3)
 
     flat, unravel = jax.flatten_util.ravel_pytree(states.actors)
@@ -226,9 +226,9 @@ def test_dvd_is_finite_when_two_members_coincide():
 def test_dvd_with_lambda_zero_is_independent_td3_on_the_shared_critic():
     learner, states, obs = dvd_inputs()
     _, grads = loss_and_grads(learner, states, obs, 0.0)
-    parts = learner.agent.parts
+    internals = learner.agent.internals
     for member in range(3):
-        expected = jax.grad(parts.actor_loss)(
+        expected = jax.grad(internals.actor_loss)(
             population.member(states.actors, member), states.critic, obs[member]
         )
         # the same sums in another program: equal up to float rounding

@@ -21,7 +21,13 @@ import numpy as np
 import pytest
 
 from fastpop import config as config_lib
-from fastpop.compilation import compile_cache, compile_stats, static_codec, stored_programs
+from fastpop.compilation import (
+    compile_cache,
+    compile_stats,
+    program_store,
+    static_codec,
+    stored_programs,
+)
 from tests.dependencies import require
 from tests.helpers import program_names, train_here
 from tests.runs import REPO, read_jsonl
@@ -95,11 +101,11 @@ def test_a_second_process_loads_the_program_without_tracing_it_same_numbers(stor
     expected = jax.jit(Traces().step)(*arguments())
     first = stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     assert traces.count == 1 and len(list(store.glob("step-*.program"))) == 1
-    loaded_before = stored_programs.counts()["loaded"]
+    loaded_before = program_store.counts()["loaded"]
     fresh = stored_programs.stored_jit(traces.step, "identity", "step")  # as a rerun makes it
     again = fresh(*arguments())
     assert traces.count == 1  # loaded: the function was not traced
-    assert stored_programs.counts()["loaded"] == loaded_before + 1
+    assert program_store.counts()["loaded"] == loaded_before + 1
     for result in (first, again):
         assert jax.tree.structure(result) == jax.tree.structure(expected)
         for got, want in zip(jax.tree.leaves(result), jax.tree.leaves(expected), strict=True):
@@ -181,7 +187,7 @@ def test_donated_arguments_stay_donated(store):
     assert x.is_deleted()
     y = jnp.arange(4.0)
     out = stored_programs.stored_jit(add, "identity", "add", donate_argnums=(0,))(y, y + 1)
-    assert y.is_deleted() and stored_programs.counts()["loaded"] >= 1
+    assert y.is_deleted() and program_store.counts()["loaded"] >= 1
 
 
 def test_compiler_options_reach_the_compile_whether_exported_now_or_loaded(store):
@@ -193,7 +199,7 @@ def test_compiler_options_reach_the_compile_whether_exported_now_or_loaded(store
             program(jnp.zeros(2))
         with pytest.raises(jax.errors.JaxRuntimeError, match="xla_cpu_no_such_option"):
             program.lower(jnp.zeros(2)).compile()  # what device mode compiles ahead
-    assert len(list(store.glob("add-*.program"))) == 1 and stored_programs.counts()["loaded"]
+    assert len(list(store.glob("add-*.program"))) == 1 and program_store.counts()["loaded"]
 
 
 def test_an_unreadable_stored_program_is_exported_again_with_a_warning(store, caplog):
@@ -201,7 +207,7 @@ def test_an_unreadable_stored_program_is_exported_again_with_a_warning(store, ca
     stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     (path,) = store.glob("step-*.program")
     path.write_bytes(path.read_bytes()[:200])  # truncated by a crash, say
-    with caplog.at_level(logging.WARNING, logger="fastpop.compilation.stored_programs"):
+    with caplog.at_level(logging.WARNING, logger="fastpop.compilation.program_store"):
         result = stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     assert "ignoring the stored program" in caplog.text
     assert traces.count == 2  # traced again, and written again whole
@@ -218,10 +224,10 @@ def test_what_cannot_be_exported_runs_as_plain_jit(store):
         jax.debug.callback(lambda value: seen.append(float(value)), x.sum())
         return x * 2
 
-    before = stored_programs.counts()["not_stored"]
+    before = program_store.counts()["not_stored"]
     out = stored_programs.stored_jit(with_callback, "identity", "callback")(jnp.ones(3))
     np.testing.assert_array_equal(out, [2.0, 2.0, 2.0])
-    assert seen == [3.0] and stored_programs.counts()["not_stored"] == before + 1
+    assert seen == [3.0] and program_store.counts()["not_stored"] == before + 1
     assert not list(store.glob("callback-*"))
 
 
@@ -239,7 +245,7 @@ def test_the_store_keeps_the_most_recently_used_programs_within_its_size(store, 
     traces = Traces()
     stored_programs.stored_jit(traces.step, "identity", "step")(*arguments())
     (first,) = store.glob("*.program")
-    monkeypatch.setenv(stored_programs.MAX_BYTES_VARIABLE, str(first.stat().st_size + 1))
+    monkeypatch.setenv(program_store.MAX_BYTES_VARIABLE, str(first.stat().st_size + 1))
     stored_programs.stored_jit(traces.step, "identity", "step")(*arguments(width=5))
     assert [path.name for path in store.glob("*.program")] != [first.name]
     assert len(list(store.glob("*.program"))) == 1  # the older one went
@@ -270,7 +276,7 @@ def test_one_program_called_in_a_thread_while_asked_for_its_shapes_is_traced_onc
 
     program = stored_programs.stored_jit(slow_step, "one", "step")
     gate, results = threading.Barrier(2), {}
-    written = stored_programs.counts()["written"]
+    written = program_store.counts()["written"]
 
     def call():
         gate.wait()
@@ -281,7 +287,7 @@ def test_one_program_called_in_a_thread_while_asked_for_its_shapes_is_traced_onc
     gate.wait()
     shapes = program.output_shapes(*arguments())
     thread.join()
-    assert traces.count == 1 and stored_programs.counts()["written"] == written + 1
+    assert traces.count == 1 and program_store.counts()["written"] == written + 1
     assert jax.tree.map(lambda x: (x.shape, x.dtype), shapes) == jax.tree.map(
         lambda x: (x.shape, x.dtype), results["call"]
     )
@@ -309,9 +315,9 @@ def test_a_device_mode_rerun_loads_its_programs_and_writes_the_same_rows(store, 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(compile_cache, "is_on", lambda: False)
         plain = train_here(plain_dir, GYMNAX, *settings)
-    written = stored_programs.counts()["written"]
+    written = program_store.counts()["written"]
     first = train_here(first_dir, GYMNAX, *settings)
-    assert stored_programs.counts()["written"] == written + 4
+    assert program_store.counts()["written"] == written + 4
     assert {path.name.split("-")[0] for path in store.glob("*.program")} == {
         "collect",
         "update",
@@ -319,10 +325,10 @@ def test_a_device_mode_rerun_loads_its_programs_and_writes_the_same_rows(store, 
         "lanes",
     }
     TRACED.clear()
-    loaded = stored_programs.counts()["loaded"]
+    loaded = program_store.counts()["loaded"]
     second = train_here(second_dir, GYMNAX, *settings, "seed=0", "log.progress_interval_seconds=5")
     # collect, update, evaluate, and lanes twice: its shapes for the memory check, then the lanes
-    assert stored_programs.counts()["loaded"] == loaded + 5
+    assert program_store.counts()["loaded"] == loaded + 5
     assert not DEVICE_PROGRAMS & set(TRACED), TRACED
     assert rows(plain) == rows(first) == rows(second) and len(rows(plain)) == 2  # 2 members
     for run in (first, second):  # the arrays each chunk feeds back make no second variant

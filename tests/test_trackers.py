@@ -15,8 +15,9 @@ import pytest
 
 from fastpop import config as config_lib
 from fastpop.commands import cli
-from fastpop.run import metrics, trackers
-from fastpop.run.metrics import MEMBERS_FILE, MetricsWriter, read_jsonl
+from fastpop.run import run_files, trackers
+from fastpop.run.metrics import MetricsWriter
+from fastpop.run.run_files import MEMBERS_FILE, read_jsonl
 from tests.dependencies import require
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,8 +142,8 @@ def test_a_failing_tracker_is_dropped_and_the_files_stay_whole(tmp_path):
             writer.log_evaluation(round_rows(0))
         writer.log_evaluation(round_rows(1))
     assert failing.calls == 1
-    assert len(metrics.read_metrics(tmp_path)) == 6
-    (event,) = read_jsonl(tmp_path / metrics.EVENTS_FILE)
+    assert len(run_files.read_metrics(tmp_path)) == 6
+    (event,) = read_jsonl(tmp_path / run_files.EVENTS_FILE)
     assert event["kind"] == "tracker_failed" and "tracker down" in event["error"]
 
 

@@ -49,9 +49,10 @@ class Agent(NamedTuple):
     policy_params: Callable[[State], PyTree]
     default_hparams: Callable[[], HParams]
     batch_size: int
-    # Algorithm-specific pieces of `update` (e.g. TD3's critic and actor steps), for code that
-    # recombines them: shared-critic strategies, per-piece FLOP counts in the benchmark.
-    parts: Any = None
+    # Algorithm-specific functions inside `update` (e.g. TD3's critic and actor steps), for code
+    # that recombines or costs them: shared-critic strategies, per-step FLOP counts in the
+    # benchmark (`TD3Internals`, `SACInternals`).
+    internals: Any = None
     n_step: int = 1  # env steps a sampled transition spans (the replay's `Sampler` reads it)
     # Its exploring `act` reads each env lane's episode draw (TD3's per-episode noise std): the
     # acting code (device lanes, collectors) keeps one per lane, drawn at each episode start.
@@ -207,7 +208,7 @@ class AlgorithmEntry(NamedTuple):
     deterministic_action: str
     """What its act(..., explore=False) is, in words (`fastpop export`'s policy.json)."""
     shared_critic: bool = False
-    """Its state and `parts` are TD3's (deterministic actor, twin critics and their targets),
+    """Its state and `internals` are TD3's (deterministic actor, twin critics and their targets),
     which the shared-critic strategies (cemrl, dvd) recombine."""
     numpy_hparams: Mapping[str, str] = MappingProxyType({})
     """role -> the field of its HParams that its numpy policy reads for that role

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
@@ -98,27 +99,9 @@ def q_network(spec: EnvSpec, config: DQNConfig) -> QNetwork:
     )
 
 
-def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
-    network = q_network(spec, config)
-    optimizer = optax.scale_by_adam(eps=config.adam_eps)
-
-    def default_hparams() -> DQNHParams:
-        return hparams_from_values(
-            DQNHParams,
-            frozenset({"target_update_period", "epsilon_decay_steps", "n_step"}),
-            learning_rate=1e-4,
-            discount=0.99,
-            target_update_period=1000,
-            epsilon_start=1.0,
-            epsilon_end=0.01,
-            epsilon_decay_steps=250_000,
-            n_step=config.n_step,
-        )
-
-    def init(key: PRNGKey, hparams: DQNHParams) -> DQNState:
-        del hparams
-        params = network.init(key, jnp.zeros((1, *spec.obs_shape), spec.obs_dtype))
-        return DQNState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32))
+def epsilon_greedy_act(spec: EnvSpec, network: QNetwork) -> Callable:
+    """DQN's act: the greedy action of the Q-network, or with probability epsilon (exploring;
+    `epsilon`, on the member's env steps) a uniformly random one."""
 
     def act(params, obs, key, hparams: DQNHParams, explore, env_steps=0):
         greedy = jnp.argmax(network.apply(params, obs), axis=-1).astype(jnp.int32)
@@ -128,6 +111,16 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         take_random = jax.random.uniform(explore_key, greedy.shape) < rate
         return jnp.where(take_random, random_action, greedy)
 
+    return act
+
+
+def dqn_update(
+    spec: EnvSpec, config: DQNConfig, network: QNetwork, optimizer: optax.GradientTransformation
+) -> Callable:
+    """update_drawn(state, batch, hparams, drawn): one optimizer step on the batch's mean
+    `losses.dqn_loss` (the bootstrap action picked by the online network with double_dqn, by
+    the target network without), the target network copied every target_update_period steps;
+    it draws nothing."""
     example_loss = jax.vmap(partial(losses.dqn_loss, huber_delta=config.huber_delta))
 
     def loss_fn(params, target_params, batch: Transition, hparams: DQNHParams):
@@ -165,10 +158,36 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
         target_params = select_tree(copy_now, params, state.target_params)
         return DQNState(params, target_params, opt_state, step), {"loss": loss, "q_mean": q_mean}
 
+    return update_drawn
+
+
+def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
+    network = q_network(spec, config)
+    optimizer = optax.scale_by_adam(eps=config.adam_eps)
+
+    def default_hparams() -> DQNHParams:
+        return hparams_from_values(
+            DQNHParams,
+            frozenset({"target_update_period", "epsilon_decay_steps", "n_step"}),
+            learning_rate=1e-4,
+            discount=0.99,
+            target_update_period=1000,
+            epsilon_start=1.0,
+            epsilon_end=0.01,
+            epsilon_decay_steps=250_000,
+            n_step=config.n_step,
+        )
+
+    def init(key: PRNGKey, hparams: DQNHParams) -> DQNState:
+        del hparams
+        params = network.init(key, jnp.zeros((1, *spec.obs_shape), spec.obs_dtype))
+        return DQNState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    update_drawn = dqn_update(spec, config, network, optimizer)
     agent = Agent(
         name=NAME,
         init=init,
-        act=act,
+        act=epsilon_greedy_act(spec, network),
         update=keyed_update(no_draws, update_drawn),
         draw=no_draws,
         update_drawn=update_drawn,

@@ -20,8 +20,8 @@ network's params, under `OBSERVATION_NORM_KEY` ({"params": ..., "observation_nor
 "var"}}), and `act` reads them from there. So every policy made from the published params --
 the collectors' numpy policy (`collect/numpy_policy.py`) and jitted one, the evaluator, device
 mode's rollout and evaluation, `fastpop eval` and `fastpop export`'s function and weights --
-normalizes alike, from the same numbers. The agent's `parts` (the raw critic and actor steps that
-shared-critic strategies recombine) do not normalize: the config refuses the option there.
+normalizes alike, from the same numbers. The agent's `internals` (the raw critic and actor steps
+that shared-critic strategies recombine) do not normalize: the config refuses the option there.
 """
 
 from __future__ import annotations

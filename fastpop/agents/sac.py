@@ -100,7 +100,7 @@ def temperature_loss(log_alpha, log_prob, target_entropy):
     return jnp.mean(per_example(log_alpha, log_prob, target_entropy))
 
 
-class SACParts(NamedTuple):
+class SACInternals(NamedTuple):
     """The pieces of a SAC update, for code that recombines or costs them.
 
     sample_action(actor, obs, noise) -> (actions, log-densities) of the squashed Gaussian.
@@ -167,12 +167,12 @@ def critic_batch_loss(critic: Critic):
     return cross_entropies
 
 
-def make_sac_parts(
+def make_sac_internals(
     spec: EnvSpec,
     actor_net: GaussianActor,
     critic: Critic,
     optimizer: optax.GradientTransformation,
-) -> SACParts:
+) -> SACInternals:
     """Critic, actor and temperature steps of SAC: network applies here, arithmetic in losses."""
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
@@ -230,7 +230,7 @@ def make_sac_parts(
         }
         return state, metrics
 
-    return SACParts(
+    return SACInternals(
         sample_action, critic_loss, actor_loss, critic_step, actor_and_temperature_step, optimizer
     )
 
@@ -259,7 +259,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     )
     critic = make_critic(config)
     optimizer = network_optimizer(config.weight_decay)
-    parts = make_sac_parts(spec, actor_net, critic, optimizer)
+    internals = make_sac_internals(spec, actor_net, critic, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
     center = (spec.action_high + spec.action_low) / 2.0
 
@@ -295,9 +295,9 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         ranks = [1 + len(spec.obs_shape), 2, losses.reward_rank(batch)]
         chex.assert_rank([batch.obs, batch.action, batch.reward], ranks)
         critic_noise, actor_noise = drawn
-        state, critic_metrics = parts.critic_step(state, batch, hparams, critic_noise)
+        state, critic_metrics = internals.critic_step(state, batch, hparams, critic_noise)
         # The actor is trained against the critic just updated, then the targets follow it.
-        state, actor_metrics = parts.actor_and_temperature_step(
+        state, actor_metrics = internals.actor_and_temperature_step(
             state, batch.obs, hparams, actor_noise
         )
         state = state._replace(
@@ -317,7 +317,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         default_hparams=lambda: default_hparams(spec, config.n_step),
         batch_size=config.batch_size,
         n_step=config.n_step,
-        parts=parts,
+        internals=internals,
     )
     return with_observation_norm(agent, spec) if config.observation_norm else agent
 

@@ -96,7 +96,7 @@ class TD3State(NamedTuple):
     observation_norm: ObservationStats | None = None  # agent.observation_norm's; else None
 
 
-class TD3Parts(NamedTuple):
+class TD3Internals(NamedTuple):
     """The two halves of a TD3 update, for strategies that recombine them (CEM-RL, DvD).
 
     critic_step(state, batch, hparams, noise) -> (state, metrics); with
@@ -147,13 +147,13 @@ def critic_batch_loss(critic: Critic) -> Callable:
     return cross_entropies
 
 
-def make_td3_parts(
+def make_td3_internals(
     spec: EnvSpec,
     actor_net: DeterministicActor,
     critic: Critic,
     optimizer: optax.GradientTransformation,
     config: TD3Config = TD3Config(),
-) -> TD3Parts:
+) -> TD3Internals:
     """The critic and actor halves of a TD3 update: network applies here, arithmetic in losses;
     `config`'s FastTD3 choices (target_actor, target_critic_every_step, actor_q) decide which."""
     # The action bounds are static floats, closed over rather than traced.
@@ -210,7 +210,7 @@ def make_td3_parts(
             state = state._replace(target_critic=polyak(state.target_critic, critic, hparams.tau))
         return state, {"critic_loss": loss, "q_mean": q_mean}
 
-    return TD3Parts(
+    return TD3Internals(
         critic_step, actor_and_targets_step, critic_loss, actor_loss, actor_net.apply, optimizer
     )
 
@@ -224,6 +224,44 @@ def per_episode_std(std_min: float, std_max: jax.Array, episode_draws) -> jax.Ar
             "(act(..., episode_draws=...)), which the acting code keeps per env lane"
         )
     return std_min + episode_draws[:, None] * (std_max - std_min)
+
+
+def exploring_act(spec: EnvSpec, actor_net: DeterministicActor, std_min: float | None):
+    """TD3's act: the actor's action plus Gaussian noise of the member's exploration_noise (or,
+    with `std_min`, each lane's per-episode std: `per_episode_std`), clipped to the bounds."""
+    half_range = (spec.action_high - spec.action_low) / 2.0
+
+    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0, episode_draws=None):
+        del env_steps
+        action = actor_net.apply(actor, obs)
+        std = hparams.exploration_noise
+        if std_min is not None and explore is not False:
+            std = per_episode_std(std_min, std, episode_draws)
+        noise_std = jnp.where(explore, std, 0.0) * half_range
+        noise = noise_std * jax.random.normal(key, action.shape)
+        return jnp.clip(action + noise, spec.action_low, spec.action_high)
+
+    return act
+
+
+def delayed_actor_update(internals: TD3Internals) -> Callable:
+    """update_drawn(state, batch, hparams, noise): a critic step, then, every policy_delay
+    critic steps, the actor step and the Polyak targets (`internals`' two halves)."""
+
+    def update_drawn(state: TD3State, batch: Transition, hparams: TD3HParams, noise):
+        state, metrics = internals.critic_step(state, batch, hparams, noise)
+        due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0
+        # One branch for the whole population: skip the actor pass when no member is due,
+        # rather than vmap turning the cond into a select that always runs both branches.
+        state, policy_loss = jax.lax.cond(
+            population_any(due),
+            lambda s: internals.actor_step(s, batch.obs, hparams, due),
+            lambda s: (s, jnp.full((), jnp.nan)),
+            state,
+        )
+        return state, {**metrics, "actor_loss": policy_loss}
+
+    return update_drawn
 
 
 def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
@@ -243,8 +281,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
     )
     critic = make_critic(config)
     optimizer = network_optimizer(config.weight_decay)
-    parts = make_td3_parts(spec, actor_net, critic, optimizer, config)
-    half_range = (spec.action_high - spec.action_low) / 2.0
+    internals = make_td3_internals(spec, actor_net, critic, optimizer, config)
     std_min = config.exploration_std_min
 
     def default_hparams() -> TD3HParams:
@@ -263,37 +300,15 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
             step=jnp.zeros((), jnp.int32),
         )
 
-    def act(actor, obs, key, hparams: TD3HParams, explore, env_steps=0, episode_draws=None):
-        del env_steps
-        action = actor_net.apply(actor, obs)
-        std = hparams.exploration_noise
-        if std_min is not None and explore is not False:
-            std = per_episode_std(std_min, std, episode_draws)
-        noise_std = jnp.where(explore, std, 0.0) * half_range
-        noise = noise_std * jax.random.normal(key, action.shape)
-        return jnp.clip(action + noise, spec.action_low, spec.action_high)
-
     def draw(key: PRNGKey) -> jax.Array:
         """The target smoothing noise of one update."""
         return jax.random.normal(key, (config.batch_size, spec.action_dim))
 
-    def update_drawn(state: TD3State, batch: Transition, hparams: TD3HParams, noise):
-        state, metrics = parts.critic_step(state, batch, hparams, noise)
-        due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0
-        # One branch for the whole population: skip the actor pass when no member is due,
-        # rather than vmap turning the cond into a select that always runs both branches.
-        state, policy_loss = jax.lax.cond(
-            population_any(due),
-            lambda s: parts.actor_step(s, batch.obs, hparams, due),
-            lambda s: (s, jnp.full((), jnp.nan)),
-            state,
-        )
-        return state, {**metrics, "actor_loss": policy_loss}
-
+    update_drawn = delayed_actor_update(internals)
     agent = Agent(
         name=NAME,
         init=init,
-        act=act,
+        act=exploring_act(spec, actor_net, std_min),
         update=keyed_update(draw, update_drawn),
         draw=draw,
         update_drawn=update_drawn,
@@ -301,7 +316,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         default_hparams=default_hparams,
         batch_size=config.batch_size,
         n_step=config.n_step,
-        parts=parts,
+        internals=internals,
         episode_draws=std_min is not None,
     )
     return with_observation_norm(agent, spec) if config.observation_norm else agent

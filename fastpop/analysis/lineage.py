@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import NamedTuple
 
-from fastpop.run.metrics import LINEAGE_FILE, read_jsonl, read_metrics, summarize
+from fastpop.run.run_files import LINEAGE_FILE, read_jsonl, read_metrics, summarize
 
 HPARAMS_PLOT = "hparams.png"
 
@@ -64,8 +64,8 @@ def copy_jumps(rows: list[dict], events: list[dict]) -> list[Jump]:
         target, source = event["target"], event.get("source", event["target"])
         key = event.get("eval_index")
         if target != source and (key, target) in returns and (key, source) in returns:
-            jumps.append(Jump(target, int(event["env_steps"]), float(returns[key, target]),
-                              float(returns[key, source])))  # fmt: skip
+            target_return, source_return = float(returns[key, target]), float(returns[key, source])
+            jumps.append(Jump(target, int(event["env_steps"]), target_return, source_return))
     return jumps
 
 

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastpop.run.metrics import (
+from fastpop.run.run_files import (
     METRICS_FILE,
     evaluation_rounds,
     finite_returns,

@@ -24,7 +24,7 @@ from fastpop.analysis.plot import (
     read_run_rows,
     run_label,
 )
-from fastpop.run.metrics import MEMBERS_FILE
+from fastpop.run.run_files import MEMBERS_FILE
 
 GROUP_BY = ("configuration", "run")
 
@@ -98,8 +98,10 @@ def _configurations(run_dir: Path, rows: list[dict]) -> dict[int, tuple[int, dic
             raise ValueError(f"{path}: not a fastpop members file ({error})") from None
         hparams = {int(entry["member"]): entry.get("hparams", {}) for entry in entries}
         if all("config_index" in entry for entry in entries):
-            return {int(e["member"]): (int(e["config_index"]), hparams[int(e["member"])])
-                    for e in entries}  # fmt: skip
+            return {
+                int(e["member"]): (int(e["config_index"]), hparams[int(e["member"])])
+                for e in entries
+            }
     else:
         hparams = {}
         for row in rows:

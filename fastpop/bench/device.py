@@ -39,7 +39,7 @@ from fastpop import population
 from fastpop.bench.common import AUTO, DeviceBenchSettings, device_label, machine_description
 from fastpop.bench.device_report import table_row
 from fastpop.bench.process_mode import measure_process_mode, process_config
-from fastpop.bench.update import BENCH_REPLAY_ROWS, random_rows
+from fastpop.bench.random_replay import BENCH_REPLAY_ROWS, random_rows
 from fastpop.collect import device_rollout
 from fastpop.population import replay
 from fastpop.xla_defaults import env_stepping_options

@@ -61,8 +61,8 @@ def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
     state = jax.jit(agent.init)(jax.random.key(0), hparams)  # one compile, not one per op
     key = jax.random.key(1)
     if agent.name == td3.NAME:
-        critic = cost(agent.parts.critic_step, state, batch, hparams, agent.draw(key))
-        actor = cost(agent.parts.actor_step, state, batch.obs, hparams, jnp.bool_(True))
+        critic = cost(agent.internals.critic_step, state, batch, hparams, agent.draw(key))
+        actor = cost(agent.internals.actor_step, state, batch.obs, hparams, jnp.bool_(True))
         return critic + actor / float(hparams.policy_delay)
     return cost(agent.update, state, batch, hparams, key)
 

@@ -1,5 +1,5 @@
-"""The learning phase of `fastpop bench gpu --learning` (issue 59): training runs of a fixed
-wall time, in the plan's order (bench/gpu_plans.py's LEARNING_PLANS), each into
+"""The learning phase of `fastpop bench gpu --learning` (the learning programme): training
+runs of a fixed wall time, in the plan's order (bench/gpu_plans.py's LEARNING_PLANS), each into
 `runs/<name>/` as `fastpop train` would write it (a PBT run's lineage.jsonl among its files),
 with its walltime-vs-return plot and its tables (bench/gpu_learning_report.py) in
 `runs/<name>/results.md` beside the command that made them. After each run the directory's

@@ -1,10 +1,11 @@
-"""The tables of `fastpop bench gpu --learning` (issue 59): each run's `runs/<name>/results.md`
-and the directory's README.md. Per run: its walltime-vs-return plot, the command that made it,
-and the best member's return and the population's IQM at time marks; the PBT run's returns at
-EvoRL-sized iterations beside EvoRL's published curve, with its lineage's rounds and exploits
-and, where it ran, the same population with PBT off; the recipe's beside FastTD3's published
-return and wall time. A published number appears only where a stored source holds it, named
-beside it; issue 59's targets are judged from the recorded runs.
+"""The tables of `fastpop bench gpu --learning` (the learning programme): each run's
+`runs/<name>/results.md` and the directory's README.md. Per run: its walltime-vs-return plot,
+the command that made it, and the best member's return and the population's IQM at time marks;
+the PBT run's returns at EvoRL-sized iterations beside EvoRL's published curve, with its
+lineage's rounds and exploits and, where it ran, the same population with PBT off; the
+recipe's beside FastTD3's published return and wall time. A published number appears only where
+a stored source holds it, named beside it; the learning targets are judged from the recorded
+runs.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run_rounds(run_dir: Path) -> list[Round]:
     import numpy as np
 
     from fastpop.analysis.aggregate import interval_estimates, iqm
-    from fastpop.run.metrics import METRICS_FILE, evaluation_rounds, finite_returns, read_metrics
+    from fastpop.run.run_files import METRICS_FILE, evaluation_rounds, finite_returns, read_metrics
 
     if not (run_dir / METRICS_FILE).is_file():
         return []
@@ -149,8 +150,11 @@ def fasttd3_lines(env_id: str, rounds: list[Round]) -> list[str]:
     task = env_id.split("/", 1)[-1]
     lines = [f"FastTD3 (published), from {FASTTD3_SOURCE}:", ""]
     if task not in FASTTD3_PUBLISHED:
-        lines += [f"- {task}: {NOT_FOUND}. {FASTTD3_TASKS_REFUSED}; its tasks, for reference "
-                  "only (another task, not comparable):", ""]  # fmt: skip
+        lines += [
+            f"- {task}: {NOT_FOUND}. {FASTTD3_TASKS_REFUSED}; its tasks, for reference "
+            "only (another task, not comparable):",
+            "",
+        ]
     lines += [
         "| task | wall s | env steps (as published) | return (published) | this run by then |"
     ]
@@ -183,7 +187,7 @@ def recipe_target(run: dict | None, rounds: list[Round]) -> tuple[str, str]:
 
 
 def learning_targets(out_dir: Path, runs: dict) -> list[tuple[str, str, str]]:
-    """Issue 59's targets: (target, measured, verdict)."""
+    """The learning targets: (target, measured, verdict)."""
     recipe = next((r for r in runs.values() if r.get("kind") == "recipe"), None)
     recipe_rounds = (
         run_rounds(out_dir / recipe["run_dir"]) if recipe and "run_dir" in recipe else []
@@ -268,18 +272,18 @@ def write_run_results(out_dir: Path, name: str, run: dict, record: dict) -> Path
 
 
 def write_learning_readme(out_dir: Path, manifest: dict | None = None) -> Path:
-    """README.md of a learning directory: the machine, the phase, issue 59's targets and each
+    """README.md of a learning directory: the machine, the phase, the learning targets and each
     run's section (rewritten after each run and after the phase)."""
     manifest = manifest or load(out_dir, MANIFEST) or {"phases": {}}
     record = read_record(out_dir, "learning") or {}
     runs = record.get("runs") or {}
-    lines = ["# fastpop bench gpu: the learning programme (issue 59)", ""]
+    lines = ["# fastpop bench gpu: the learning programme", ""]
     if manifest.get("smoke"):
         lines += ["**Smoke sizes** (`--smoke`): tiny populations and envs; no target judged.", ""]
     lines += [f"Last command: `{manifest.get('command', '')}`", "", "## Machine", ""]
     lines += environment_lines({"learning": record})
     lines += ["", "## Phases", "", *phase_table(manifest), ""]
-    lines += ["## Targets (issue 59)", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += ["## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     for name, measured, verdict in learning_targets(out_dir, runs):
         verdict = "not judged (smoke sizes)" if manifest.get("smoke") else verdict
         lines.append(f"| {name} | {measured} | {verdict} |")

@@ -105,7 +105,7 @@ def update_phase(out_dir: Path, plan: dict, record: PhaseRecord) -> None:
     algorithm share its files (rows merged, their ratios worked out again over all of them)."""
     from fastpop.bench.floors import matmul_gflops
     from fastpop.bench.update import UpdateBenchSettings, bench_update
-    from fastpop.bench.update import write_results as write_update
+    from fastpop.bench.update_report import write_results as write_update
 
     size = plan["matmul_size"]
     record["matmul_gflops_per_s"] = {

@@ -1,7 +1,8 @@
 """What `fastpop bench gpu` measures: each phase's plan (its sizes, rows and runs) and time cap
-for the full programme, `--short` (issue 47's targets in one 10-minute command), `--learning`
-(issue 59's fixed-time training runs in one remote call) and `--smoke` (tiny sizes on a CPU,
-what the suite runs, of either); bench/gpu_phases.py and bench/gpu_learning.py run them."""
+for the full programme, `--short` (the GPU targets' sizes in two remote calls), `--learning`
+(the learning programme's fixed-time training runs in one remote call) and `--smoke` (tiny
+sizes on a CPU, what the suite runs, of either); bench/gpu_phases.py and bench/gpu_learning.py
+run them."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ FULL_PLANS = {
         ],
     },
 }
-# `--short`: issue 58's targets in two remote calls of a 15-minute lease (`SHORT_CALLS`):
+# `--short`: the GPU targets in two remote calls of a 15-minute lease (`SHORT_CALLS`):
 # TD3 and SAC at P = 80 against their floor, the best sequential JAX row and the LeanRL-class
 # PyTorch rows (torch.compile, CUDA graphs, TF32); then at P = 256; the single-agent P = 1
 # reference; TF32 off, named; most wanted first (a phase cut by its cap keeps the rows it
@@ -80,7 +81,7 @@ FULL_PLANS = {
 # brax/ant. `torch-func` (eager, vmapped) and the levers measured before are left to
 # `bench update`; `torch-compile` (each member compiled apart) too.
 TARGET_ROWS = ["vectorized", "sequential-in-one-program", "torch-leanrl"]
-TARGET_ALGOS = (td3.NAME, sac.NAME)  # issue 58's targets' algorithms (bench/gpu_report.py)
+TARGET_ALGOS = (td3.NAME, sac.NAME)  # the GPU targets' algorithms (bench/gpu_report.py)
 SHORT_PLANS = {
     "update": {
         **FULL_PLANS["update"],
@@ -191,7 +192,7 @@ REMOTE_LIMIT_SECONDS = 600.0  # the device tool's limit on one command
 INSTALL_SECONDS = 30.0  # the carried wheels into /tmp/site (~10 s on the H100)
 PACK_SECONDS = 5.0  # the output directory packed after each phase (no checkpoints: MBs)
 KILL_MARGIN_SECONDS = 15.0  # `timeout -k`: SIGKILL this long after the command's SIGTERM
-SAFETY_SECONDS = 30.0  # issue 58: everything at least this far inside the remote limit
+SAFETY_SECONDS = 30.0  # every call at least this far inside the remote limit
 
 
 def grace_seconds(cap: float) -> float:
@@ -206,7 +207,7 @@ def call_seconds(phases, caps: dict) -> float:
     return INSTALL_SECONDS + phases_time + KILL_MARGIN_SECONDS
 
 
-# `--learning`: issue 59's learning programme, one remote call (LEARNING_CALL_SECONDS), its
+# `--learning`: the learning programme, one remote call (LEARNING_CALL_SECONDS), its
 # runs in this order, each packed as soon as written (bench/gpu_learning.py). A run trains for
 # `wall_seconds` of wall time (compilation included), less where the phase's cap leaves less
 # than that and `reserve_seconds` (a run's build before its clock starts; its final evaluation,
@@ -218,7 +219,7 @@ WALL_BOUND = "train.total_env_steps=1000000000"  # per member: the wall time end
 # per second, never measured, evaluate every ~25 s), ended by its wall time.
 _RECIPE_GPU = [WALL_BOUND]
 # sac_pbt_brax_ant at EvoRL's update ratio (replay.samples_per_insert = 256 / 2: one update of
-# batch 256 per 2 env steps) on 16 envs per member, as issue 58's run (H200: 212
+# batch 256 per 2 env steps) on 16 envs per member, as in the H200's GPU-targets run (212
 # updates/member/s, ~455 env steps/member/s while learning, an evaluation ~5 s): a warm-up of
 # 2 EvoRL iterations (EvoRL's own is 2048 steps) and a PBT round at every evaluation, every
 # 3 iterations, so that its 90 s hold 4 rounds (at ~29, 47, 66 and 84 s on the H200).
@@ -239,8 +240,8 @@ RECIPE_PRESET, PBT_PRESET = "td3_recipe_playground_humanoid_walk", "sac_pbt_brax
 def learning_runs(recipe: list, pbt: list, seconds: tuple, marks: tuple) -> list[dict]:
     """The recipe, the PBT run and the same population with PBT off, with these overrides,
     wall seconds (recipe's, PBT's) and time marks (recipe's, PBT's). The recipe runs its whole
-    time or not at all (issue 59 asks for 5 minutes); the PBT run needs 3/4 of its time (3
-    rounds); PBT off, optional, the PBT run's time."""
+    time or not at all (the learning programme asks for 5 minutes); the PBT run needs 3/4 of
+    its time (3 rounds); PBT off, optional, the PBT run's time."""
     recipe_run = {"name": RECIPE_PRESET, "preset": RECIPE_PRESET, "kind": "recipe"}
     pbt_run = {"preset": PBT_PRESET, "wall_seconds": seconds[1], "time_marks": marks[1]}
     return [
@@ -261,8 +262,9 @@ LEARNING_PLANS = {
         "runs": learning_runs(
             _RECIPE_GPU, _PBT_GPU, (300.0, 90.0), ((60, 120, 180, 240, 300), (30, 60, 90))
         ),
-        # issue 58's H200 PBT phase took 16 s besides its run's 97 s (the child's start, the
-        # build, the plot), and the run 7 s past its 90 s (final evaluation, stop checkpoint)
+        # the H200's PBT phase (the GPU targets' run at 81ed214) took 16 s besides its run's
+        # 97 s (the child's start, the build, the plot), and the run 7 s past its 90 s (final
+        # evaluation, stop checkpoint)
         "reserve_seconds": 25.0,
     }
 }

@@ -1,5 +1,5 @@
 """README.md of a `fastpop bench gpu` directory: the machine, each phase's status and files,
-the GPU targets of issue 58 judged met or missed, and the main numbers of each phase."""
+the GPU targets judged met or missed, and the main numbers of each phase."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastpop.bench.gpu_phases import read_record
 from fastpop.bench.gpu_plans import EVORL_ITERATION, PHASES, TARGET_ALGOS, TIGHT_DEFAULT
 
 EVORL_SECONDS = 25.0  # EvoRL's PBT-SAC iteration at 256 members on one RTX 3090
-FLOOR_TARGET = 3.0  # issue 58: the vectorized step within 3x of its floor
+FLOOR_TARGET = 3.0  # the GPU target: the vectorized step within 3x of its floor
 
 
 def nvidia_smi() -> str:
@@ -39,9 +39,10 @@ def verdict(value: float | None, threshold: float, at_most: bool = False, why: s
 
 
 def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, str]]:
-    """Issue 58's: TD3 and SAC at P = 80 and 256, the vectorized step within 3x of its floor
-    (bench/floors.py, the one definition); at P = 80 the vectorized update >= 10x the best
-    sequential JAX row and >= 2x the fastest PyTorch row (the LeanRL-class ones included)."""
+    """The update's GPU targets: TD3 and SAC at P = 80 and 256, the vectorized step within 3x
+    of its floor (bench/floors.py, the one definition); at P = 80 the vectorized update >= 10x
+    the best sequential JAX row and >= 2x the fastest PyTorch row (the LeanRL-class ones
+    included)."""
     rows = []
     for algo in TARGET_ALGOS:
         found = update_rows(out_dir, ((record or {}).get("algos") or {}).get(algo, {}))
@@ -90,14 +91,14 @@ def pbt_target(record: dict | None) -> tuple[str, str, str]:
     return name, shown, verdict(seconds, 5, True)
 
 
-LEARNER_BUSY_TARGET = 0.90  # issue 58: of the learning window (bench/pipeline.py)
+LEARNER_BUSY_TARGET = 0.90  # the GPU target: of the learning window (bench/pipeline.py)
 LEARNER_RATE_TARGET = 0.85  # of the update benchmark's row at the run's K, batch and replay
 
 
 def pipeline_target(out_dir: Path, record: dict | None) -> tuple[str, str, str]:
-    """Issue 58's: process mode, TD3 at P=80 with 14 collectors, the learner busy >= 90% of its
-    learning window and its rate >= 85% of the like-for-like benchmark row, or the run shown
-    bound by its rows (`fastpop.bench.pipeline.utilisation_from_summary`)."""
+    """The learner's GPU target: process mode, TD3 at P=80 with 14 collectors, the learner
+    busy >= 90% of its learning window and its rate >= 85% of the like-for-like benchmark row,
+    or the run shown bound by its rows (`fastpop.bench.pipeline.utilisation_from_summary`)."""
     name = (
         f"process mode, TD3 P=80, 14 collectors: learner busy >= {LEARNER_BUSY_TARGET:.0%} of "
         f"its learning window and its rate >= {LEARNER_RATE_TARGET:.0%} of the like-for-like "
@@ -124,7 +125,7 @@ def pipeline_target(out_dir: Path, record: dict | None) -> tuple[str, str, str]:
 
 
 def judge_targets(out_dir: Path, records: dict) -> list[tuple[str, str, str]]:
-    """(target, what was measured, met / missed / not measured) for each of issue 58's."""
+    """(target, what was measured, met / missed / not measured) for each GPU target."""
     targets = update_targets(out_dir, records.get("update"))
     targets.append(pbt_target(records.get("pbt")))
     return [*targets, pipeline_target(out_dir, records.get("pipeline"))]
@@ -327,7 +328,7 @@ def write_readme(out_dir: Path, manifest: dict) -> Path:
     lines += [f"Last command: `{manifest.get('command', '')}`", "", "## Machine", ""]
     lines += environment_lines(records)
     lines += ["", "## Phases", "", *phase_table(manifest)]
-    lines += ["", "## Targets (issue 58)", "", "| target | measured | verdict |", "|---|---|---|"]
+    lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     targets = judge_targets(out_dir, records)
     lines += [f"| {name} | {measured} | {judged} |" for name, measured, judged in targets]
     lines += ["", "## Results", ""]

@@ -55,7 +55,7 @@ def learning_rates(run_dir: Path, summary: dict) -> dict:
     update (an underestimate). The `..._without_evaluations` rates take out of that window the
     seconds the learner spent evaluating in it (rows' `learner_evaluation_seconds`: device mode
     evaluates in the loop, training paused); None where the rows lack them."""
-    from fastpop.run.metrics import read_metrics
+    from fastpop.run.run_files import read_metrics
 
     rates = dict.fromkeys(["updates_per_member_per_s", "member_env_steps_per_s"])
     rates |= dict.fromkeys([f"{name}_without_evaluations" for name in rates])

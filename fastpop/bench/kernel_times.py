@@ -80,11 +80,15 @@ def summarize(events: list[tuple[str, int, int]], calls: int, wall_seconds: floa
         "busy_seconds_per_call": busy_ns(events) / calls / 1e9,
         "wall_seconds_per_call": wall_seconds / calls,
         "top_kernels": [
-            {"name": name, "per_call": count / calls, "seconds_per_call": ns / calls / 1e9,
-             "share": ns / total_ns}
+            {
+                "name": name,
+                "per_call": count / calls,
+                "seconds_per_call": ns / calls / 1e9,
+                "share": ns / total_ns,
+            }
             for name, (count, ns) in ranked
         ],
-    }  # fmt: skip
+    }
 
 
 def kernel_times(call: Callable[[], object], calls: int = 3, top: int = 8) -> dict:

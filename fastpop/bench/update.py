@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from functools import partial
-from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -23,76 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
-from fastpop.agents import Agent, make_agent, registry, td3
+from fastpop.agents import Agent, make_agent, td3
 from fastpop.bench import anatomy, floors, kernel_times, levers
-from fastpop.bench.common import (
-    device_label,
-    round_flatness,
-    running_update,
-    two_panel_figure,
-    write_json,
-)
+from fastpop.bench.common import device_label, round_flatness, running_update
 from fastpop.bench.floors import matmul_gflops, update_cost
+from fastpop.bench.random_replay import BENCH_SPECS, random_replay
+from fastpop.bench.update_report import row_lines
 from fastpop.population import replay
-from fastpop.types import EnvSpec, stored_obs
-
-# The paper's shapes, by action kind: HalfCheetah for TD3/SAC, Atari (Pong: 6 actions) for DQN.
-SPECS_BY_ACTIONS = {
-    "continuous": EnvSpec(obs_shape=(17,), action_dim=6),
-    "discrete": EnvSpec(
-        obs_shape=(84, 84, 4), obs_dtype=np.dtype(np.uint8), num_actions=6, frame_stack=4
-    ),
-}
-# Rows of random data per member: enough to sample from, small enough for P=64 in RAM.
-REPLAY_ROWS_BY_ACTIONS = {"continuous": 10_000, "discrete": 1_000}
-# by algorithm: those registered when the benchmark is imported
-BENCH_SPECS = {entry.name: SPECS_BY_ACTIONS[entry.actions] for entry in registry.entries()}
-BENCH_REPLAY_ROWS = {
-    entry.name: REPLAY_ROWS_BY_ACTIONS[entry.actions] for entry in registry.entries()
-}
-
-
-def random_rows(spec: replay.ReplaySpec, env_spec: EnvSpec, key) -> replay.Rows:
-    """One lane full of random rows, as a chunk for `replay.add`."""
-    shape = (spec.lanes, spec.chunk_len)
-    obs_key, action_key, reward_key, done_key = jax.random.split(key, 4)
-    stored_shape = stored_obs(env_spec, np.zeros((1, *env_spec.obs_shape))).shape[1:]
-    if env_spec.obs_dtype == np.uint8:
-        obs = jax.random.randint(obs_key, (*shape, *stored_shape), 0, 256).astype(jnp.uint8)
-    else:
-        obs = jax.random.normal(obs_key, (*shape, *stored_shape))
-    if env_spec.discrete:
-        action = jax.random.randint(action_key, shape, 0, env_spec.num_actions)
-    else:
-        action = jax.random.uniform(action_key, (*shape, env_spec.action_dim), minval=-1.0)
-    terminated = jax.random.uniform(done_key, shape) < 0.001
-    # Next-step autoreset: the row after a terminal holds the final observation.
-    autoreset = jnp.pad(terminated[:, :-1], ((0, 0), (1, 0)))
-    episode_start = jnp.pad(autoreset[:, :-1], ((0, 0), (1, 0)), constant_values=True)
-    return replay.Rows(
-        obs=obs,
-        action=action,
-        reward=jax.random.normal(reward_key, shape),
-        terminated=terminated,
-        truncated=jnp.zeros(shape, bool),
-        autoreset=autoreset,
-        episode_start=episode_start,
-    )
-
-
-def random_replay(algo: str, population_size: int, key, rows: int | None = None):
-    """Per-member device buffers of `rows` rows each (None: `BENCH_REPLAY_ROWS`') filled with
-    random data, and their spec."""
-    env_spec = BENCH_SPECS[algo]
-    rows = rows or BENCH_REPLAY_ROWS[algo]
-    spec = replay.make_replay_spec(env_spec, capacity=rows, lanes=1, chunk_len=rows)
-    state = replay.init_population(spec, population_size)
-    chunks = jax.vmap(lambda k: random_rows(spec, env_spec, k))(
-        jax.random.split(key, population_size)
-    )
-    state = jax.jit(jax.vmap(partial(replay.add, spec)))(state, chunks)
-    return spec, state
-
 
 ROUNDS = 3  # timed rounds per measurement, alternating between implementations
 
@@ -208,14 +143,8 @@ def bench_update(
     torch_bench = levers.torch_benchmark(log) if torch_impls else None
     jax_impls = [i for i in impls if i.base in levers.JAX_IMPLEMENTATIONS]
     # The rates the floors need, measured first: a sweep cut short keeps its rows' floors.
-    rates = {"matmul_gflops_per_s": matmul_gflops(settings.matmul_size)}
     anatomy_from = settings.anatomy_from or 1
-    if any(i.base == "vectorized" for i in jax_impls) and max(populations) >= anatomy_from:
-        rates["memory_gbps"] = anatomy.memory_gbps(settings.memory_megabytes)
-        if any(i.agent.get("compute_dtype") == "bfloat16" for i in jax_impls):
-            rates["matmul_gflops_per_s_bfloat16"] = matmul_gflops(
-                settings.matmul_size, dtype=jnp.bfloat16
-            )
+    rates = floor_rates(settings, jax_impls, max(populations) >= anatomy_from)
     setups, rows = None, []
     for size in populations:
         key = jax.random.key(settings.seed + size)
@@ -247,6 +176,26 @@ def bench_update(
             levers.add_speedups(rows)  # the ratios so far: a capped sweep keeps them
             on_row(list(rows))
     levers.add_speedups(rows)
+    return update_result(settings, setups, rates, rows)
+
+
+def floor_rates(settings: UpdateBenchSettings, jax_impls, anatomy_rows: bool) -> dict:
+    """The machine's rates the rows' floors are judged by: the matmul rate, and where vectorized
+    rows get their anatomy (`anatomy_rows`), the memory bandwidth (and bfloat16's matmul rate
+    where an implementation computes in it)."""
+    rates = {"matmul_gflops_per_s": matmul_gflops(settings.matmul_size)}
+    if any(i.base == "vectorized" for i in jax_impls) and anatomy_rows:
+        rates["memory_gbps"] = anatomy.memory_gbps(settings.memory_megabytes)
+        if any(i.agent.get("compute_dtype") == "bfloat16" for i in jax_impls):
+            rates["matmul_gflops_per_s_bfloat16"] = matmul_gflops(
+                settings.matmul_size, dtype=jnp.bfloat16
+            )
+    return rates
+
+
+def update_result(settings: UpdateBenchSettings, setups, rates: dict, rows: list) -> dict:
+    """The benchmark's record: its shapes, the machine's rates and every row."""
+    algo = settings.algo
     base = next(iter(setups.values())) if setups else None
     return {
         "algo": algo,
@@ -258,7 +207,7 @@ def bench_update(
             "actions": BENCH_SPECS[algo].num_actions or BENCH_SPECS[algo].action_dim,
         },
         "agent_overrides": dict(settings.agent or {}),
-        "updates_per_call": updates_per_call,
+        "updates_per_call": settings.updates_per_call,
         "flops_per_update": base.cost[0] if base else None,
         "bytes_per_update": base.cost[1] if base else None,
         **rates,
@@ -278,19 +227,6 @@ def what_bounds(settings, setup: Setup, row: dict, rates: dict, states, replay, 
     if settings.kernel_times:
         row |= kernel_times.executor_kernel_times(setup.executor, states, replay, hparams)
     return row
-
-
-def row_lines(algo: str, row: dict, steps: int) -> list[str]:
-    """What the console shows of a row: its rate, and what bounds it where that was read."""
-    lines = [row_line(algo, row)]
-    if "times_floor" in row:
-        lines.append(floors.floor_line(algo, row))
-    if "kernel_times" in row:
-        lines.append(kernel_times.kernel_line(algo, row, steps))
-    elif "kernel_times_error" in row:
-        name = f"{algo} {row['impl']} P={row['population']}"
-        lines.append(f"{name}: no kernel times: {row['kernel_times_error']}")
-    return lines
 
 
 def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
@@ -320,23 +256,6 @@ def actor_step_fraction(agent: Agent) -> float | None:
     return 1.0 / max(int(agent.default_hparams().policy_delay), 1)
 
 
-def row_line(algo: str, row: dict) -> str:
-    """A JAX implementation's row as the console shows it."""
-    line = (
-        f"{algo} {row['impl']:10s} P={row['population']:3d}  "
-        f"{row['agent_updates_per_s']:9.1f} agent-updates/s  {row['gflops_per_s']:7.1f} GFLOP/s  "
-        f"compile {row['compile_seconds']:.1f} s"
-    )
-    if "members_per_chunk" in row:
-        line += f"  chunks of {row['members_per_chunk']} ({row['how_chunked']})"
-    if row.get("seconds_per_kernel"):
-        line += (
-            f"  {row['kernels_per_update_step']:.0f} kernels per update step, "
-            f"{1e6 * row['seconds_per_kernel']:.1f} us each"
-        )
-    return line
-
-
 def members_per_chunk(executor: population.Executor, size: int) -> dict:
     """How a CPU-tuned vectorized executor split population `size` (compile time then includes
     its measurement), else nothing."""
@@ -357,34 +276,3 @@ def make_executor(
     executor = population.make_executor(impl.base, plan)
     calls = updates_per_call // per_program
     return executor._replace(update=population.repeated(executor.update, calls)), plan
-
-
-def write_results(result: dict, out_dir: Path) -> tuple[Path, Path]:
-    """JSON table and PNG (updates/s and speedup over sequential against population size)."""
-    stem = f"update_{result['algo']}_{result['device']}"
-    json_path = write_json(result, out_dir / f"{stem}.json")
-    fig, (rate_ax, speed_ax) = two_panel_figure(10)
-    for impl in dict.fromkeys(r["impl"] for r in result["rows"]):
-        rows = [r for r in result["rows"] if r["impl"] == impl]
-        sizes = [r["population"] for r in rows]
-        rate_ax.plot(sizes, [r["agent_updates_per_s"] for r in rows], marker="o", label=impl)
-        speedups = [r["speedup_over_best_sequential"] for r in rows]
-        if all(speedups):
-            speed_ax.plot(sizes, speedups, marker="o", label=impl)
-    axes = ((rate_ax, "agent updates / s"), (speed_ax, "speedup over the best sequential JAX"))
-    for ax, label in axes:
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("population size")
-        ax.set_ylabel(label)
-        ax.grid(True, which="both", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:  # (no speedup line without a sequential row)
-            ax.legend()
-    fig.suptitle(
-        f"{result['algo'].upper()} update step on {result['device']} "
-        f"(large matmul: {result['matmul_gflops_per_s']:.0f} GFLOP/s)"
-    )
-    fig.tight_layout()
-    png_path = out_dir / f"{stem}.png"
-    fig.savefig(png_path, dpi=100)
-    return json_path, png_path

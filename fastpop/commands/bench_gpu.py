@@ -74,6 +74,11 @@ def add_gpu_parser(benchmarks) -> None:
         help="after every phase, pack --out (less run checkpoints) into this .tgz, so that a "
         "command cut short still leaves what finished",
     )
+    add_programme_arguments(gpu)
+
+
+def add_programme_arguments(gpu) -> None:
+    """Which sizes and caps the phases run at (`programme_name`): --short, --smoke, --learning."""
     programme = gpu.add_mutually_exclusive_group()
     programme.add_argument(
         "--short",

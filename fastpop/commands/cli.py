@@ -248,7 +248,7 @@ def execute(run, run_dir: Path) -> int:
     """Run a prepared `Run`; write its summary and plots; the exit code."""
     from fastpop.analysis.plot import plot_runs
     from fastpop.collect.workers import WorkerFailed
-    from fastpop.run import metrics
+    from fastpop.run import metrics, run_files
     from fastpop.run.loop import StopRequested, TrainError
 
     try:
@@ -258,8 +258,8 @@ def execute(run, run_dir: Path) -> int:
     except (KeyboardInterrupt, StopRequested) as stop:  # during start-up, or stopped at once
         print("stopping: interrupted", file=sys.stderr)
         return 143 if isinstance(stop, StopRequested) else 130
-    if (run_dir / "metrics.jsonl").exists() and (rows := metrics.read_metrics(run_dir)):
-        summary["final_evaluation"] = final = metrics.summarize(rows)
+    if (run_dir / "metrics.jsonl").exists() and (rows := run_files.read_metrics(run_dir)):
+        summary["final_evaluation"] = final = run_files.summarize(rows)
         print(
             f"final evaluation: best member {final['best_member']} return "
             f"{final['best_return']:.1f}, population median {final['median_return']:.1f}"

@@ -191,7 +191,8 @@ def report_update(seconds: float) -> None:
 
     from fastpop.agents import make_agent, td3
     from fastpop.bench import levers
-    from fastpop.bench.update import BENCH_SPECS, make_executor, random_replay, time_executors
+    from fastpop.bench.random_replay import BENCH_SPECS, random_replay
+    from fastpop.bench.update import make_executor, time_executors
     from fastpop.population import broadcast_hparams, init_population
 
     agent = make_agent(td3.NAME, BENCH_SPECS[td3.NAME], **SMOKE_AGENT)

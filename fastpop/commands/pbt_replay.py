@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from fastpop.analysis.lineage import Segment, ancestry, read_lineage
 from fastpop.commands.evaluate import parse_member
-from fastpop.run.metrics import MEMBERS_FILE, read_metrics, summarize
+from fastpop.run.run_files import MEMBERS_FILE, read_metrics, summarize
 from fastpop.strategies import registry, schedule
 
 COMPARISON_PLOT = "replay_vs_pbt.png"
@@ -253,8 +253,13 @@ def plot_comparison(pbt_run: Path, replay_run: Path, member: int, line: list[Seg
     FigureCanvasAgg(figure)
     panels = figure.subplots(1 + len(names), 1, sharex=True, squeeze=False)[:, 0]
     x = lambda rows: [r["member_env_steps"] for r in rows]
-    panels[0].plot(x(pbt_rows), [r["return_mean"] for r in pbt_rows], "o-", color="C3",
-                   label=f"PBT member {member}'s line ({pbt_run.name})")  # fmt: skip
+    panels[0].plot(
+        x(pbt_rows),
+        [r["return_mean"] for r in pbt_rows],
+        "o-",
+        color="C3",
+        label=f"PBT member {member}'s line ({pbt_run.name})",
+    )
     for index, replayed in enumerate(sorted({int(r["member"]) for r in replay_rows})):
         rows = [r for r in replay_rows if int(r["member"]) == replayed]
         label = f"replay ({replay_run.name})" if index == 0 else None
@@ -265,11 +270,22 @@ def plot_comparison(pbt_run: Path, replay_run: Path, member: int, line: list[Seg
     for axes, name in zip(panels[1:], names, strict=True):
         # A row holds the hparams in force up to its evaluation (a change decided there shows
         # from the next row on): each value is drawn over the interval that ends at its row.
-        axes.step(x(pbt_rows), [r["hparams"][name] for r in pbt_rows], where="pre",
-                  color="C3", label="PBT line")  # fmt: skip
+        axes.step(
+            x(pbt_rows),
+            [r["hparams"][name] for r in pbt_rows],
+            where="pre",
+            color="C3",
+            label="PBT line",
+        )
         rows = [r for r in replay_rows if int(r["member"]) == 0]
-        axes.plot(x(rows), [r["hparams"].get(name, math.nan) for r in rows], "s", color="C0",
-                  markersize=4, label="replay")  # fmt: skip
+        axes.plot(
+            x(rows),
+            [r["hparams"].get(name, math.nan) for r in rows],
+            "s",
+            color="C0",
+            markersize=4,
+            label="replay",
+        )
         axes.set_ylabel(name)
         axes.legend(fontsize="x-small", loc="best")
     for axes in panels:

@@ -17,7 +17,7 @@ from fastpop.analysis.plot_aggregate import (
 )
 from fastpop.commands.pbt_replay import COMPARISON_PLOT
 from fastpop.config import ConfigError
-from fastpop.run import metrics
+from fastpop.run import run_files
 from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE
 from fastpop.run.resume import is_run_directory, lock_run_directory
 from fastpop.run.trackers import HPARAMS_DIR, WANDB_FILE
@@ -28,12 +28,12 @@ RUN_ENTRIES = frozenset(
     {
         CONFIG_FILE,
         CHECKPOINTS_DIR,
-        metrics.METRICS_FILE,
-        metrics.SCALARS_FILE,
-        metrics.EVENTS_FILE,
-        metrics.LINEAGE_FILE,
-        metrics.MEMBERS_FILE,
-        metrics.SUMMARY_FILE,
+        run_files.METRICS_FILE,
+        run_files.SCALARS_FILE,
+        run_files.EVENTS_FILE,
+        run_files.LINEAGE_FILE,
+        run_files.MEMBERS_FILE,
+        run_files.SUMMARY_FILE,
         HPARAMS_DIR,
         WANDB_FILE,
         "wandb",  # W&B's own files (offline runs)
@@ -48,7 +48,7 @@ RUN_ENTRIES = frozenset(
     }
 )
 RUN_MEANING = (
-    f"a fastpop run directory holds {CONFIG_FILE} and {metrics.METRICS_FILE} or "
+    f"a fastpop run directory holds {CONFIG_FILE} and {run_files.METRICS_FILE} or "
     f"{CHECKPOINTS_DIR}/, and only files fastpop writes there"
 )
 

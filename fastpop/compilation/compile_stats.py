@@ -78,6 +78,6 @@ def counts() -> dict:
 def summary() -> dict:
     """summary.json's "compiles": `counts()`, the cache this process used and the stored
     programs it loaded or wrote."""
-    from fastpop.compilation import compile_cache, stored_programs
+    from fastpop.compilation import compile_cache, program_store
 
-    return counts() | {"cache": compile_cache.status(), "stored_programs": stored_programs.counts()}
+    return counts() | {"cache": compile_cache.status(), "stored_programs": program_store.counts()}

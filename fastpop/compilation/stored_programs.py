@@ -16,34 +16,25 @@ env families' (each family's adapter names its own; `add_library_source`), the J
 change tracing, and the backend. `identity` None, the compilation cache off (or
 FASTPOP_STORED_PROGRAMS=0), a program on several devices or processes, or anything the exporter
 cannot write (a pytree node it cannot name, a host callback) is plain `jax.jit`; a stored file
-that does not load is exported again. The directory is bounded (FASTPOP_PROGRAMS_MAX_BYTES,
-default 256 MiB, least recently used first out).
+that does not load is exported again. The files themselves, and the directory's bound
+(FASTPOP_PROGRAMS_MAX_BYTES), are program_store.py's.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
-import logging
 import os
 import threading
 from importlib import metadata
 from pathlib import Path
 
 import jax
-from jax import export
 
-from fastpop.compilation import compile_cache, static_codec
-
-log = logging.getLogger(__name__)
+from fastpop.compilation import compile_cache, program_store, static_codec
 
 SWITCH = "FASTPOP_STORED_PROGRAMS"  # 0: never stored, whatever the compilation cache
-MAX_BYTES_VARIABLE = "FASTPOP_PROGRAMS_MAX_BYTES"
-DEFAULT_MAX_BYTES = 256 << 20
-MAGIC = b"fastpop stored program 1\n"
-SUFFIX = ".program"
 PACKAGE = Path(__file__).resolve().parents[1]  # fastpop/: its sources decide the programs
 # Libraries whose code ends up inside every program of device mode's. The env families' own are
 # named by their adapters (fastpop.envs, a layer above this one), which add them through
@@ -51,27 +42,19 @@ PACKAGE = Path(__file__).resolve().parents[1]  # fastpop/: its sources decide th
 LIBRARIES = ("jax", "jaxlib", "flax", "optax", "chex", "numpy")
 # JAX settings that change what a function traces or lowers to.
 JAX_SETTINGS = (
-    "jax_enable_x64", "jax_default_matmul_precision", "jax_threefry_partitionable",
-    "jax_default_prng_impl", "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion",
-    "jax_enable_checks", "jax_debug_nans", "jax_debug_infs", "jax_disable_jit",
-)  # fmt: skip
-BUILTIN_NODES = (tuple, list, dict, type(None))
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_threefry_partitionable",
+    "jax_default_prng_impl",
+    "jax_numpy_rank_promotion",
+    "jax_numpy_dtype_promotion",
+    "jax_enable_checks",
+    "jax_debug_nans",
+    "jax_debug_infs",
+    "jax_disable_jit",
+)
 
-_lock = threading.Lock()
-_counts = {"loaded": 0, "written": 0, "not_stored": 0}
-_registered: set[type] = set()
 _library_sources: dict = {}  # functions naming more libraries, as keys (`add_library_source`)
-
-
-def counts() -> dict:
-    """Programs this process loaded from the store, wrote to it, or could not store."""
-    with _lock:
-        return dict(_counts)
-
-
-def _count(what: str) -> None:
-    with _lock:
-        _counts[what] += 1
 
 
 def directory() -> Path | None:
@@ -198,14 +181,15 @@ class StoredJit:
         if folder is None or jax.process_count() > 1 or not _on_one_device(args):
             return self.jitted, None
         text = "\n".join([self.identity, self.name, signature, fingerprint()])
-        path = folder / f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:32]}{SUFFIX}"
-        exported = _load(path)
+        key = hashlib.sha256(text.encode()).hexdigest()[:32]
+        path = folder / f"{self.name}-{key}{program_store.SUFFIX}"
+        exported = program_store.load(path)
         if exported is not None and exported.in_tree != jax.tree.structure((args, {})):
             exported = None  # a node's static data read back otherwise: export anew
         if exported is None:
-            exported = _export_and_store(self.jitted, args, path)
+            exported = program_store.export_and_store(self.jitted, args, path)
             if exported is None:
-                _count("not_stored")
+                program_store.count("not_stored")
                 return self.jitted, None
         call = _named(exported.call, f"stored_{self.name}")
         return jax.jit(call, **self.jit_options), exported
@@ -289,110 +273,3 @@ def _on_one_device(args: tuple) -> bool:
         if sharding is not None and len(sharding.device_set) > 1:
             return False
     return True
-
-
-def _export_and_store(jitted, args: tuple, path: Path):
-    """The exported program, written to `path` (None where it cannot be exported or named)."""
-    try:
-        exported = export.export(jitted)(*args)
-        types = _node_types(exported.in_tree) | _node_types(exported.out_tree)
-        names = [_register(node_type) for node_type in sorted(types, key=str)]
-        if None in names:
-            log.info("%s: not stored (a pytree node fastpop cannot name)", path.name)
-            return None
-        blob = exported.serialize()
-        again = export.deserialize(blob)
-        if (again.in_tree, again.out_tree) != (exported.in_tree, exported.out_tree):
-            log.info("%s: not stored (its tree structure does not read back)", path.name)
-            return None
-    except Exception as error:  # a host callback, an effect, ...: plain jit serves
-        log.info("%s: not stored (%s: %s)", path.name, type(error).__name__, error)
-        return None
-    header = json.dumps({"node_types": names}).encode() + b"\n"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        temporary.write_bytes(MAGIC + header + bytes(blob))
-        os.replace(temporary, path)  # another process writing the same key writes the same
-        _count("written")
-        _prune(path.parent)
-    except OSError as error:
-        log.warning("fastpop: could not store %s (%s)", path, error.strerror)
-    return exported
-
-
-def _load(path: Path):
-    """The exported program stored at `path`, or None (absent, or not readable: then written
-    again by the caller)."""
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
-    try:
-        if not data.startswith(MAGIC):
-            raise ValueError("not a stored program")
-        header, _, blob = data[len(MAGIC) :].partition(b"\n")
-        for name in json.loads(header)["node_types"]:
-            node_type = static_codec.resolve_type(name)
-            if node_type is None or _register(node_type) is None:
-                return None  # its module is not imported in this process: export anew
-        exported = export.deserialize(bytearray(blob))
-    except Exception as error:  # truncated or foreign: exported and written again
-        log.warning("fastpop: ignoring the stored program %s (%s)", path, error)
-        return None
-    os.utime(path)  # its last use, for pruning
-    _count("loaded")
-    return exported
-
-
-def _node_types(treedef) -> set[type]:
-    node = treedef.node_data()
-    found = {node[0]} if node is not None and node[0] not in BUILTIN_NODES else set()
-    for child in treedef.children():
-        found |= _node_types(child)
-    return found
-
-
-def _register(node_type: type) -> str | None:
-    """Teach jax.export to write `node_type` (a NamedTuple, or a dataclass-like node whose
-    static data fastpop.compilation.static_codec encodes); its name, or None where it cannot be
-    named."""
-    name = static_codec.type_name(node_type)
-    with _lock:
-        if node_type in _registered:
-            return name
-        try:
-            if issubclass(node_type, tuple) and hasattr(node_type, "_fields"):
-                export.register_namedtuple_serialization(node_type, serialized_name=name)
-            elif dataclasses.is_dataclass(node_type):
-                export.register_pytree_node_serialization(
-                    node_type,
-                    serialized_name=name,
-                    serialize_auxdata=static_codec.encode,  # TypeError: not stored
-                    deserialize_auxdata=static_codec.decode,
-                )
-            else:
-                return None
-        except ValueError as error:  # registered already, under another name: not ours to use
-            log.info("%s: %s", name, error)
-            return None
-        _registered.add(node_type)
-    return name
-
-
-def _prune(folder: Path) -> None:
-    """Least recently used programs out until the folder holds at most the limit."""
-    try:
-        limit = int(float(os.environ.get(MAX_BYTES_VARIABLE) or DEFAULT_MAX_BYTES))
-    except ValueError:
-        limit = DEFAULT_MAX_BYTES
-    try:
-        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in folder.glob(f"*{SUFFIX}")]
-    except OSError:
-        return
-    total = sum(size for _, size, _ in files)
-    for _, size, path in sorted(files):
-        if total <= limit:
-            break
-        path.unlink(missing_ok=True)
-        total -= size

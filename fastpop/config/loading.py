@@ -244,17 +244,22 @@ def _check_member_supports(r: Reader, c: Config) -> None:
     named = {end: found for end, found in ranges.items() if found is not None}
     if named and c.agent.get("critic") != "distributional":
         where = next(iter(named.values()))[0]
-        r.fail(where, "sets a distributional critic's support per member: needs agent.critic: "
-               f"distributional (got {c.agent.get('critic')!r})")  # fmt: skip
+        r.fail(
+            where,
+            "sets a distributional critic's support per member: needs agent.critic: "
+            f"distributional (got {c.agent.get('critic')!r})",
+        )
     if not named:
         return
     lows = named.get("v_min") or ("agent.v_min", c.agent["v_min"], c.agent["v_min"])
     highs = named.get("v_max") or ("agent.v_max", c.agent["v_max"], c.agent["v_max"])
     if lows[2] >= highs[1]:
-        r.fail(lows[0] if "v_min" in named else highs[0],
-               f"lets v_min ({lows[0]}) reach {lows[2]}, not below the lowest v_max "
-               f"({highs[1]}, {highs[0]}): every member's support must run from its v_min up "
-               "to its v_max")  # fmt: skip
+        r.fail(
+            lows[0] if "v_min" in named else highs[0],
+            f"lets v_min ({lows[0]}) reach {lows[2]}, not below the lowest v_max "
+            f"({highs[1]}, {highs[0]}): every member's support must run from its v_min up "
+            "to its v_max",
+        )
 
 
 def _apply_override(raw: dict, text: str, origins: dict[str, str]) -> None:

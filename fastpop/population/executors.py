@@ -1,4 +1,4 @@
-"""Population execution: stacking helpers and the vectorized and sequential executors.
+"""Population execution: the vectorized and sequential executors of a population's update.
 
 A population is one pytree whose leaves carry a leading member axis (P, ...). The vectorized
 executor updates it with ONE compiled program, jit(vmap(scan over K updates)); the sequential
@@ -10,17 +10,16 @@ for that CPU (chunking.py): on accelerators it takes the whole population at onc
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop.agents.base import Agent, hparam_dtype
-from fastpop.compilation.rarely_run import rarely_run_jit
+from fastpop.agents.base import Agent
 from fastpop.population import chunked, chunking, replay
+from fastpop.population.stacking import stack_in_one_program, unstack
 from fastpop.types import PRNGKey, PyTree, Transition
 
 # sample_batch(replay_state, key) -> Transition: draws one training batch inside the jit; with
@@ -44,143 +43,6 @@ class UpdatePlan(NamedTuple):
     # fresh trials start with an empty one); 0: members update whenever the run does
     draws_once: bool = True  # draw the K steps' random numbers before the loop (same numbers)
     unroll: int = 1  # steps per iteration of the scan over K (XLA unrolls that many)
-
-
-def stack(members: Sequence[PyTree]) -> PyTree:
-    """[tree_0, ..., tree_{P-1}] -> one tree with leaves (P, ...)."""
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *members)
-
-
-# `stack` as one program (outside a jit, `stack` compiles and dispatches one per leaf shape).
-stack_in_one_program = jax.jit(stack)
-
-
-# Up to this many members `unstack` is one program per tree (slicing leaf by leaf outside a
-# jit compiles two small programs for every leaf shape). That program's compile grows faster
-# than the population (TD3 states on a 2-core CPU: 1.4 s at 16 members against 0.6 s
-# sliced, 66 s at 256 against 3 s).
-UNSTACK_IN_ONE_PROGRAM_UP_TO = 8
-
-
-def unstack(population: PyTree) -> list[PyTree]:
-    """Inverse of `stack`."""
-    size = population_size(population)
-    if size <= UNSTACK_IN_ONE_PROGRAM_UP_TO:
-        return _unstack_program(population)
-    return [member(population, i) for i in range(size)]
-
-
-@jax.jit
-def _unstack_program(population: PyTree) -> list[PyTree]:
-    return [member(population, i) for i in range(population_size(population))]
-
-
-def member(population: PyTree, index: int) -> PyTree:
-    return jax.tree.map(lambda leaf: leaf[index], population)
-
-
-def gather(population: PyTree, indices: jax.Array) -> PyTree:
-    """Member i of the result is member indices[i] of the input (PBT exploit, selection)."""
-    return jax.tree.map(lambda leaf: jnp.take(leaf, indices, axis=0), population)
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def copy_member(population: PyTree, target: jax.Array, source: jax.Array) -> PyTree:
-    """Member `target` overwritten by member `source`, in place (the population is donated):
-    copying one replay buffer must not hold a second copy of every member's."""
-    return jax.tree.map(lambda leaf: leaf.at[target].set(leaf[source]), population)
-
-
-@jax.jit
-def finite_members(population: PyTree) -> jax.Array:
-    """(P,) bool: every floating-point value of the member is finite."""
-    checks = [
-        jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
-        for leaf in jax.tree.leaves(population)
-        if jnp.issubdtype(leaf.dtype, jnp.inexact)
-    ]
-    return jnp.all(jnp.stack(checks), axis=0)
-
-
-def population_size(population: PyTree) -> int:
-    sizes = {leaf.shape[0] for leaf in jax.tree.leaves(population)}
-    if len(sizes) != 1:
-        raise ValueError(f"population leaves disagree on the member axis: sizes {sorted(sizes)}")
-    return sizes.pop()
-
-
-def broadcast_hparams(hparams: PyTree, size: int, **per_member: Sequence[float]) -> PyTree:
-    """Stack `size` copies of one member's hparams, overriding fields with per-member values.
-
-    broadcast_hparams(agent.default_hparams(), 3, actor_lr=[1e-4, 3e-4, 1e-3])
-    """
-    fields = hparams._asdict()
-    unknown = set(per_member) - set(fields)
-    if unknown:
-        raise ValueError(f"unknown hparams {sorted(unknown)}; known: {sorted(fields)}")
-    stacked = {}
-    for name, value in fields.items():
-        values = per_member.get(name)
-        if values is None:  # an optional field left None stays None
-            stacked[name] = None if value is None else jnp.broadcast_to(value, (size,))
-        elif len(values) != size:
-            raise ValueError(f"hparam {name!r} has {len(values)} values for {size} members")
-        else:
-            stacked[name] = jnp.asarray(values, hparam_dtype(value))
-    return type(hparams)(**stacked)
-
-
-def population_act(agent: Agent, env_steps_per_member: bool = False):
-    """agent.act for a population: params, obs (P, N, ...), keys and hparams stacked over
-    members; `explore` shared by all, `env_steps` too or, with `env_steps_per_member`, (P,): each
-    member's exploration (DQN's epsilon) on its own trial's clock (`learn/member_clocks.py`);
-    `episode_draws` (P, N), where the agent reads them (`Agent.episode_draws`), else None."""
-    steps_axis = 0 if env_steps_per_member else None
-    members = jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, steps_axis))
-    with_draws = jax.vmap(agent.act, in_axes=(0, 0, 0, 0, None, steps_axis, 0))
-
-    def act(params, obs, keys, hparams, explore, env_steps, episode_draws=None):
-        if episode_draws is None:  # an agent without them never sees the argument
-            return members(params, obs, keys, hparams, explore, env_steps)
-        return with_draws(params, obs, keys, hparams, explore, env_steps, episode_draws)
-
-    return act
-
-
-def policy_step(agent: Agent, size: int, envs_per_member: int, explore: bool = True):
-    """One call per env step for `size` members (to be jitted): `step(policy, obs (P, N, ...),
-    key, hparams, env_steps_per_env (P,), episode_draws=None)` -> (actions (P, N, ...), the next
-    key); `episode_draws`: `population_act`'s. The keys are split inside it, as `key, act_key =
-    split(key)` and `split(act_key, P)` by hand would: one dispatch per step instead of three."""
-    act = population_act(agent, env_steps_per_member=True)
-
-    def step(policy, obs, key, hparams, env_steps_per_env, episode_draws=None):
-        key, act_key = jax.random.split(key)
-        keys = jax.random.split(act_key, size)
-        member_steps = env_steps_per_env * envs_per_member  # each member's trial's env steps
-        return act(policy, obs, keys, hparams, explore, member_steps, episode_draws), key
-
-    return step
-
-
-def member_policies(agent: Agent, states: PyTree) -> PyTree:
-    """The stacked policy parameters of every member (what collectors act with)."""
-    return jax.vmap(agent.policy_params)(states)
-
-
-def initializer(agent: Agent) -> Callable[[PRNGKey, PyTree], PyTree]:
-    """`init_population` of `agent` compiled once, for callers that initialise members again
-    (halving's fresh trials), for a short compile: it runs once or rarely."""
-
-    def init_members(key: PRNGKey, hparams: PyTree) -> PyTree:
-        return jax.vmap(agent.init)(jax.random.split(key, population_size(hparams)), hparams)
-
-    return rarely_run_jit(init_members)
-
-
-def init_population(agent: Agent, key: PRNGKey, hparams: PyTree) -> PyTree:
-    """Independently initialised members, stacked; member i uses split(key, P)[i]."""
-    return initializer(agent)(key, hparams)
 
 
 def image_agent_on_cpu(obs_shape: tuple[int, ...], obs_dtype) -> bool:

@@ -5,8 +5,9 @@ training, as a step of the strategy.
 The snapshots not answered yet are kept (`PendingEvaluations`, saved in checkpoints): a
 restarted evaluator, and a resumed run's, is handed them again.
 
-`LoopParts` is what the loop hands its evaluation rounds and its checkpoints
-(fastpop.run.run_checkpoints): the run's parts they work with, never the run itself.
+`LoopServices` is what the loop hands its evaluation rounds and its checkpoints
+(fastpop.run.run_checkpoints): the run's collaborators they work with (learner, collection,
+clocks, writers), never the run itself.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from fastpop.run.update_pipeline import UpdatePipeline
 from fastpop.strategies.base import Strategy
 
 
-class LoopParts(NamedTuple):
-    """The parts of a run (`fastpop.run.loop.Run`) its evaluation rounds and checkpoints work
-    with; what changes as the run goes on is read from them (`learner.member_env_steps`) or
+class LoopServices(NamedTuple):
+    """The collaborators of a run (`fastpop.run.loop.Run`) its evaluation rounds and checkpoints
+    work with; what changes as the run goes on is read from them (`learner.member_env_steps`) or
     called for (`elapsed`, `metrics`)."""
 
     config: config_lib.Config
@@ -49,11 +50,11 @@ class LoopParts(NamedTuple):
 
 
 class EvaluationRounds:
-    """The evaluation rounds of a run (`parts`): its snapshots, kept in `pending` until
+    """The evaluation rounds of a run (`services`): its snapshots, kept in `pending` until
     answered, their results, the strategy's steps on them."""
 
-    def __init__(self, parts: LoopParts, strategy: Strategy, pending: PendingEvaluations):
-        self.parts, self.strategy, self.pending = parts, strategy, pending
+    def __init__(self, services: LoopServices, strategy: Strategy, pending: PendingEvaluations):
+        self.services, self.strategy, self.pending = services, strategy, pending
         self.training_done = False  # no strategy steps on the final evaluation
         self.evaluator_restarts_seen = 0
 
@@ -62,27 +63,27 @@ class EvaluationRounds:
         return self.strategy.waits_for_evaluation and bool(self.pending)
 
     def snapshot_if_due(self) -> None:
-        progress = self.parts.progress
-        if self.parts.learner.member_env_steps >= progress.next_eval:
+        progress = self.services.progress
+        if self.services.learner.member_env_steps >= progress.next_eval:
             self.snapshot()
             progress.next_eval += self.strategy.evaluation_interval
 
     def snapshot(self) -> None:
-        parts = self.parts
-        parts.updates.finish()  # the snapshot is of the policies the update makes
-        progress, learner = parts.progress, parts.learner
+        services = self.services
+        services.updates.finish()  # the snapshot is of the policies the update makes
+        progress, learner = services.progress, services.learner
         seconds = progress.timers["evaluation_snapshots"]
         progress.evaluation_seconds_at[progress.eval_index] = seconds
-        with parts.clock("evaluation_snapshots"):
+        with services.clock("evaluation_snapshots"):
             meta = snapshot.SnapshotMeta(
                 progress.eval_index,
-                learner.member_env_steps * parts.config.population.size,
+                learner.member_env_steps * services.config.population.size,
                 learner.updates,
-                parts.elapsed(),
+                services.elapsed(),
             )
-            with parts.watch.phase("evaluation snapshot"):
-                arrays = snapshot.encode(learner.policy_leaves(parts.updates.current()), meta)
-                parts.collection.evaluate(arrays)
+            with services.watch.phase("evaluation snapshot"):
+                arrays = snapshot.encode(learner.policy_leaves(services.updates.current()), meta)
+                services.collection.evaluate(arrays)
             hparams, labels = learner.all_member_hparams(), learner.member_labels()
             self.pending.add(arrays, hparams, labels, learner.snapshot_facts())
             progress.snapshot_env_steps = learner.member_env_steps
@@ -91,12 +92,12 @@ class EvaluationRounds:
     def resend(self) -> None:
         """Every unanswered snapshot handed to the evaluator again, oldest first."""
         for arrays in self.pending.in_order():
-            self.parts.collection.evaluate(arrays)
+            self.services.collection.evaluate(arrays)
 
     def _resend_lost_snapshots(self) -> None:
         """After an evaluator restart, hand every unanswered snapshot to the new one (those still
         in the ring are evaluated twice; the second result is ignored)."""
-        collection = self.parts.collection
+        collection = self.services.collection
         if collection.evaluator_restarts == self.evaluator_restarts_seen:
             return
         self.evaluator_restarts_seen = collection.evaluator_restarts
@@ -105,41 +106,41 @@ class EvaluationRounds:
     def receive(self, timeout: float = 0.0) -> None:
         """Results in (waiting up to `timeout` for one), and a strategy step on each during
         training, its update in flight done and the policies it makes sent."""
-        parts = self.parts
+        services = self.services
         phase = "final_evaluation" if self.training_done else "evaluation_results"
-        with parts.clock(phase):
+        with services.clock(phase):
             self._resend_lost_snapshots()
-            results = parts.collection.evaluations(timeout)
+            results = services.collection.evaluations(timeout)
         for result in results:
-            with parts.clock(phase):
+            with services.clock(phase):
                 taken = self.pending.take(result["eval_index"])
                 if taken is None:
                     continue  # a duplicate after an evaluator restart
-                parts.progress.latest_returns = np.array(result["return_mean"])
+                services.progress.latest_returns = np.array(result["return_mean"])
                 hparams, labels, facts = taken
-                seconds = parts.progress.evaluation_seconds_before(result["eval_index"])
-                episodes = parts.config.eval.episodes
+                seconds = services.progress.evaluation_seconds_before(result["eval_index"])
+                episodes = services.config.eval.episodes
                 rows = evaluation_rows(result, hparams, episodes, labels, seconds)
-                parts.metrics().log_evaluation(rows)
+                services.metrics().log_evaluation(rows)
             if not self.training_done:
-                parts.updates.wait()
+                services.updates.wait()
                 step = f"{self.strategy.name} strategy step"
-                with parts.clock("strategies"), parts.watch.phase(step):
+                with services.clock("strategies"), services.watch.phase(step):
                     self._strategy_step(result, hparams, facts)
-                parts.updates.finish()
+                services.updates.finish()
 
     def _strategy_step(self, result: dict, hparams: list[dict], facts: dict | None) -> None:
         """Hand the round to the strategy with the members as they were at its snapshot (the
         result may come back after they trained on: `Evaluation`); apply its selection on
         device and log its lineage."""
-        learner, metrics = self.parts.learner, self.parts.metrics()
+        learner, metrics = self.services.learner, self.services.metrics()
         returns = np.array(result["return_mean"], np.float64)
         finite = learner.finite_members()
         for member in np.flatnonzero(~finite):
             metrics.log_event("non_finite_member", {"member": int(member)})
         evaluation = progress_lib.round_evaluation(result, returns, finite, hparams, facts)
         events, scalars = learner.strategy_step(evaluation)
-        now, env_steps = self.parts.elapsed(), learner.member_env_steps * len(returns)
+        now, env_steps = self.services.elapsed(), learner.member_env_steps * len(returns)
         metrics.log_lineage([{"wall_time": now, "env_steps": env_steps, **e} for e in events])
         if scalars:
             metrics.log_scalars(result["env_steps"], scalars)
@@ -147,16 +148,19 @@ class EvaluationRounds:
     def final(self) -> None:
         """Evaluate the final policies (unless the last interval snapshot was taken at the final
         env step count) and wait for all."""
-        parts = self.parts
+        services = self.services
         self.training_done = True
-        if parts.progress.snapshot_env_steps < parts.learner.member_env_steps:
+        if services.progress.snapshot_env_steps < services.learner.member_env_steps:
             self.snapshot()
-        final = parts.progress.eval_index - 1  # the last snapshot: of the final policies
+        final = services.progress.eval_index - 1  # the last snapshot: of the final policies
         late = sum(index != final for index in self.pending.snapshots)
         deadline = time.monotonic() + 600
-        with parts.watch.phase("waiting for the final evaluation"), parts.clock("final_evaluation"):
+        with (
+            services.watch.phase("waiting for the final evaluation"),
+            services.clock("final_evaluation"),
+        ):
             while self.pending and time.monotonic() < deadline:
-                parts.signals.check()
+                services.signals.check()
                 self.receive(timeout=0.1)
         if (line := progress_lib.late_evaluations_line(late, self.strategy.name)) is not None:
-            parts.log(line)
+            services.log(line)

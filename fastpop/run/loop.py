@@ -23,7 +23,7 @@ from fastpop import config as config_lib
 from fastpop import strategies
 from fastpop.collect.workers import WorkerFailed
 from fastpop.run import progress as progress_lib
-from fastpop.run.evaluation_rounds import EvaluationRounds, LoopParts
+from fastpop.run.evaluation_rounds import EvaluationRounds, LoopServices
 from fastpop.run.metrics import MetricsWriter, rewind_logs, write_members
 from fastpop.run.parts import RunParts
 from fastpop.run.phases import PhaseClock, PhaseWatch
@@ -62,7 +62,7 @@ class Run:
             self.learner, self.collection, self.clock, self.watch, self.signals.check
         )
         # What its evaluation rounds and checkpoints work with (`metrics` opens as it starts).
-        loop_parts = LoopParts(
+        services = LoopServices(
             config=config,
             learner=self.learner,
             collection=self.collection,
@@ -76,9 +76,9 @@ class Run:
             log=log,
         )
         pending = PendingEvaluations()  # saved by the checkpoints, resent by the rounds
-        self.evaluations = EvaluationRounds(loop_parts, strategy, pending)
+        self.evaluations = EvaluationRounds(services, strategy, pending)
         directory = run_dir / CHECKPOINTS_DIR
-        self.checkpoints = RunCheckpoints(loop_parts, pending, store, directory, run_dir)
+        self.checkpoints = RunCheckpoints(services, pending, store, directory, run_dir)
 
     @property
     def member_env_steps(self) -> int:

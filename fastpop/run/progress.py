@@ -13,7 +13,7 @@ import numpy as np
 
 from fastpop.collect import snapshot
 from fastpop.learn import member_clocks
-from fastpop.run.metrics import median
+from fastpop.run.run_files import median
 from fastpop.strategies.base import Evaluation
 
 TRAINING_RETURNS_KEPT = 10  # recent training episodes per member, for the progress line

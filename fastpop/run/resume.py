@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from fastpop import config as config_lib
-from fastpop.run import checkpoint, metrics, run_state
+from fastpop.run import checkpoint, run_files, run_state
 from fastpop.run.loop import CHECKPOINTS_DIR, CONFIG_FILE, Run
 from fastpop.run.parts import build_run
 
@@ -17,7 +17,7 @@ from fastpop.run.parts import build_run
 def is_run_directory(path: Path) -> bool:
     """`path` holds a run fastpop started: its config and its metrics or checkpoints."""
     return (path / CONFIG_FILE).is_file() and (
-        (path / metrics.METRICS_FILE).is_file() or (path / CHECKPOINTS_DIR).is_dir()
+        (path / run_files.METRICS_FILE).is_file() or (path / CHECKPOINTS_DIR).is_dir()
     )
 
 

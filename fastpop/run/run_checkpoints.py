@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fastpop.run import checkpoint, run_state
 from fastpop.run.checkpoint import CheckpointStore
-from fastpop.run.evaluation_rounds import LoopParts
+from fastpop.run.evaluation_rounds import LoopServices
 from fastpop.run.progress import PendingEvaluations
 from fastpop.run.stop_signals import StopRequested
 
@@ -26,52 +26,60 @@ class TrainError(RuntimeError):
 
 
 class RunCheckpoints:
-    """The checkpoints of a run (`parts`, with the evaluations it has not had answered:
+    """The checkpoints of a run (`services`, with the evaluations it has not had answered:
     `pending`): written into `store`; `directory` is where a stop that writes none looks for the
     newest complete one; `run_dir` is what `fastpop resume` continues."""
 
     def __init__(
         self,
-        parts: LoopParts,
+        services: LoopServices,
         pending: PendingEvaluations,
         store: CheckpointStore,
         directory: Path,
         run_dir: Path,
     ):
-        self.parts, self.store, self.directory, self.run_dir = parts, store, directory, run_dir
+        self.services, self.store, self.directory, self.run_dir = (
+            services,
+            store,
+            directory,
+            run_dir,
+        )
         self.state = run_state.RunState(
-            parts.config, parts.learner, parts.collection, parts.progress, pending
+            services.config, services.learner, services.collection, services.progress, pending
         )
         self.resumed_from: dict | None = None  # what a resume restored (see `restore`)
 
     def save(self, reason: str) -> Path:
         """The whole run as it is now, its updates done: see fastpop.run.run_state for what
         goes where."""
-        parts, learner = self.parts, self.parts.learner
-        parts.updates.wait(check=False)
+        services, learner = self.services, self.services.learner
+        services.updates.wait(check=False)
         start = time.perf_counter()
-        with_replay = parts.config.checkpoint.replay
-        with parts.clock("checkpoints"), parts.watch.phase(f"writing a checkpoint ({reason})"):
-            parts.clock.lap()  # the timers it saves: every second until now
-            metrics = parts.metrics()
+        with_replay = services.config.checkpoint.replay
+        with (
+            services.clock("checkpoints"),
+            services.watch.phase(f"writing a checkpoint ({reason})"),
+        ):
+            services.clock.lap()  # the timers it saves: every second until now
+            metrics = services.metrics()
             tree, metadata = run_state.capture(self.state, reason, metrics.lengths())
             path = self.store.save(learner.member_env_steps, tree, metadata)
         seconds = time.perf_counter() - start
-        parts.progress.last_checkpoint = (parts.elapsed(), learner.member_env_steps)
+        services.progress.last_checkpoint = (services.elapsed(), learner.member_env_steps)
         fields, written = self.store.describe(path)
         metrics.log_event(
             "checkpoint",
             {"path": str(path), "reason": reason, "member_env_steps": learner.member_env_steps}
             | {"seconds": seconds, **fields, "replay": with_replay},
         )
-        parts.log(f"checkpoint {path} ({reason}; {written} in {seconds:.1f}s)")
+        services.log(f"checkpoint {path} ({reason}; {written} in {seconds:.1f}s)")
         return path
 
     def save_at_stop(self, reason: str) -> None:
         """The checkpoint of a stop, unless the run was stopped at once (before it, or by a
         signal repeated while it is written)."""
-        log = self.parts.log
-        if self.parts.signals.stopped_at_once:
+        log = self.services.log
+        if self.services.signals.stopped_at_once:
             log(f"stopped at once: no checkpoint written ({self.newest()})")
             return
         try:
@@ -114,21 +122,21 @@ class RunCheckpoints:
     def announce_resume(self) -> None:
         """A resumed run's line and event (its unanswered snapshots are the evaluation
         rounds' to hand out again: `EvaluationRounds.resend`)."""
-        parts, resumed = self.parts, self.resumed_from
+        services, resumed = self.services, self.resumed_from
         if resumed is None:
             return
         replay = (
             "replay restored"
             if resumed["replay_saved"]
             else "replay not saved (checkpoint.replay: false): the buffers refill from the "
-            f"collectors, learning waits for replay.min_size={parts.config.replay.min_size}"
+            f"collectors, learning waits for replay.min_size={services.config.replay.min_size}"
         )
-        steps = parts.learner.member_env_steps
-        parts.log(
+        steps, updates = services.learner.member_env_steps, services.learner.updates
+        services.log(
             f"resumed from {resumed['path']}: {steps:,} env steps per member, "
-            f"{parts.learner.updates:,} updates, {resumed['elapsed']:.0f}s of wall time; {replay}"
+            f"{updates:,} updates, {resumed['elapsed']:.0f}s of wall time; {replay}"
         )
-        parts.metrics().log_event(
+        services.metrics().log_event(
             "resumed",
             {"path": resumed["path"], "member_env_steps": steps}
             | {"wall_time": resumed["elapsed"], "replay_restored": resumed["replay_saved"]},

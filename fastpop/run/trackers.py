@@ -29,15 +29,13 @@ from pathlib import Path
 import numpy as np
 
 from fastpop import config as config_lib
-from fastpop.run.metrics import (
+from fastpop.run.metrics import Tracker, evaluation_scalars, lineage_scalars
+from fastpop.run.run_files import (
     LINEAGE_FILE,
     MEMBERS_FILE,
     METRICS_FILE,
     SCALARS_FILE,
-    Tracker,
     evaluation_rounds,
-    evaluation_scalars,
-    lineage_scalars,
     read_jsonl,
     read_metrics,
     summarize,

@@ -67,15 +67,18 @@ def trained_mask(size: int, trained_fraction: float) -> np.ndarray:
     return mask
 
 
-def make_cemrl(size: int, config, evaluation_interval: int):
-    """`config`: a `CEMRLConfig`; `size`: 1 (the mean) + an even number of samples."""
-    samples = size - 1
-    if size < 3 or samples % 2:
-        raise ValueError(
-            f"cemrl needs population.size = 1 (the CEM mean) + an even number of mirrored "
-            f"samples, e.g. 11; got {size}"
-        )
-    trained = trained_mask(size, config.trained_fraction)
+def generations(config, samples: int):
+    """(actors_from, next_generation) of the CEM over flat actor parameters (`config`: a
+    `CEMRLConfig`): actors_from(optimizer, distribution, unravel, key) -> (actors, their fresh
+    optimizer moments): the mean as member 0, then `samples` mirrored draws; next_generation(
+    optimizer, distribution, actors, fitness, key) -> (the distribution refitted to the
+    samples' fitness, the next generation's actors_from), jitted."""
+
+    def actors_from(optimizer, distribution, unravel, key):
+        drawn = cem.ask(distribution, key, samples)
+        flat = jnp.concatenate([distribution.mean[None], drawn])
+        actors = jax.vmap(unravel)(flat)
+        return actors, jax.vmap(optimizer.init)(actors)
 
     @functools.partial(jax.jit, static_argnums=0)
     def next_generation(optimizer, distribution, actors, fitness, key):
@@ -91,11 +94,33 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         )
         return distribution, actors_from(optimizer, distribution, unravel, key)
 
-    def actors_from(optimizer, distribution, unravel, key):
-        drawn = cem.ask(distribution, key, samples)
-        flat = jnp.concatenate([distribution.mean[None], drawn])
-        actors = jax.vmap(unravel)(flat)
-        return actors, jax.vmap(optimizer.init)(actors)
+    return actors_from, next_generation
+
+
+def generation_scalars(evaluation: Evaluation, distribution, generation: int) -> dict:
+    """What a generation's end logs: the mean's return, the best sample's, the distribution's
+    mean variance and added noise, and the generation."""
+    sample_returns = np.asarray(evaluation.returns[1:], np.float64)
+    finite = sample_returns[np.isfinite(sample_returns)]
+    return {
+        "cemrl/mean_return": float(evaluation.returns[MEAN_MEMBER]),
+        "cemrl/best_sample_return": float(finite.max()) if finite.size else float("nan"),
+        "cemrl/mean_variance": float(jnp.mean(distribution.variance)),
+        "cemrl/noise": float(distribution.noise),
+        "cemrl/generation": generation,
+    }
+
+
+def make_cemrl(size: int, config, evaluation_interval: int):
+    """`config`: a `CEMRLConfig`; `size`: 1 (the mean) + an even number of samples."""
+    samples = size - 1
+    if size < 3 or samples % 2:
+        raise ValueError(
+            f"cemrl needs population.size = 1 (the CEM mean) + an even number of mirrored "
+            f"samples, e.g. 11; got {size}"
+        )
+    trained = trained_mask(size, config.trained_fraction)
+    actors_from, next_generation = generations(config, samples)
 
     def init_states(agent, key, hparams):
         # One program, not the ~50 small ones its operations made run one by one (~0.4 s of
@@ -109,7 +134,7 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         states = shared_critic.init(agent, init_key, hparams, trained)
         mean, unravel = ravel_pytree(population.member(states.actors, MEAN_MEMBER))
         distribution = cem.init(mean, config.initial_variance, config.initial_noise)
-        actors, opts = actors_from(agent.parts.optimizer, distribution, unravel, sample_key)
+        actors, opts = actors_from(agent.internals.optimizer, distribution, unravel, sample_key)
         states = states._replace(
             actors=actors, target_actors=population.copy_tree(actors), actor_opts=opts
         )
@@ -122,21 +147,13 @@ def make_cemrl(size: int, config, evaluation_interval: int):
         del observations
         returns = jnp.asarray(evaluation.returns, jnp.float32)
         distribution, (actors, opts) = next_generation(
-            agent.parts.optimizer, state.distribution, states.actors, returns[1:], key
+            agent.internals.optimizer, state.distribution, states.actors, returns[1:], key
         )
         # Copies: the update donates the state, and one buffer cannot be donated twice.
         states = states._replace(
             actors=actors, target_actors=population.copy_tree(actors), actor_opts=opts
         )
-        sample_returns = np.asarray(evaluation.returns[1:], np.float64)
-        finite = sample_returns[np.isfinite(sample_returns)]
-        scalars = {
-            "cemrl/mean_return": float(evaluation.returns[MEAN_MEMBER]),
-            "cemrl/best_sample_return": float(finite.max()) if finite.size else float("nan"),
-            "cemrl/mean_variance": float(jnp.mean(distribution.variance)),
-            "cemrl/noise": float(distribution.noise),
-            "cemrl/generation": state.generation + 1,
-        }
+        scalars = generation_scalars(evaluation, distribution, state.generation + 1)
         return CEMRLState(distribution, state.generation + 1), states, scalars, []
 
     return shared_critic.strategy("cemrl", evaluation_interval, init_states, make_update, step)

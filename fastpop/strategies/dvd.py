@@ -165,7 +165,7 @@ def make_dvd(size: int, config, seed: int, evaluation_interval: int):
         weight = coefficients[bandit.arm]
         states = states._replace(diversity_weight=jnp.float32(weight))
         obs = observations(key)[: config.embedding_states]
-        measured = metrics_fn(agent.parts.actor_apply, states.actors, obs)
+        measured = metrics_fn(agent.internals.actor_apply, states.actors, obs)
         scalars = {f"dvd/{name}": float(value) for name, value in measured.items()}
         scalars["dvd/lambda"] = weight
         return bandit, states, scalars, events

@@ -110,8 +110,10 @@ def fit(x: np.ndarray, t: np.ndarray, y: np.ndarray) -> Fit:
             covariance[diagonal] += noise
             cholesky, alpha, log_likelihood = _factor(covariance, targets)
             if best is None or log_likelihood > best[0]:
-                best = (log_likelihood, Fit(x, t, y_center, y_scale, length_scale, epsilon,
-                                            noise, cholesky, alpha))  # fmt: skip
+                best = (
+                    log_likelihood,
+                    Fit(x, t, y_center, y_scale, length_scale, epsilon, noise, cholesky, alpha),
+                )
     return best[1]
 
 
@@ -144,8 +146,8 @@ def with_pending(model: Fit, x: np.ndarray, t: np.ndarray) -> Fit:
 
 def predict(model: Fit, x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(mean, standard deviation) at each (x, t), in the units of y."""
-    cross = kernel(np.asarray(x, np.float64), np.asarray(t, np.float64), model.x, model.t,
-                   model.length_scale, model.epsilon)  # fmt: skip
+    x, t = np.asarray(x, np.float64), np.asarray(t, np.float64)
+    cross = kernel(x, t, model.x, model.t, model.length_scale, model.epsilon)
     mean = cross @ model.alpha
     solved = scipy.linalg.solve_triangular(model.cholesky, cross.T, lower=True, check_finite=False)
     variance = np.maximum(1.0 - np.sum(solved**2, axis=0), 1e-12)

@@ -100,8 +100,81 @@ def trials_at_rungs(state: HalvingState, evaluation: Evaluation, rungs) -> list[
     if ages is None:  # not filled in by a learner: no trial has restarted
         ages = np.full(size, evaluation.member_env_steps)
     current = evaluation.same_line
-    return [m for m in range(size) if current[m] and state.passed[m] < len(rungs)
-            and ages[m] >= rungs[state.passed[m]]]  # fmt: skip
+    return [
+        m
+        for m in range(size)
+        if current[m] and state.passed[m] < len(rungs) and ages[m] >= rungs[state.passed[m]]
+    ]
+
+
+class RungJudgement(NamedTuple):
+    """One evaluation's trials at their rungs: `results` per rung with theirs recorded,
+    `where` (member -> (rung, index of its result there)) and the members `stopped`: those in
+    the bottom fraction at their rung, and those whose state is not finite (`finite`)."""
+
+    arrived: list[int]
+    results: list[list[tuple[int, float]]]
+    where: dict[int, tuple[int, int]]
+    stopped: set[int]
+    finite: np.ndarray
+
+
+def judge_at_rungs(
+    state: HalvingState, evaluation: Evaluation, settings: HalvingSettings
+) -> RungJudgement:
+    """The returns of the trials that reached a rung recorded there, and who is stopped."""
+    rungs, size = settings.rungs, len(state.trials)
+    arrived = trials_at_rungs(state, evaluation, rungs)
+    finite = np.ones(size, bool) if evaluation.finite is None else evaluation.finite
+    stopped = {m for m in range(size) if not finite[m]}  # its weights now: no trial's
+    results = [list(r) for r in state.results]
+    results += [[] for _ in range(len(rungs) - len(results))]  # a resume ran the total up
+    where = {}
+    for member in arrived:
+        rung = state.passed[member]
+        where[member] = (rung, len(results[rung]))
+        results[rung].append((state.trials[member], float(evaluation.returns[member])))
+    for rung in {r for r, _ in where.values()}:
+        mine = {i: m for m, (r, i) in where.items() if r == rung}
+        returns = [value for _, value in results[rung]]
+        losers = stopped_at_rung(returns, list(mine), settings.bottom_fraction)
+        stopped |= {mine[i] for i in losers}
+    return RungJudgement(arrived, results, where, stopped, finite)
+
+
+def trial_event(
+    judged: RungJudgement, evaluation: Evaluation, rungs, member: int, trials, hparams: list
+) -> dict:
+    """The lineage event of member `member`'s trial stopped and `trials` (stopped, new)
+    started in its slot, `hparams` (old, new) its hparams; why: its rung or a non-finite
+    state."""
+    (stopped_trial, trial), (old_hparams, new_hparams) = trials, hparams
+    event = {
+        "strategy": "halving",
+        "kind": "trial",
+        "eval_index": evaluation.eval_index,
+        "member_env_steps": evaluation.member_env_steps,
+        "target": member,
+        "source": member,
+        "stopped_trial": stopped_trial,
+        "trial": trial,
+        "old_hparams": old_hparams,
+        "new_hparams": new_hparams,
+    }
+    if member in judged.where:  # judged at a rung (a broken one too, if it reached one)
+        rung = judged.where[member][0]
+        event |= {
+            "reason": "rung",
+            "rung": rung,
+            "rung_age": rungs[rung],
+            "recorded_at_rung": len(judged.results[rung]),
+            "target_fitness": float(evaluation.returns[member]),
+        }
+        if evaluation.trial_steps is not None:
+            event["trial_steps"] = int(evaluation.trial_steps[member])  # its age at the snapshot
+    if not judged.finite[member]:
+        event["reason"] = "non_finite"
+    return event
 
 
 def make_halving(
@@ -117,57 +190,28 @@ def make_halving(
         return HalvingState(tuple(range(size)), (0,) * size, ((),) * len(rungs), size)
 
     def step(state: HalvingState, evaluation: Evaluation, hparams: list[dict]):
-        arrived = trials_at_rungs(state, evaluation, rungs)
-        finite = np.ones(size, bool) if evaluation.finite is None else evaluation.finite
-        broken = [m for m in range(size) if not finite[m]]  # its weights now: no trial's
-        if not arrived and not broken:
+        judged = judge_at_rungs(state, evaluation, settings)
+        if not judged.arrived and not judged.stopped:
             return state, None
-        results = [list(r) for r in state.results]
-        results += [[] for _ in range(len(rungs) - len(results))]  # a resume ran the total up
-        where = {}  # member -> (rung, index of its result there)
-        for member in arrived:
-            rung = state.passed[member]
-            where[member] = (rung, len(results[rung]))
-            results[rung].append((state.trials[member], float(evaluation.returns[member])))
-        stopped = set(broken)
-        for rung in {r for r, _ in where.values()}:
-            mine = {i: m for m, (r, i) in where.items() if r == rung}
-            returns = [value for _, value in results[rung]]
-            losers = stopped_at_rung(returns, list(mine), settings.bottom_fraction)
-            stopped |= {mine[i] for i in losers}
         trials, passed = list(state.trials), list(state.passed)
         new_hparams, events, next_trial = [dict(h) for h in hparams], [], state.next_trial
-        for member in arrived:
+        for member in judged.arrived:
             passed[member] += 1
-        ages = evaluation.trial_steps
-        for member in sorted(stopped):
+        for member in sorted(judged.stopped):
             rng = stream_rng(seed, HALVING_STREAM, next_trial)
-            new_hparams[member] = {**hparams[member],
-                                   **{n: p.sample(rng) for n, p in priors.items()}}  # fmt: skip
-            event = {
-                "strategy": "halving", "kind": "trial", "eval_index": evaluation.eval_index,
-                "member_env_steps": evaluation.member_env_steps, "target": member,
-                "source": member, "stopped_trial": trials[member], "trial": next_trial,
-                "old_hparams": hparams[member], "new_hparams": new_hparams[member],
-            }  # fmt: skip
-            if member in where:  # judged at a rung (a broken one too, if it reached one)
-                rung = where[member][0]
-                event |= {"reason": "rung", "rung": rung, "rung_age": rungs[rung],
-                          "recorded_at_rung": len(results[rung]),
-                          "target_fitness": float(evaluation.returns[member])}  # fmt: skip
-                if ages is not None:
-                    event["trial_steps"] = int(ages[member])  # its age at the snapshot
-            if not finite[member]:
-                event["reason"] = "non_finite"
-            events.append(event)
+            drawn = {name: prior.sample(rng) for name, prior in priors.items()}
+            new_hparams[member] = {**hparams[member], **drawn}
+            pair = (hparams[member], new_hparams[member])
+            events.append(
+                trial_event(judged, evaluation, rungs, member, (trials[member], next_trial), pair)
+            )
             trials[member], passed[member] = next_trial, 0
             next_trial += 1
-        new_state = HalvingState(
-            tuple(trials), tuple(passed), tuple(tuple(r) for r in results), next_trial
-        )
-        if not stopped:
+        results = tuple(tuple(r) for r in judged.results)
+        new_state = HalvingState(tuple(trials), tuple(passed), results, next_trial)
+        if not judged.stopped:
             return new_state, None
-        fresh = np.isin(np.arange(size), sorted(stopped))
+        fresh = np.isin(np.arange(size), sorted(judged.stopped))
         return new_state, Selection(np.arange(size), new_hparams, events, False, fresh)
 
     def labels(state: HalvingState) -> list[dict]:

@@ -129,8 +129,9 @@ def continued_bases(state: PB2State, evaluation: Evaluation, exploits) -> PB2Sta
         if exact is None or exact[source]:
             returns[target], index[target] = state.last_returns[source], state.last_index[source]
             versions[target] = -1 if now is None else int(now[target]) + 1
-    return state._replace(last_returns=tuple(returns), last_versions=tuple(versions),
-                          last_index=tuple(index))  # fmt: skip
+    return state._replace(
+        last_returns=tuple(returns), last_versions=tuple(versions), last_index=tuple(index)
+    )
 
 
 def gp_bandit(size: int, priors: dict[str, Prior], window: int) -> Explorer:
@@ -155,8 +156,9 @@ def gp_bandit(size: int, priors: dict[str, Prior], window: int) -> Explorer:
             for m in np.flatnonzero(np.isfinite(returns) & np.isfinite(last) & one_line)
         )
         recent = tuple(o for o in state.observations + added if o[0] > now - window)
-        return PB2State(recent, tuple(float(r) for r in returns), tuple(versions.tolist()),
-                        (now,) * size)  # fmt: skip
+        return PB2State(
+            recent, tuple(float(r) for r in returns), tuple(versions.tolist()), (now,) * size
+        )
 
     def choose(state: PB2State, evaluation: Evaluation, exploits, hparams, rng):
         state = continued_bases(state, evaluation, exploits)
@@ -178,8 +180,11 @@ def gp_bandit(size: int, priors: dict[str, Prior], window: int) -> Explorer:
             values = {
                 name: from_unit(priors[name], u) for name, u in zip(names, point, strict=True)
             }
-            extra = {"acquisition": float(acquisition), "predicted_change": float(mean),
-                     "predicted_std": float(std)}  # fmt: skip
+            extra = {
+                "acquisition": float(acquisition),
+                "predicted_change": float(mean),
+                "predicted_std": float(std),
+            }
             choices.append((values, extra))
         return state, choices
 

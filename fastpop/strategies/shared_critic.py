@@ -81,19 +81,19 @@ def trained_mean(trained: jax.Array, values: jax.Array) -> jax.Array:
 
 
 def population_actor_loss(
-    parts, actors, critic, obs, trained, weight, embedding_obs, kernel, hparams=None
+    internals, actors, critic, obs, trained, weight, embedding_obs, kernel, hparams=None
 ):
     """sum_m trained_m * TD3 actor loss_m - lambda * log det K, written for the whole population:
     one `grad` of this gives each actor its own TD3 gradient plus its share of the coupling.
     `hparams`: the critic's (member 0's), whose support its Q is the mean over."""
-    member_loss = lambda actor, member_obs: parts.actor_loss(actor, critic, member_obs, hparams)
+    member_loss = lambda actor, member_obs: internals.actor_loss(actor, critic, member_obs, hparams)
     losses = jax.vmap(member_loss)(actors, obs)
     td3 = jnp.sum(jnp.where(trained, losses, 0.0))
 
     length_scale, jitter = kernel
 
     def coupling(actors):
-        embeddings = diversity.embeddings(parts.actor_apply, actors, embedding_obs)
+        embeddings = diversity.embeddings(internals.actor_apply, actors, embedding_obs)
         return diversity.log_det(diversity.rbf_kernel(embeddings, length_scale), jitter)
 
     # cond, not a product: with lambda = 0 no gradient flows through the kernel at all.
@@ -101,31 +101,33 @@ def population_actor_loss(
     return td3 - weight * log_det, losses
 
 
-def make_update(
-    plan: population.UpdatePlan,
-    embedding_states: int = 20,
-    length_scale: float = 1.0,
-    jitter: float = 1e-3,
-):
-    """update(state, shared_replay, hparams (stacked), key) -> (state, metrics), jitted with
-    the state donated; `plan.num_updates` critic steps per call (the replay is always shared)."""
-    parts, sample_batch = plan.agent.parts, plan.sample_batch
-    kernel = (length_scale, jitter)
+def shared_critic_loss(internals):
+    """critic_loss(critic, state, batches, hparams, keys) -> (loss, mean q): the trained
+    members' mean TD3 critic loss of the one critic, each member's batch with its own target
+    actor's smoothed target action (`internals`: TD3's)."""
 
     def critic_loss(critic, state: SharedCriticState, batches: Transition, hparams, keys):
         def member_loss(target_actor, batch, key):
             view = TD3State(None, critic, target_actor, state.target_critic, None, None, None)
             noise = jax.random.normal(key, batch.action.shape)
-            return parts.critic_loss(critic, view, batch, hparams, noise)
+            return internals.critic_loss(critic, view, batch, hparams, noise)
 
         losses, q_means = jax.vmap(member_loss)(state.target_actors, batches, keys)
         return trained_mean(state.trained, losses), trained_mean(state.trained, q_means)
+
+    return critic_loss
+
+
+def population_actor_step(internals, embedding_states: int, kernel: tuple[float, float]):
+    """actor_step(state, batches, member_hparams, hparams) -> (state, mean actor loss): one
+    step of `population_actor_loss` for the trained actors (the others keep actor and
+    moments), then Polyak targets for them and the critic."""
 
     def actor_step(state: SharedCriticState, batches: Transition, member_hparams, hparams):
         obs = batches.obs
         embedding_obs = obs[0, :embedding_states]
         grads, losses = jax.grad(population_actor_loss, argnums=1, has_aux=True)(
-            parts,
+            internals,
             state.actors,
             state.critic,
             obs,
@@ -135,7 +137,7 @@ def make_update(
             kernel,
             hparams,
         )
-        step = jax.vmap(lambda a, g, o, lr: adam_step(a, g, o, parts.optimizer, lr))
+        step = jax.vmap(lambda a, g, o, lr: adam_step(a, g, o, internals.optimizer, lr))
         actors, opts = step(state.actors, grads, state.actor_opts, member_hparams.actor_lr)
         keep = jax.vmap(select_tree)  # untrained members keep actor and moments
         actors = keep(state.trained, actors, state.actors)
@@ -149,6 +151,21 @@ def make_update(
         )
         return state, trained_mean(state.trained, losses)
 
+    return actor_step
+
+
+def make_update(
+    plan: population.UpdatePlan,
+    embedding_states: int = 20,
+    length_scale: float = 1.0,
+    jitter: float = 1e-3,
+):
+    """update(state, shared_replay, hparams (stacked), key) -> (state, metrics), jitted with
+    the state donated; `plan.num_updates` critic steps per call (the replay is always shared)."""
+    internals, sample_batch = plan.agent.internals, plan.sample_batch
+    critic_loss = shared_critic_loss(internals)
+    actor_step = population_actor_step(internals, embedding_states, (length_scale, jitter))
+
     def one_update(state: SharedCriticState, replay, member_hparams, key):
         hparams = population.member(member_hparams, 0)
         size = state.trained.shape[0]
@@ -160,7 +177,7 @@ def make_update(
             state.critic, state, batches, hparams, noise_keys
         )
         critic, critic_opt = adam_step(
-            state.critic, grads, state.critic_opt, parts.optimizer, hparams.critic_lr
+            state.critic, grads, state.critic_opt, internals.optimizer, hparams.critic_lr
         )
         state = state._replace(critic=critic, critic_opt=critic_opt, step=state.step + 1)
         due = state.step % jnp.maximum(hparams.policy_delay, 1) == 0

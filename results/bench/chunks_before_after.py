@@ -25,7 +25,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import make_agent
-from fastpop.bench.update import BENCH_SPECS, random_replay
+from fastpop.bench.random_replay import BENCH_SPECS, random_replay
 from fastpop.population import replay
 
 BEFORE = "9575047"  # the last commit with chunks of 8 inside one program
