@@ -243,6 +243,17 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: sl
     return acting, slots_policy
 
 
+def _adopt_trials(newer: tuple, trials: SlotTrials, ring: ChunkRing, joining: bool, setup) -> None:
+    """The trials of a newly read publish (`newer`: version, leaves): a collector joining a run
+    (restarted) takes them as they are; one whose members start fresh trials withdraws what it
+    has queued of the stopped ones (not worth the learner's wait)."""
+    epochs, trial_steps = newer[1][-2:]  # the tree's last leaves
+    if joining:
+        trials.join(epochs, trial_steps, setup.envs_per_member)
+    elif trials.read(epochs):
+        ring.skip_queued()
+
+
 def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
     setup = spec.envs
     envs, stepped_by = lockstep_envs(
@@ -273,11 +284,7 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                 time.sleep(0.005)  # started before the learner: its first publish is on the way
                 continue
             if newer is not None:
-                epochs, trial_steps = newer[1][-2:]  # the tree's last leaves
-                if version == 0 and own_steps == 0:  # a restarted collector joins a run
-                    trials.join(epochs, trial_steps, setup.envs_per_member)
-                elif trials.read(epochs):
-                    ring.skip_queued()  # the stopped trial's rows: not worth the learner's wait
+                _adopt_trials(newer, trials, ring, own_steps == 0 and version == 0, setup)
                 version, leaves = newer
             start = time.perf_counter()
             warming = trials.steps < warmup_env_steps
@@ -291,9 +298,8 @@ def _collect(spec: CollectorSpec, stop_event) -> dict[str, Any]:
                     leaves = None
                 actions = acting(obs, trials.steps, trials.take_new_episodes())
                 if warming.any():  # a fresh trial's warm-up, beside trained members
-                    random = envs.action_space.sample()
-                    actions = np.where(warming.reshape(-1, *[1] * (actions.ndim - 1)),
-                                       random, actions)  # fmt: skip
+                    lanes = warming.reshape(-1, *[1] * (actions.ndim - 1))
+                    actions = np.where(lanes, envs.action_space.sample(), actions)
             stepped = time.perf_counter()
             next_obs, reward, terminated, truncated = envs.step(actions)
             timers["policy_seconds"] += stepped - start

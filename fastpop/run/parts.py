@@ -63,9 +63,16 @@ class RunParts(NamedTuple):
 # are kept under, so that a rerun with another seed or length loads them.
 # tests/test_stored_programs.py checks that programs exported under each differ in nothing.
 NOT_IN_PROGRAMS = (
-    "name", "seed", "hparams", "log", "checkpoint", "train.total_env_steps",
-    "train.max_wall_seconds", "train.compile_cache", "eval.interval",
-)  # fmt: skip
+    "name",
+    "seed",
+    "hparams",
+    "log",
+    "checkpoint",
+    "train.total_env_steps",
+    "train.max_wall_seconds",
+    "train.compile_cache",
+    "eval.interval",
+)
 
 
 def program_identity(config: config_lib.Config) -> str:
