@@ -58,12 +58,12 @@ def test_members_own_supports_in_one_program_train_as_static_supports(name):
         return run_executor("vectorized", agent, spec, buffers, hparams, states, calls=1)[0]
 
     traced = trained((-1.0, 1.0), SUPPORTS)  # the agent's own support unused
-    for member, support in enumerate(SUPPORTS):
-        static = trained(support, None)
+    statics = [trained(support, None) for support in SUPPORTS]  # one program each
+    for member, static in enumerate(statics):
         got, want = population.member(traced, member), population.member(static, member)
         # the supports' spacings are float32 numbers: the same atoms, the same numbers
         assert jax.tree.all(jax.tree.map(np.array_equal, got, want))
-    other = population.member(trained(SUPPORTS[2], None), 0)  # member 0, member 2's support
+    other = population.member(statics[2], 0)  # member 0 trained on member 2's support
     assert not leaves_allclose(population.member(traced, 0), other)
 
 

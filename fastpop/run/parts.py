@@ -107,12 +107,12 @@ def _build_run(config: config_lib.Config) -> RunParts:
     device_env = make_device_env(config.env.id, config.env.backend) if mode == "device" else None
     spec = build_env_spec(config)
     agent = build_agent(config, spec)
+    replay_spec = build_replay_spec(config, spec)
     mesh = sharding.mesh_for(config.population)  # refuses too few devices, an uneven split
     # Device programs are kept on disk on one device only (on a mesh their placement decides
     # them too).
     identity = program_identity(config) if mesh is None else None
     _check_memory(config, spec, env_state_bytes(config, device_env, identity))
-    replay_spec = build_replay_spec(config, spec)
     strategy = config_lib.build_strategy(config)
     execution = run_execution(config, spec, mesh)
     processes = process_parts(config, spec) if device_env is None else None
