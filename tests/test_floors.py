@@ -40,6 +40,10 @@ def test_td3_state_bytes_count_each_tree_as_its_steps_run():
     # every step delayed-free: the actor and targets written every step
     every = floors.state_bytes_per_update(agent, hparams._replace(policy_delay=np.int32(1)))
     assert every == pytest.approx(optimised(critic) + optimised(actor) + 2 * (actor + critic))
+    # FastTD3's option: the target critics written after every critic step, not delayed
+    fast = tiny_agent("td3", target_critic_every_step=True)
+    written_each_step = expected + critic - critic / delay
+    assert floors.state_bytes_per_update(fast, hparams) == pytest.approx(written_each_step)
 
 
 def test_sac_and_dqn_state_bytes_are_read_from_their_shapes():

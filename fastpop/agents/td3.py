@@ -121,6 +121,9 @@ class TD3Internals(NamedTuple):
     actor_loss: Callable
     actor_apply: Callable
     optimizer: optax.GradientTransformation
+    # The target critics written after every critic step (config.target_critic_every_step),
+    # not with the delayed actor step: what a cost model of the update counts them by.
+    target_critic_every_step: bool = False
 
 
 def critic_batch_loss(critic: Critic) -> Callable:
@@ -211,7 +214,13 @@ def make_td3_internals(
         return state, {"critic_loss": loss, "q_mean": q_mean}
 
     return TD3Internals(
-        critic_step, actor_and_targets_step, critic_loss, actor_loss, actor_net.apply, optimizer
+        critic_step,
+        actor_and_targets_step,
+        critic_loss,
+        actor_loss,
+        actor_net.apply,
+        optimizer,
+        config.target_critic_every_step,
     )
 
 

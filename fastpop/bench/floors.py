@@ -89,7 +89,12 @@ def step_fractions(agent: Agent, hparams) -> dict[str, float]:
     (1.0 unless a delayed step writes it)."""
     if agent.name == td3.NAME:
         delayed = 1.0 / max(int(hparams.policy_delay), 1)
-        return {"actor": delayed, "target_actor": delayed, "target_critic": delayed}
+        every_step = agent.internals.target_critic_every_step  # with each critic step
+        return {
+            "actor": delayed,
+            "target_actor": delayed,
+            "target_critic": 1.0 if every_step else delayed,
+        }
     if agent.name == dqn.NAME:
         return {"target_params": 1.0 / max(int(hparams.target_update_period), 1)}
     return {}
