@@ -35,6 +35,7 @@ os.environ["XLA_FLAGS"] = " ".join(
 os.environ.setdefault("FASTPOP_STORED_PROGRAMS", "0")
 
 from fastpop.gc_settings import tune_for_tracing
+from tests import cpu_seconds
 from tests.dependencies import ALLOWED_SKIPS, allowed_skip
 from tests.runs import trainers  # noqa: F401 (the fixture that starts `fastpop train`)
 from tests.shm_leaks import leftovers, shm_entries
@@ -96,10 +97,46 @@ def pytest_collection_modifyitems(config, items):
         )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    cpu_seconds.add_option(parser)
+
+
+PHASE_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[PHASE_START] = cpu_seconds.cpu_now()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    item.stash[PHASE_START] = cpu_seconds.cpu_now()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    item.stash[PHASE_START] = cpu_seconds.cpu_now()
+    yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    _fail_unlisted_skip(outcome.get_result())
+    report = outcome.get_result()
+    _fail_unlisted_skip(report)
+    if item.config.getoption("--cpu-seconds") and PHASE_START in item.stash:
+        cpu_seconds.record(report, cpu_seconds.cpu_now() - item.stash[PHASE_START])
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    cpu_seconds.collect(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    cpu_seconds.summary(terminalreporter, config.getoption("--cpu-seconds"))
 
 
 @pytest.hookimpl(hookwrapper=True)
