@@ -27,7 +27,7 @@ from fastpop.learn.bookkeeping import Bookkeeping
 from fastpop.learn.learner_state import ChunkPlan, LearnerState
 from fastpop.learn.policy_copy import PolicyCopy
 from fastpop.learn.rate_limiter import RateLimiter
-from fastpop.learn.replay_store import ReplayStore, make_layout, rows_adder
+from fastpop.learn.replay_store import Layout, ReplayStore, rows_adder
 from fastpop.learn.update_calls import UpdateCalls
 from fastpop.population import replay, sharding
 from fastpop.strategies.base import Evaluation, Strategy
@@ -50,7 +50,7 @@ class LearnerParts(NamedTuple):
     agent: Any
     env_spec: EnvSpec
     replay_spec: replay.ReplaySpec
-    replay_layout: str  # replay_store.LAYOUTS
+    replay_layout: Layout  # the replay's, made once (replay_store.make_layout)
     sampler: replay.Sampler  # the run's one sampler: its updates' and the replay store's
     population_size: int
     strategy: Strategy
@@ -324,6 +324,6 @@ def chunk_program_inputs(parts: LearnerParts) -> tuple:
     its replay's rows as a pure function (`replay_store.rows_adder`: device mode's insert) and
     `jax.eval_shape` of `learner_state.init_state`. What device mode traces its chunk programs
     from while the learner is made; nothing allocated or compiled. One device."""
-    layout = make_layout(parts.replay_spec, parts.replay_layout, parts.population_size, parts.mesh)
+    layout = parts.replay_layout
     init = lambda: learner_state.init_state(parts.training, layout.empty, parts.hparams, parts.seed)
     return rows_adder(layout, parts.population_size), jax.eval_shape(lambda: init()[0])

@@ -62,6 +62,7 @@ class Layout(NamedTuple):
     # compile_insert(buffer shapes): `insert`'s program compiled for one chunk of rows, so that
     # the first insert finds it (one device only: on a mesh its placement decides too)
     compile_insert: Callable[[Any], None]
+    name: str = ""  # one of `LAYOUTS` (`make_layout` names it)
 
 
 def _emptied(buffer: replay.ReplayState, members) -> replay.ReplayState:
@@ -240,6 +241,10 @@ def make_layout(spec: replay.ReplaySpec, layout: str, size: int, mesh=None) -> L
     """The `Layout` named by `layout` (one of `LAYOUTS`), on one device or over `mesh`."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown replay layout {layout!r}; choose one of {LAYOUTS}")
+    return _made_layout(spec, layout, size, mesh)._replace(name=layout)
+
+
+def _made_layout(spec: replay.ReplaySpec, layout: str, size: int, mesh) -> Layout:
     if layout == "listed":
         if mesh is not None:
             raise ValueError("listed buffers (sequential execution) live on one device")
@@ -268,12 +273,16 @@ def rows_adder(layout: Layout, size: int):
 class ReplayStore:
     """Device replay buffers of one run, in one of `LAYOUTS`."""
 
-    def __init__(self, sampler: replay.Sampler, layout: str, size: int, mesh=None):
+    def __init__(self, sampler: replay.Sampler, layout: Layout | str, size: int, mesh=None):
         """`sampler`: the run's one sampler (`run/parts.py`: replay spec, batch size, n-step),
-        the one its updates draw with; the buffers are made for its spec."""
+        the one its updates draw with; the buffers are made for its spec. `layout`: made by
+        `make_layout` for that spec, `size` and `mesh` (a run's: `LearnerParts.replay_layout`),
+        or its name."""
         spec = sampler.spec
-        self._layout = make_layout(spec, layout, size, mesh)
-        self.spec, self.layout, self.size = spec, layout, size
+        if isinstance(layout, str):
+            layout = make_layout(spec, layout, size, mesh)
+        self._layout = layout
+        self.spec, self.layout, self.size = spec, layout.name, size
         self.sampler = sampler
         self._sample = jax.jit(lambda buffer, key: sampler(buffer, key))
         self.buffers = self._layout.empty()

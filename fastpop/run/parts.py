@@ -34,7 +34,7 @@ from fastpop.envs.device_envs import make_device_env
 from fastpop.learn import update_protocol
 from fastpop.learn.learner import Learner, LearnerParts
 from fastpop.learn.rate_limiter import InProgramLimiter, RateLimiter
-from fastpop.learn.replay_store import layout_for
+from fastpop.learn.replay_store import layout_for, make_layout
 from fastpop.population import replay, sharding
 from fastpop.run.trackers import check_trackers
 from fastpop.types import EnvSpec
@@ -115,6 +115,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
     _check_memory(config, spec, env_state_bytes(config, device_env, identity))
     strategy = config_lib.build_strategy(config)
     execution = run_execution(config, spec, mesh)
+    layout = layout_for(config.replay.shared, execution)
     processes = process_parts(config, spec) if device_env is None else None
     sampler = replay.Sampler(replay_spec, agent.batch_size, agent.n_step)
     training = make_training(config, spec, agent, strategy, sampler, execution, mesh)
@@ -132,7 +133,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
         agent=agent,
         env_spec=spec,
         replay_spec=replay_spec,
-        replay_layout=layout_for(config.replay.shared, execution),
+        replay_layout=make_layout(replay_spec, layout, config.population.size, mesh),
         sampler=sampler,
         population_size=config.population.size,
         strategy=strategy,
