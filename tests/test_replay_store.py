@@ -198,7 +198,8 @@ def test_run_progress_and_pending_evaluations_round_trip_through_plain_data():
         labels = [{"trial": index + 10}] if index == 4 else None
         facts = {"versions": [index], "trial_steps": [5], "updates": 7} if index == 4 else None
         pending.add(snapshot.encode([np.arange(3.0)], meta), [{"lr": index}], labels, facts)
-    again = PendingEvaluations.restored(*pending.saved())
+    again = PendingEvaluations()
+    again.restore(*pending.saved())
     assert [snapshot.decode(a)[1].eval_index for a in again.in_order()] == [3, 4]
     facts = {"versions": [4], "trial_steps": [5], "updates": 7}
     assert again.take(4) == ([{"lr": 4}], [{"trial": 14}], facts) and again.take(4) is None

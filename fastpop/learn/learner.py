@@ -49,7 +49,6 @@ class LearnerParts(NamedTuple):
 
     agent: Any
     env_spec: EnvSpec
-    replay_spec: replay.ReplaySpec
     replay_layout: Layout  # the replay's, made once (replay_store.make_layout)
     sampler: replay.Sampler  # the run's one sampler: its updates' and the replay store's
     population_size: int
@@ -60,6 +59,11 @@ class LearnerParts(NamedTuple):
     hparams: PyTree  # every member's initial hparams, stacked
     seed: int
     updates_per_call: int
+
+    @property
+    def replay_spec(self) -> replay.ReplaySpec:
+        """The replay's rows (what collectors build their chunks with): its sampler's."""
+        return self.sampler.spec
 
 
 class Learner:

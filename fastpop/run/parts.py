@@ -132,7 +132,6 @@ def _build_run(config: config_lib.Config) -> RunParts:
     learner = LearnerParts(
         agent=agent,
         env_spec=spec,
-        replay_spec=replay_spec,
         replay_layout=make_layout(replay_spec, layout, config.population.size, mesh),
         sampler=sampler,
         population_size=config.population.size,

@@ -183,12 +183,6 @@ class PendingEvaluations:
             kept = entry["hparams"], entry["labels"], entry["facts"]
             self.snapshots[entry["eval_index"]] = (snapshot_arrays, *kept)
 
-    @classmethod
-    def restored(cls, arrays: list[dict], data: list[dict]) -> PendingEvaluations:
-        pending = cls()
-        pending.restore(arrays, data)
-        return pending
-
 
 def round_evaluation(
     result: dict, returns: np.ndarray, finite: np.ndarray, hparams: list[dict], facts: dict | None
