@@ -101,24 +101,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     cpu_seconds.add_option(parser)
 
 
-PHASE_START = pytest.StashKey[float]()
+PHASE_START = pytest.StashKey[tuple]()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    item.stash[PHASE_START] = cpu_seconds.cpu_now()
+    if item.config.getoption("--cpu-seconds"):
+        item.stash[PHASE_START] = cpu_seconds.now()
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    item.stash[PHASE_START] = cpu_seconds.cpu_now()
+    if item.config.getoption("--cpu-seconds"):
+        item.stash[PHASE_START] = cpu_seconds.now()
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item):
-    item.stash[PHASE_START] = cpu_seconds.cpu_now()
+    if item.config.getoption("--cpu-seconds"):
+        item.stash[PHASE_START] = cpu_seconds.now()
     yield
 
 
@@ -128,7 +131,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     _fail_unlisted_skip(report)
     if item.config.getoption("--cpu-seconds") and PHASE_START in item.stash:
-        cpu_seconds.record(report, cpu_seconds.cpu_now() - item.stash[PHASE_START])
+        cpu_seconds.record(report, item.stash[PHASE_START])
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

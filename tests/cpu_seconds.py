@@ -3,7 +3,13 @@ compiles included, and every child process it waited for: `fastpop train`, colle
 distributed tests' processes), summed over setup, call and teardown, printed at the end of the
 session. Wall time (`--durations`) hides where a cold suite spends its 2 cores: a test waiting
 on a subprocess and a test compiling look alike there. Works with pytest-xdist (each worker
-sends its tests' figures with their reports) and with `-n 0`."""
+sends its tests' figures with their reports) and with `-n 0`.
+
+Beside each, the seconds the test's own process spent in JAX's three compile stages, from JAX's
+monitoring events: tracing to a jaxpr, lowering it to an MLIR module, and XLA compiling it (or
+loading it from the compilation cache, which takes milliseconds). Child processes' stages are
+in their CPU seconds only. From an empty cache, XLA's column is what a warm rerun saves; tracing
+and lowering are paid on every run."""
 
 from __future__ import annotations
 
@@ -13,7 +19,16 @@ from collections import defaultdict
 import pytest
 
 FIELD = "cpu_seconds"
-_totals: defaultdict[str, float] = defaultdict(float)
+# JAX's monitoring events of a program's compile stages (jax/_src/dispatch.py), by column.
+STAGES = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "xla",
+}
+COLUMNS = ("cpu", *STAGES.values())
+_stage_seconds = dict.fromkeys(STAGES.values(), 0.0)  # this process's, since it started
+_listening = False
+_totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
 
 
 def add_option(parser: pytest.Parser) -> None:
@@ -33,23 +48,49 @@ def cpu_now() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def record(report: pytest.TestReport, seconds: float) -> None:
-    """On the process that ran the phase: its CPU seconds travel with its report."""
-    report.user_properties.append((FIELD, seconds))
+def _on_duration(event: str, duration_secs: float, **_metadata) -> None:
+    stage = STAGES.get(event)
+    if stage is not None:
+        _stage_seconds[stage] += duration_secs
+
+
+def now() -> tuple[float, ...]:
+    """This process's counters, in COLUMNS' order: CPU seconds (children included), then the
+    seconds in each compile stage (counted from the first call on)."""
+    global _listening
+    if not _listening:
+        import jax.monitoring
+
+        jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _listening = True
+    return (cpu_now(), *_stage_seconds.values())
+
+
+def record(report: pytest.TestReport, start: tuple[float, ...]) -> None:
+    """On the process that ran the phase (begun at `start`, from `now`): its figures travel
+    with its report."""
+    spent = [end - begun for end, begun in zip(now(), start, strict=True)]
+    report.user_properties.append((FIELD, spent))
 
 
 def collect(report: pytest.TestReport) -> None:
     """On the process that reports (xdist's controller, or the only one)."""
-    for name, value in report.user_properties:
+    for name, values in report.user_properties:
         if name == FIELD:
-            _totals[report.nodeid] += value
+            totals = _totals[report.nodeid]
+            totals[:] = [total + value for total, value in zip(totals, values, strict=True)]
 
 
 def summary(terminal, count: int) -> None:
     if not count or not _totals:
         return
     terminal.write_sep("=", f"{count} tests with the most CPU seconds (children included)")
-    total = sum(_totals.values())
-    for nodeid, seconds in sorted(_totals.items(), key=lambda item: -item[1])[:count]:
-        terminal.write_line(f"{seconds:8.1f} s  {nodeid}")
-    terminal.write_line(f"{total:8.1f} s  in all, {len(_totals)} tests")
+    terminal.write_line("     cpu   trace   lower     xla  (seconds; the stages: this process's)")
+    for nodeid, values in sorted(_totals.items(), key=lambda item: -item[1][0])[:count]:
+        terminal.write_line(f"{_row(values)}  {nodeid}")
+    sums = [sum(values[column] for values in _totals.values()) for column in range(len(COLUMNS))]
+    terminal.write_line(f"{_row(sums)}  in all, {len(_totals)} tests")
+
+
+def _row(values) -> str:
+    return " ".join(f"{value:7.1f}" for value in values)
