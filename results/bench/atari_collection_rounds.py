@@ -74,11 +74,17 @@ def collect(env_id, pop, seconds, vector, warmup):
     # Workers take the published tree since stop 41, its leaves before.
     new = hasattr(learner, "host_policy_tree")
     policy = learner.host_policy_tree() if new else learner.policy_leaves()
-    with Workers(config, policy, learner.replay.spec) as workers:
+    try:  # Workers take their ProcessParts since 0b4050d, the config before
+        from fastpop.config.build import build_env_spec
+        from fastpop.run.parts import process_parts
+        given = process_parts(config, build_env_spec(config))
+    except ImportError:
+        given = config
+    with Workers(given, policy, learner.replay.spec) as workers:
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
             workers.check()
-            chunk, _ = workers.next_chunk()
+            chunk = workers.next_chunk()[0]
             if chunk is None:
                 time.sleep(0.0005)
             elif start is None:  # after start-up and compilation

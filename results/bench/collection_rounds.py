@@ -45,6 +45,15 @@ def raw(env_id, seconds):
         steps += 1
     return steps / (time.perf_counter() - start), steps / (time.process_time() - cpu)
 
+def workers_input(config):
+    # Workers take their ProcessParts since 0b4050d, the config before
+    try:
+        from fastpop.config.build import build_env_spec
+        from fastpop.run.parts import process_parts
+    except ImportError:
+        return config
+    return process_parts(config, build_env_spec(config))
+
 def collect(env_id, pop, seconds):
     from fastpop.collect.workers import Workers
     config = config_lib.config_from_dict({
@@ -55,7 +64,7 @@ def collect(env_id, pop, seconds):
     try:  # since the run's one front door (27fe65a)
         from fastpop.run.parts import build_learner
         learner = build_learner(config)
-        workers = Workers(config, learner.host_policy_tree(), learner.replay.spec)
+        workers = Workers(workers_input(config), learner.host_policy_tree(), learner.replay.spec)
     except ImportError:  # an older checkout
         from fastpop.learn.learner import Learner, prepare
         spec, agent = prepare(config)
@@ -66,7 +75,7 @@ def collect(env_id, pop, seconds):
         pid, rows, start = workers.collectors[0].pid, 0, None
         while start is None or time.perf_counter() < start + seconds:
             workers.check()
-            chunk, _ = workers.next_chunk()
+            chunk = workers.next_chunk()[0]
             if chunk is None:
                 time.sleep(0.0005)
             elif start is None:  # after start-up and compilation

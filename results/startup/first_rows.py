@@ -27,18 +27,27 @@ def main() -> None:
     import numpy as np
 
     from fastpop import config as config_lib
-    from fastpop.collect.collector import policy_template
+    from fastpop.collect import collector
     from fastpop.collect.workers import Workers
     from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
 
     config = config_lib.load_config(CONFIG, ["replay.capacity=30000"])
     env_spec = build_env_spec(config)
     agent = build_agent(config, env_spec)
-    template = policy_template(agent, config.population.size)
-    leaves = [np.zeros(leaf.shape, leaf.dtype) for leaf in jax.tree.leaves(template)]
+    if hasattr(collector, "config_policy_template"):  # the template of the learner's hparams
+        template = collector.config_policy_template(agent, config)
+    else:  # before: of a population size
+        template = collector.policy_template(agent, config.population.size)
+    zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
     replay_spec = build_replay_spec(config, env_spec)
+    try:  # Workers take their ProcessParts since 0b4050d, the config before
+        from fastpop.run.parts import process_parts
+
+        given, policy = process_parts(config, env_spec), zeros
+    except ImportError:  # and the policy's leaves
+        given, policy = config, jax.tree.leaves(zeros)
     start, firsts = time.monotonic(), {}
-    with Workers(config, leaves, replay_spec, log=lambda *_: None) as workers:
+    with Workers(given, policy, replay_spec, log=lambda *_: None) as workers:
         while not all(workers.delivered) and time.monotonic() - start < 300:
             workers.next_chunk()
             for index, delivered in enumerate(workers.delivered):
