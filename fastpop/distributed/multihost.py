@@ -295,7 +295,6 @@ class DistributedRun(Run):
         process = jax.process_index()
         if process:
             log = lambda message, log=log: log(f"[process {process}] {message}")
-        config = parts.config
         self.lockstep = Lockstep()
         learner = HostLearner(parts.learner)
         elapsed = lambda: self.progress.elapsed()
@@ -311,7 +310,7 @@ class DistributedRun(Run):
             )
         directory = run_dir / CHECKPOINTS_DIR
         self.checkpoint_store = AgreedCheckpoints(
-            directory, config.checkpoint.keep, self.lockstep.exchange
+            directory, parts.checkpoints_kept, self.lockstep.exchange
         )
         pieces = RunPieces(learner, collection, collection.signals, self.checkpoint_store)
         super().__init__(parts, run_dir, log, pieces)

@@ -44,12 +44,14 @@ class RunParts(NamedTuple):
     """Everything a run is made of, each part made once. `config` is the record written with
     the run (config.yaml, checkpoints); `learner` what its learner is made of; `device` what
     device collection is made of (None in process mode); `processes` what process collection's
-    workers are made of (None in device mode)."""
+    workers are made of (None in device mode); `checkpoints_kept` how many complete checkpoints
+    its checkpoint store keeps (checkpoint.keep)."""
 
     config: config_lib.Config
     learner: LearnerParts
     device: DeviceParts | None
     processes: ProcessParts | None
+    checkpoints_kept: int
 
     @property
     def collection_mode(self) -> str:
@@ -158,7 +160,7 @@ def _build_run(config: config_lib.Config) -> RunParts:
             mesh=mesh,
             program_identity=identity,
         )
-    return RunParts(config, learner, device, processes)
+    return RunParts(config, learner, device, processes, config.checkpoint.keep)
 
 
 def process_parts(config: config_lib.Config, spec: EnvSpec) -> ProcessParts:

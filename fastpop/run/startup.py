@@ -79,5 +79,5 @@ def local_pieces(
         learner, collection = start_device(parts)
     else:
         learner, collection = start_processes(parts, log, collectors_ahead)
-    checkpoints = LocalCheckpoints(checkpoint_dir, parts.config.checkpoint.keep)
+    checkpoints = LocalCheckpoints(checkpoint_dir, parts.checkpoints_kept)
     return RunPieces(learner, collection, StopSignals(), checkpoints)
