@@ -101,27 +101,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     cpu_seconds.add_option(parser)
 
 
-PHASE_START = pytest.StashKey[tuple]()
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    if item.config.getoption("--cpu-seconds"):
-        item.stash[PHASE_START] = cpu_seconds.now()
+    cpu_seconds.start_phase(item)
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    if item.config.getoption("--cpu-seconds"):
-        item.stash[PHASE_START] = cpu_seconds.now()
+    cpu_seconds.start_phase(item)
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item):
-    if item.config.getoption("--cpu-seconds"):
-        item.stash[PHASE_START] = cpu_seconds.now()
+    cpu_seconds.start_phase(item)
     yield
 
 
@@ -130,8 +124,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     _fail_unlisted_skip(report)
-    if item.config.getoption("--cpu-seconds") and PHASE_START in item.stash:
-        cpu_seconds.record(report, item.stash[PHASE_START])
+    cpu_seconds.end_phase(item, report)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

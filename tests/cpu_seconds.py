@@ -28,6 +28,7 @@ STAGES = {
 COLUMNS = ("cpu", *STAGES.values())
 _stage_seconds = dict.fromkeys(STAGES.values(), 0.0)  # this process's, since it started
 _listening = False
+_PHASE_START = pytest.StashKey[tuple]()  # a phase's `now()` as it began
 _totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
 
 
@@ -66,11 +67,18 @@ def now() -> tuple[float, ...]:
     return (cpu_now(), *_stage_seconds.values())
 
 
-def record(report: pytest.TestReport, start: tuple[float, ...]) -> None:
-    """On the process that ran the phase (begun at `start`, from `now`): its figures travel
-    with its report."""
-    spent = [end - begun for end, begun in zip(now(), start, strict=True)]
-    report.user_properties.append((FIELD, spent))
+def start_phase(item: pytest.Item) -> None:
+    """Before a test's setup, call or teardown (with --cpu-seconds): the counters it starts from."""
+    if item.config.getoption("--cpu-seconds"):
+        item.stash[_PHASE_START] = now()
+
+
+def end_phase(item: pytest.Item, report: pytest.TestReport) -> None:
+    """On the process that ran the phase: what it spent since `start_phase` travels with its
+    report."""
+    if item.config.getoption("--cpu-seconds") and _PHASE_START in item.stash:
+        spent = [end - begun for end, begun in zip(now(), item.stash[_PHASE_START], strict=True)]
+        report.user_properties.append((FIELD, spent))
 
 
 def collect(report: pytest.TestReport) -> None:
