@@ -28,6 +28,11 @@ os.environ["XLA_FLAGS"] = " ".join(
     ]
 ).strip()
 
+# And with most of XLA's optimizations off, but in tests marked `optimized` (tests/optimization.py).
+from tests import optimization  # imports no JAX
+
+os.environ.setdefault(optimization.VARIABLE, "1")
+
 # Programs kept traced on disk (fastpop/compilation/stored_programs.py) only where a test asks for
 # them (tests/test_stored_programs.py): they follow the compilation cache, which a test calling
 # the command line in-process turns on for the rest of its worker, so whether a later in-process
@@ -99,6 +104,19 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     cpu_seconds.add_option(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    optimization.check_jax_read_the_default()
+    config.addinivalue_line(
+        "markers", f"{optimization.MARK}: compile with XLA's optimizations (tests/optimization.py)"
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with optimization.optimized_if_marked(item):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -112,6 +112,7 @@ LEARNED = 300.0  # 60x random, 11x zero force
 LEARNING_STEPS = {"td3": 12000, "sac": 6000}
 
 
+@pytest.mark.optimized  # trains to a threshold
 @pytest.mark.parametrize("algo", ["td3", "sac"])
 def test_population_learns_the_inverted_pendulum_on_the_device(tmp_path, algo):
     steps = LEARNING_STEPS[algo]

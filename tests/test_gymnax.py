@@ -111,6 +111,7 @@ def test_done_is_a_termination_and_the_time_limit_is_left_to_the_rollout():
 LEARNED = 100.0
 
 
+@pytest.mark.optimized  # trains to a threshold
 def test_dqn_population_learns_cartpole_on_the_device(tmp_path, capsys):
     trained = train_here(tmp_path, CARTPOLE, "population.size=2", "eval.interval=10000")
     final = metric_rows(trained.run_dir)
@@ -132,6 +133,7 @@ def test_dqn_population_learns_cartpole_on_the_device(tmp_path, capsys):
     assert re.search(r"member 1 \(checkpoint \d+, 10,0\d\d env steps/member\): return", out)
 
 
+@pytest.mark.optimized  # a CNN's updates at O0 run ~3x longer
 @pytest.mark.parametrize("torso", ["minatar_cnn", "mlp"])
 def test_minatar_grids_go_through_the_chosen_torso(tmp_path, torso):
     overrides = ["env.id=gymnax/Breakout-MinAtar", f"agent.torso={torso}"]

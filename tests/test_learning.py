@@ -8,6 +8,8 @@ from fastpop.config import load_config
 from fastpop.run.inprocess import train_in_process
 from tests.runs import DQN_CARTPOLE, REPO
 
+pytestmark = pytest.mark.optimized  # every test here trains to a threshold
+
 CASES = {
     # algo: preset, env steps per member, bar (random policy: Pendulum about -1200, CartPole
     # about 22). The presets: 64-64 networks, one update per env step after 1000 random steps.

@@ -39,6 +39,7 @@ def test_a_member_support_projects_as_the_static_support_of_its_values(v_min, v_
     )  # fmt: skip
 
 
+@pytest.mark.optimized  # bit for bit across two programs
 @pytest.mark.parametrize("name", ["td3", "sac"])
 def test_members_own_supports_in_one_program_train_as_static_supports(name):
     """One vectorized update of three members with their own v_min and v_max (and n-step

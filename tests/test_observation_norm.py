@@ -285,6 +285,7 @@ def merged_in_float64(mean, var, count, batch_mean, batch_var, batch_count):
     return mean, var, min(count + batch_count, COUNT_CAP)
 
 
+@pytest.mark.optimized  # runs its program many times
 def test_the_statistics_stay_float64s_over_1e8_observations():
     """1e8 observations in batches of 256: the float32 statistics are the float64 merge's to
     1e-5, where the `var * count` form had drifted -1.3e-3. Each batch is m + s * (+-1), of mean

@@ -120,6 +120,7 @@ def test_ddpg_plugin_trains_with_collector_processes(tmp_path):
 SHARED_PROGRAMS = pytest.mark.xdist_group("ddpg_plugin_device")
 
 
+@pytest.mark.optimized  # trains to a threshold
 @SHARED_PROGRAMS
 def test_ddpg_plugin_learns_pendulum_in_device_mode(tmp_path):
     """gymnax's Pendulum stepped on the device: within 6k env steps per member the better

@@ -84,6 +84,7 @@ def test_vectorized_equals_sequential(name, options):
         assert np.all(vec_states.observation_norm.count == 2 * updates * agent.batch_size)
 
 
+@pytest.mark.optimized  # bit for bit against O2
 @pytest.mark.parametrize("name", ["td3", "sac", "dqn", "dqn_atari"])
 def test_the_init_compiled_for_a_short_compile_makes_the_members_of_a_default_compile(name):
     agent = tiny_agent(name)

@@ -1,6 +1,8 @@
 """Programs that run once or rarely (the members' init, a strategy's initial arrays), compiled
 for a short compile: `xla_defaults.RARELY_RUN`'s options (LLVM's O1), where a run waits for the
-compile and the program's speed hardly matters."""
+compile and the program's speed hardly matters. Where JAX is told to skip most optimizations
+(`jax_disable_most_optimizations`, e.g. JAX_DISABLE_MOST_OPTIMIZATIONS=1), that asks for less
+and wins, as a user's XLA_FLAGS win over fastpop's defaults."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ def rarely_run_jit(fun: Callable, **jit_options) -> Callable:
         # Inside a trace an operation's result is a tracer (JAX stages all of them), whatever
         # the arguments; outside, this one returns a Python scalar: no program, no dispatch.
         inside = isinstance(jax.lax.stop_gradient(0.0), jax.core.Tracer)
-        return (traced if inside else compiled)(*args)
+        plain = inside or jax.config.read("jax_disable_most_optimizations")
+        return (traced if plain else compiled)(*args)
 
     return call
