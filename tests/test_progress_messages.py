@@ -22,21 +22,22 @@ from tests.runs import FAST, TD3_PENDULUM
 
 def test_a_long_phase_is_reported_every_interval_and_when_done():
     lines: list[str] = []
-    with PhaseWatch(lines.append, 0.1) as watch:
-        with watch.phase("compiling the population update"):
-            # until three reports (a fixed sleep saw two on a loaded machine), at most 10 s
-            deadline = time.monotonic() + 10
-            while sum(" ... " in line for line in lines) < 3 and time.monotonic() < deadline:
-                time.sleep(0.02)
-        with watch.phase("quick"):  # shorter than an interval: nothing said
+    with PhaseWatch(lines.append, 0.1) as watch, watch.phase("compiling the population update"):
+        # until three reports (a fixed sleep saw two on a loaded machine), at most 10 s
+        deadline = time.monotonic() + 10
+        while sum(" ... " in line for line in lines) < 3 and time.monotonic() < deadline:
             time.sleep(0.02)
     reports = [line for line in lines if " ... " in line]
     assert len(reports) >= 3, lines
     seconds = [float(re.fullmatch(r"compiling the population update \.\.\. (\S+)s", r)[1])
                for r in reports]  # fmt: skip
     assert seconds == sorted(seconds) and seconds[0] >= 0.1
-    assert re.fullmatch(r"compiling the population update: done in 0\.\ds", lines[-1]), lines
-    assert not any("quick" in line for line in lines)
+    # (a loaded machine may take over a second to see three reports: any number of seconds)
+    assert re.fullmatch(r"compiling the population update: done in \d+\.\ds", lines[-1]), lines
+    quiet: list[str] = []
+    with PhaseWatch(quiet.append, 30.0) as watch, watch.phase("quick"):
+        time.sleep(0.02)  # far shorter than its interval, however loaded the machine: nothing said
+    assert quiet == []
 
 
 def test_nested_phases_report_the_inner_one_and_the_thread_stops():
