@@ -17,6 +17,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from fastpop.compilation.shared_programs import shared
 from fastpop.types import POP_AXIS
 
 
@@ -38,6 +39,7 @@ def population_size(tree) -> int:
     return jax.tree.leaves(tree)[0].shape[0]
 
 
+@shared
 def whole_population(member_loop, replay_axis):
     """jit(vmap(scan)) over the whole population (a population of one: the member program)."""
     batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
@@ -55,6 +57,7 @@ def whole_population(member_loop, replay_axis):
     return jax.jit(update, donate_argnums=0)
 
 
+@shared
 def members_in_turn(member_loop, replay_axis):
     """jit(lax.map): every member's K updates in ONE program, members one after another (the
     strongest sequential baseline: no Python dispatch per member, no batching across them)."""
@@ -69,6 +72,7 @@ def members_in_turn(member_loop, replay_axis):
     return jax.jit(update, donate_argnums=0)
 
 
+@shared
 def chunk_program(member_loop, replay_axis, chunk: int):
     """jit: members [index * chunk, (index + 1) * chunk) updated in place (states donated)."""
     batched = jax.vmap(member_loop, in_axes=(0, replay_axis, 0, 0), axis_name=POP_AXIS)
@@ -86,6 +90,7 @@ def chunk_program(member_loop, replay_axis, chunk: int):
     return jax.jit(update_chunk, donate_argnums=0)
 
 
+@shared
 def member_program(member_loop, replay_axis):
     """jit: one member's update on its own state (donated), as the sequential executor's
     program; its replay, hparams and key read out of the stacked ones inside the program (a

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop.agents.base import Agent
+from fastpop.compilation.shared_programs import shared
 from fastpop.population import chunked, chunking, replay
 from fastpop.population.stacking import stack_in_one_program, unstack
 from fastpop.types import PRNGKey, PyTree, Transition
@@ -99,6 +100,7 @@ def repeated(update: Callable, calls: int) -> Callable:
     return update if calls == 1 else RepeatedUpdate(update, calls)
 
 
+@shared
 def member_update_loop(plan: UpdatePlan):
     """K consecutive (sample, update) steps of one member: one scan, or one step with no loop.
 

@@ -10,6 +10,7 @@ import jax
 
 from fastpop.agents.base import Agent
 from fastpop.compilation.rarely_run import rarely_run_jit
+from fastpop.compilation.shared_programs import shared
 from fastpop.population.stacking import population_size
 from fastpop.types import PRNGKey, PyTree
 
@@ -52,6 +53,7 @@ def member_policies(agent: Agent, states: PyTree) -> PyTree:
     return jax.vmap(agent.policy_params)(states)
 
 
+@shared
 def initializer(agent: Agent) -> Callable[[PRNGKey, PyTree], PyTree]:
     """`init_population` of `agent` compiled once, for callers that initialise members again
     (halving's fresh trials), for a short compile: it runs once or rarely."""
