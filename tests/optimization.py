@@ -41,9 +41,14 @@ def optimized_if_marked(item):
     variable, flag = os.environ.get(VARIABLE), jax.config.read(FLAG)
     os.environ[VARIABLE] = "0"
     jax.config.update(FLAG, False)
+    # JAX's in-memory caches are not keyed by the flag: a program an earlier test compiled
+    # without optimizations (shared by equal configurations: compilation/shared_programs.py)
+    # would run here as it was.
+    jax.clear_caches()
     try:
         yield
     finally:
+        jax.clear_caches()
         jax.config.update(FLAG, flag)
         if variable is None:
             os.environ.pop(VARIABLE, None)
