@@ -17,6 +17,7 @@ import os
 VARIABLE = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 FLAG = "jax_disable_most_optimizations"
 MARK = "optimized"
+TRUE = ("y", "yes", "t", "true", "on", "1")  # the values JAX reads as true
 
 
 def check_jax_read_the_default() -> None:
@@ -24,7 +25,7 @@ def check_jax_read_the_default() -> None:
     first, and this fails loudly should a plugin have imported JAX before it."""
     import jax
 
-    wanted = os.environ[VARIABLE] not in ("0", "false", "False")
+    wanted = os.environ[VARIABLE].lower() in TRUE  # as JAX reads a boolean variable
     if jax.config.read(FLAG) != wanted:
         raise RuntimeError(f"JAX was imported before tests/conftest.py set {VARIABLE}")
 
@@ -36,7 +37,7 @@ def optimized_if_marked(item):
     if item.get_closest_marker(MARK) is None:
         yield
         return
-    import jax  # after `skip_most_by_default`, which must come before JAX reads it
+    import jax  # imported here: conftest sets VARIABLE before anything imports JAX
 
     variable, flag = os.environ.get(VARIABLE), jax.config.read(FLAG)
     os.environ[VARIABLE] = "0"

@@ -30,5 +30,4 @@ def shared(builder: Callable) -> Callable:
             return builder(*args, **kwargs)
         return cached(*args, **kwargs)
 
-    build.cache_clear = cached.cache_clear
     return build
