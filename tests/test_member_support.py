@@ -15,7 +15,9 @@ from fastpop.config import ConfigError, load_config
 from tests.helpers import TINY_OPTIONS, leaves_allclose, random_buffers, stacked_hparams, tiny_agent
 from tests.test_population import PER_MEMBER, run_executor
 
-SUPPORTS = [(-10.0, 10.0), (-50.0, 5.0), (-250.0, 250.0)]  # one member each
+# One member each: an asymmetric support and a wide symmetric one (each static support compiles
+# a program of its own, at XLA's optimizations: two members keep the comparison and its cost low).
+SUPPORTS = [(-50.0, 5.0), (-250.0, 250.0)]
 
 
 @pytest.mark.parametrize("v_min, v_max, num_atoms", [(-10.0, 10.0, 51), (-1600.0, 0.0, 101),
@@ -42,10 +44,11 @@ def test_a_member_support_projects_as_the_static_support_of_its_values(v_min, v_
 @pytest.mark.optimized  # bit for bit across two programs
 @pytest.mark.parametrize("name", ["td3", "sac"])
 def test_members_own_supports_in_one_program_train_as_static_supports(name):
-    """One vectorized update of three members with their own v_min and v_max (and n-step
+    """One vectorized update of two members with their own v_min and v_max (and n-step
     returns): member i's state after it equals member i's in a population whose agent.v_min /
     v_max are static at member i's values (same buffers, keys and other hparams)."""
-    size, options = 3, {**TINY_OPTIONS["distributional"], "n_step": 2}
+    size, options = len(SUPPORTS), {**TINY_OPTIONS["distributional"], "n_step": 2}
+    per_member = {hparam: values[:size] for hparam, values in PER_MEMBER[name].items()}
     spec, buffers = random_buffers(name, size)
 
     def trained(agent_support, member_supports):
@@ -54,7 +57,7 @@ def test_members_own_supports_in_one_program_train_as_static_supports(name):
         ends = {}
         if member_supports is not None:
             ends = dict(zip(("v_min", "v_max"), zip(*member_supports, strict=True), strict=True))
-        hparams = stacked_hparams(agent, size, **PER_MEMBER[name], **ends)
+        hparams = stacked_hparams(agent, size, **per_member, **ends)
         states = population.init_population(agent, jax.random.key(0), hparams)
         return run_executor("vectorized", agent, spec, buffers, hparams, states, calls=1)[0]
 
@@ -64,7 +67,7 @@ def test_members_own_supports_in_one_program_train_as_static_supports(name):
         got, want = population.member(traced, member), population.member(static, member)
         # the supports' spacings are float32 numbers: the same atoms, the same numbers
         assert jax.tree.all(jax.tree.map(np.array_equal, got, want))
-    other = population.member(statics[2], 0)  # member 0 trained on member 2's support
+    other = population.member(statics[1], 0)  # member 0 trained on member 1's support
     assert not leaves_allclose(population.member(traced, 0), other)
 
 
