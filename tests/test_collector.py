@@ -313,3 +313,48 @@ def test_a_member_split_over_two_collectors_loses_one_chunk_of_its_fresh_trial_n
     first = stamps.index([1, 1])  # the trial's own rows begin: no stale lane after it
     assert stamps[first:] == [[1, 1]] * (len(stamps) - first) and len(stamps) - first == 3
     assert len(mixed) <= 1, stamps  # (before collectors withdrew their queues: 4)
+
+
+# What a spawned worker does with its recipe, in a fresh interpreter: no config is read.
+REBUILD = """
+import json, pickle, sys
+from fastpop.collect.collector import rebuild_agent
+recipe, layout = pickle.load(open(sys.argv[1], "rb"))
+agent, treedef = rebuild_agent(recipe, layout)
+read_config = sorted(m for m in sys.modules if m.startswith("fastpop.config"))
+print(json.dumps({"name": agent.name, "leaves": treedef.num_leaves, "config": read_config}))
+"""
+
+
+def test_a_worker_rebuilds_the_learners_agent_from_its_recipe_without_the_config(tmp_path):
+    """Workers are handed their piece, not the config: the `AgentRecipe` of `process_parts` and
+    the publishes' layout rebuild, in a fresh process, the agent the learner publishes for (a
+    residual actor: collectors act with it through JAX), without importing the config."""
+    import pickle
+
+    import jax
+
+    from fastpop.collect.collector import policy_template
+    from fastpop.config import load_config
+    from fastpop.config.build import build_agent, build_env_spec, initial_hparams
+    from fastpop.run.parts import process_parts
+
+    overrides = ["population.size=2", "agent.network=residual", "agent.hidden_sizes=[16,16]"]
+    config = load_config(None, overrides)
+    spec = build_env_spec(config)
+    agent = build_agent(config, spec)
+    template = policy_template(agent, initial_hparams(config, agent))
+    recipe = process_parts(config, spec).agent
+    assert "fastpop.config" not in type(recipe).__module__
+    layout = pickle.dumps(jax.tree.structure(template))
+    (tmp_path / "recipe.pkl").write_bytes(pickle.dumps((recipe, layout)))
+    result = subprocess.run(
+        [sys.executable, "-c", REBUILD, str(tmp_path / "recipe.pkl")],
+        capture_output=True,
+        text=True,
+        env=with_this_checkout({**os.environ, "JAX_PLATFORMS": "cpu"}),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rebuilt = json.loads(result.stdout.strip().splitlines()[-1])
+    assert rebuilt == {"name": agent.name, "leaves": len(jax.tree.leaves(template)), "config": []}

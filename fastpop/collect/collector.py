@@ -11,8 +11,8 @@ for its warm-up's random steps, and none at all where it acts in numpy (MLP poli
 and DQN on vector observations: `collect/numpy_policy.py`). What it is sent is plain data
 (`CollectorSpec`, with `CollectorEnvs`, a `RowLayout` rather than the config and the replay
 spec, and a `NumpyPolicy`), so its first rows wait only for gymnasium and the simulator; any
-other agent, with the typed config and its jitted batched policy, is built at the collector's
-first step that acts with a policy (tests/test_collector.py).
+other agent, with its jitted batched policy, is rebuilt from its `AgentRecipe` (not from the
+config) at the collector's first step that acts with a policy (tests/test_collector.py).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fastpop.collect.numpy_policy import NumpyActing, NumpyPolicy
 from fastpop.collect.rows import RowLayout, RowStream
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, ParamChannel, ParamSpec, StopFlag
 from fastpop.gc_settings import tune_for_tracing
+from fastpop.types import EnvSpec
 
 
 class CollectorEnvs(NamedTuple):
@@ -47,12 +48,41 @@ class CollectorEnvs(NamedTuple):
     warmup_steps: int  # per member
 
 
+class AgentRecipe(NamedTuple):
+    """What a spawned worker rebuilds the learner's agent from, as plain data (an agent is
+    functions: it does not cross the spawn boundary): `fastpop.agents.make_agent(algo,
+    env_spec, **fields)` once the run's `plugins`, which may register the algorithm, are
+    imported. Made with the run's parts (fastpop.run.parts.process_parts)."""
+
+    algo: str
+    env_spec: EnvSpec  # the learner's: a worker does not make an env to read the shapes again
+    fields: dict  # the config's agent section
+    plugins: tuple[str, ...]  # the config's plugin modules
+
+
+def rebuild_agent(recipe: AgentRecipe, published_layout: bytes):
+    """(agent, the tree structure of what the learner publishes) in a spawned worker.
+    `published_layout`: that structure pickled by the parent (`Workers`; fastpop's own bytes,
+    never a user's), unpickled here because it imports JAX, which only acting with the agent
+    needs."""
+    import importlib
+    import pickle
+
+    from fastpop.agents import make_agent
+
+    for module in recipe.plugins:  # imported by the parent already: they cannot fail here
+        importlib.import_module(module)
+    agent = make_agent(recipe.algo, recipe.env_spec, **recipe.fields)
+    return agent, pickle.loads(published_layout)
+
+
 class CollectorSpec(NamedTuple):
     """Plain data that crosses the spawn boundary (our own metadata, never user data); nothing
     in it imports JAX when unpickled."""
 
     index: int
-    config: dict  # the resolved config (config_to_dict), built once the warm-up ends
+    agent: AgentRecipe  # rebuilt once the warm-up ends, unless a numpy policy acts
+    published_layout: bytes  # the publishes' tree structure, pickled (`rebuild_agent`)
     envs: CollectorEnvs
     first_slot: int  # global env indices first_slot .. first_slot + num_slots - 1
     num_slots: int  # slot g belongs to member g // envs_per_member
@@ -98,9 +128,8 @@ def policy_template(agent, hparams):
 
 def config_policy_template(agent, config):
     """`policy_template` of the hparams the learner of `config` starts with
-    (`config.initial_hparams`), traced for their shapes only: computing them eagerly cost a
-    process ~0.1 s of start-up. For the spawned processes, which rebuild their agent from the
-    config they are sent (the learner's side has its hparams: `policy_template`)."""
+    (`config.initial_hparams`), traced for their shapes only: for tests and benchmarks that
+    start workers without a learner (a run's learner has its hparams: `policy_template`)."""
     import jax
 
     from fastpop.config import initial_hparams
@@ -224,13 +253,9 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: sl
         return NumpyActing(policy, rng), numpy_policy.slots_policy(policy, rows)
     import jax
 
-    from fastpop import config as config_lib
     from fastpop.collect.acting import JaxActing
-    from fastpop.config.build import build_agent
 
-    config = config_lib.config_from_dict(spec.config)
-    agent = build_agent(config)
-    treedef = jax.tree.structure(config_policy_template(agent, config))
+    agent, treedef = rebuild_agent(spec.agent, spec.published_layout)
     key = jax.random.key(spec.env_seed)
     acting = JaxActing(agent, spec.num_slots, spec.envs.envs_per_member, key)
 

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fastpop.collect import snapshot
-from fastpop.collect.collector import config_policy_template, force_cpu_jax, report
+from fastpop.collect.collector import AgentRecipe, force_cpu_jax, rebuild_agent, report
 from fastpop.collect.shm import ChunkRing, ChunkRingSpec, StopFlag
 from fastpop.gc_settings import tune_for_tracing
 
@@ -24,7 +24,8 @@ from fastpop.gc_settings import tune_for_tracing
 class EvaluatorSpec(NamedTuple):
     """Plain data that crosses the spawn boundary (fastpop.collect.worker_processes)."""
 
-    config: dict  # the resolved config (config_to_dict): the agent is rebuilt from it
+    agent: AgentRecipe  # what the agent is rebuilt from
+    published_layout: bytes  # the snapshots' tree structure, pickled (`rebuild_agent`)
     env_id: str
     atari: Any  # envs.AtariOptions of the training envs, or None for other envs
     episodes: int  # per member and snapshot (eval.episodes)
@@ -91,12 +92,7 @@ def run_evaluator(spec: EvaluatorSpec, results) -> None:
 def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> None:
     import jax
 
-    from fastpop import config as config_lib
-    from fastpop.config.build import build_agent
-
-    config = config_lib.config_from_dict(spec.config)
-    agent = build_agent(config)
-    treedef = jax.tree.structure(config_policy_template(agent, config))
+    agent, treedef = rebuild_agent(spec.agent, spec.published_layout)
     ring = ChunkRing.attach(spec.ring)
     try:
         while not stop_flag.is_set() and os.getppid() == spec.parent_pid:

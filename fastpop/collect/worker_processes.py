@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from fastpop.collect.collector import CollectorEnvs, CollectorSpec, run_collector
+from fastpop.collect.collector import AgentRecipe, CollectorEnvs, CollectorSpec, run_collector
 from fastpop.collect.evaluator import EvaluatorSpec, run_evaluator
 from fastpop.collect.rows import RowLayout
 from fastpop.collect.spawning import starting_worker
@@ -49,18 +49,16 @@ def describe_exit(code: int | None) -> str:
 class ProcessParts(NamedTuple):
     """What process mode's workers are made of (`RunParts.processes`, fastpop.run.parts, made
     once; a distributed process's, of its own members: fastpop.distributed.multihost). Spawned
-    collectors and evaluators receive no agent and no `Config`: they rebuild theirs from
-    `config_dict`, the resolved config as plain data."""
+    collectors and evaluators receive no agent and no `Config`: they rebuild the agent from its
+    `AgentRecipe`, plain data."""
 
     env_spec: EnvSpec
     collect: CollectConfig
     population_size: int
     seed: int
-    algo: str  # which numpy policy a collector acts with (`acting.numpy_policy_for`)
-    exploration_std_min: float | None  # agent.exploration_std_min, where the agent has one
+    agent: AgentRecipe  # which numpy policy a collector acts with, or what it rebuilds
     collector_envs: CollectorEnvs  # what a collector reads before its warm-up ends
     eval_episodes: int
-    config_dict: dict  # the resolved config (config_to_dict): a spawned process rebuilds its agent
 
 
 class WorkerLaunch(NamedTuple):
@@ -72,6 +70,7 @@ class WorkerLaunch(NamedTuple):
     row_layout: RowLayout
     blocks: list[tuple[int, int]]  # each collector's (first_slot, num_slots)
     numpy_policies: list  # how each collector acts once its warm-up ends (acting.numpy_policy_for)
+    published_layout: bytes  # the publishes' tree structure, pickled (collector.rebuild_agent)
     # Resumes of the run so far: a resumed run's collectors draw new environment seeds instead
     # of replaying the first episodes of the run.
     generation: int
@@ -83,7 +82,8 @@ class WorkerLaunch(NamedTuple):
         seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] % 2**31)
         return CollectorSpec(
             index,
-            self.parts.config_dict,
+            self.parts.agent,
+            self.published_layout,
             self.parts.collector_envs,
             first,
             count,
@@ -99,7 +99,8 @@ class WorkerLaunch(NamedTuple):
     def evaluator_spec(self, restarts: int, channels: WorkerChannels) -> EvaluatorSpec:
         parts = self.parts
         return EvaluatorSpec(
-            parts.config_dict,
+            parts.agent,
+            self.published_layout,
             parts.collector_envs.env_id,
             parts.collector_envs.atari,
             parts.eval_episodes,

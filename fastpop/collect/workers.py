@@ -9,6 +9,7 @@ leaves are reclaimed at the next start.
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import time
 from collections import deque
 
@@ -82,9 +83,9 @@ class Workers:
         blocks = split_slots(parts.population_size * per_member, collect.num_collectors)
         # How each collector acts once its warm-up ends: in numpy where it can (it then never
         # imports JAX), else with the agent's jitted `act`.
-        std_min = parts.exploration_std_min  # per-episode exploration noise
+        algo, std_min = parts.agent.algo, parts.agent.fields.get("exploration_std_min")
         numpy_policies = [
-            numpy_policy_for(parts.algo, parts.env_spec, initial_policy, count, per_member, std_min)
+            numpy_policy_for(algo, parts.env_spec, initial_policy, count, per_member, std_min)
             for _, count in blocks
         ]
         launch = WorkerLaunch(
@@ -93,6 +94,7 @@ class Workers:
             RowLayout.of(replay_spec),
             blocks,
             numpy_policies,
+            pickle.dumps(jax.tree.structure(initial_policy)),
             generation,
         )
         self.channels = WorkerChannels(replay_spec, blocks, collect.ring_slots)

@@ -3,8 +3,9 @@
 An algorithm, strategy or device env family that is not part of fastpop registers itself from
 a module of its own (`fastpop.agents.registry.register`, `fastpop.strategies.registry.register`,
 `fastpop.envs.device_envs.register(adapter)`). Naming that module in the config makes every
-process of the run import it: the learner, the collector and evaluator processes (they read the
-same config) and a resume. Importing runs the module's code, as running a Python file would.
+process of the run import it: the learner, the collector and evaluator processes (their
+`AgentRecipe` names the modules: fastpop.collect.collector.rebuild_agent) and a resume.
+Importing runs the module's code, as running a Python file would.
 The config is read after its plugins are imported, so a plugin family's ids and backends are
 accepted as the built-ins' are.
 """

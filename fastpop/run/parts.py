@@ -4,15 +4,14 @@
                                      env spec, agent, replay spec, strategy, training, rate
                                      limiter, mesh, hparams), device collection (`DeviceParts`:
                                      its DeviceEnv) or process collection (`ProcessParts`: its
-                                     collect section, the collectors' envs, the resolved config
+                                     collect section, the collectors' envs, the recipe
                                      spawned processes rebuild their agent from) are made of;
                                      refused (ConfigError) before any process or file exists
 
 The learner, the collections and the run are made from the parts (fastpop.run.startup): none
 of them reads the config's fields on its own or works the collection mode out again. Collector
 and evaluator processes get plain data (agents do not cross the spawn boundary): their
-`ProcessParts.config_dict`, from which they rebuild their agent with `fastpop.config.build`'s
-low-level builders.
+`ProcessParts.agent`, the `AgentRecipe` they rebuild their agent from, never the config.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from typing import NamedTuple
 
 from fastpop import config as config_lib
 from fastpop import population, strategies
-from fastpop.collect.collector import CollectorEnvs
+from fastpop.collect.collector import AgentRecipe, CollectorEnvs
 from fastpop.collect.device_collection import DeviceParts
 from fastpop.collect.device_rollout import env_state_bytes as device_env_state_bytes
 from fastpop.collect.segments import memory_order_problem
@@ -181,11 +180,9 @@ def process_parts(config: config_lib.Config, spec: EnvSpec) -> ProcessParts:
         collect=collect,
         population_size=config.population.size,
         seed=config.seed,
-        algo=config.algo,
-        exploration_std_min=config.agent.get("exploration_std_min"),
+        agent=AgentRecipe(config.algo, spec, dict(config.agent), tuple(config.plugins)),
         collector_envs=collector_envs,
         eval_episodes=config.eval.episodes,
-        config_dict=config_lib.config_to_dict(config),
     )
 
 
