@@ -293,14 +293,15 @@ def evaluate_members(env, episode_length: int, agent, policy, hparams, key, epis
     return returns.reshape(size, episodes)
 
 
-def evaluate_on_device(agent, policy, hparams, config, episodes: int, seed: int) -> np.ndarray:
-    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh device envs."""
+def evaluate_on_device(agent, policy, hparams, env_section, episodes: int, seed: int) -> np.ndarray:
+    """`fastpop eval` of a device-mode run: (P, episodes) returns on fresh device envs of
+    `env_section` (the config's `env`: id, backend, episode length)."""
     from fastpop.envs.device_envs import make_device_env
 
-    env = make_device_env(config.env.id, config.env.backend)
+    env = make_device_env(env_section.id, env_section.backend)
     run = jax.jit(
         lambda policy, hparams, key: evaluate_members(
-            env, config.env.episode_length, agent, policy, hparams, key, episodes
+            env, env_section.episode_length, agent, policy, hparams, key, episodes
         ),
         compiler_options=env_stepping_options(),
     )

@@ -284,7 +284,7 @@ def evaluate_member(agent, policy, hparams, config, episodes: int, seed: int):
     if is_device_id(config.env.id):  # stepped on the device, whatever collected the run's rows
         from fastpop.collect.device_rollout import evaluate_on_device
 
-        returns = evaluate_on_device(agent, policy, hparams, config, episodes, seed)[0]
+        returns = evaluate_on_device(agent, policy, hparams, config.env, episodes, seed)[0]
         return float(returns.mean()), float(returns.std())
     mean, std = evaluate_population(
         agent,
