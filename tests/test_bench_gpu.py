@@ -314,10 +314,11 @@ def test_each_remote_call_of_the_short_programme_ends_30_s_inside_the_remote_lim
 
 
 def test_the_remote_script_runs_each_call_under_the_planned_limit():
-    """results/gpu/issue58.sh: `timeout -k` (a kill margin), each part's phases as planned."""
+    """results/gpu/speed_programme.sh: `timeout -k` (a kill margin), each part's phases as
+    planned."""
     from pathlib import Path
 
-    script = (Path(gpu_plans.CONFIGS_DIR).parent / "results/gpu/issue58.sh").read_text()
+    script = (Path(gpu_plans.CONFIGS_DIR).parent / "results/gpu/speed_programme.sh").read_text()
     assert 'timeout -k "$margin" "$seconds"' in script and '--pack "${OUT:-/tmp}/gpu.tgz"' in script
     parts = dict(
         line.strip().rstrip(" ;").split(") phases=")

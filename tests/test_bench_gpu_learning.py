@@ -167,7 +167,7 @@ def test_the_learning_call_ends_inside_540_s_and_holds_its_runs():
 
 
 def test_the_remote_script_runs_the_learning_call_under_its_limit():
-    script = (Path(gpu_plans.CONFIGS_DIR).parent / "results/gpu/issue59.sh").read_text()
+    script = (Path(gpu_plans.CONFIGS_DIR).parent / "results/gpu/learning_programme.sh").read_text()
     assert 'timeout -k "$margin" "$seconds"' in script and '--pack "${OUT:-/tmp}/gpu.tgz"' in script
     assert "fastpop bench gpu --learning" in script and "--smoke" not in script
     assert "g.call_seconds(['learning'], g.LEARNING_CAPS)" in script

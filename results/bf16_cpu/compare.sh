@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # float32 against bfloat16 matmuls (agent.compute_dtype; parameters and optimizer state stay
-# float32), the lever issue 47 keeps off a preset's default until learning is measured equal.
+# float32), the lever kept off a preset's default until learning is measured equal.
 # 8 seeds per arm trained side by side in one population (population.seeds=8), the same env
 # steps per member for both arms; then the IQM of the 8 seeds' latest evaluation with 95%
 # stratified-bootstrap intervals (fastpop plot --aggregate --table: a column past both runs'

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DQN on CartPole three ways, walltime vs return (issue 21's acceptance): fastpop with the envs on
+# DQN on CartPole three ways, walltime vs return: fastpop with the envs on
 # the device (gymnax/CartPole-v1, the preset configs/dqn_gymnax_cartpole_cpu.yaml as it is),
 # fastpop with gymnasium's CartPole-v1 in 2 collector processes (only the env and collection
 # changed), and rejax's DQN (a pure-JAX peer, its own venv) with the same values. Each is a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device mode against process mode on one task, walltime vs return (issue 12's acceptance):
+# Device mode against process mode on one task, walltime vs return:
 # TD3 populations of 4 on the inverted pendulum, the preset configs/td3_brax_inverted_pendulum_cpu.yaml
 # as it is (brax/inverted_pendulum, generalized backend, envs stepped on the device) and with only
 # the environment and collection changed (gymnasium's InvertedPendulum-v5 in 2 collector

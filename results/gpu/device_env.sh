@@ -1,4 +1,4 @@
-# Sourced by run_on_device.sh and issue47.sh on a lent GPU machine, from the repository's root:
+# Sourced by run_on_device.sh and lever_runs.sh on a lent GPU machine, from the repository's root:
 # installs the carried wheels (.whl/, see requirements.txt) into /tmp/site, puts them and the
 # repository on PYTHONPATH, and sets `model` to the GPU's name as a directory name.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

@@ -5,7 +5,7 @@
 # Arms (default: the first four, 20 runs x 120 s, ~45 min with start-up):
 #   independent pbt pb2 halving   td3_gymnax_pendulum_sweep.yaml, device mode, 120 s each
 #   pbt_lagging pb2_lagging       td3_pendulum_lagging_sweep.yaml: process mode, the evaluator
-#                                 lagging behind the learner (issue 50), 120 s each
+#                                 lagging behind the learner, 120 s each
 # fastpop runs from a `git archive` export of REV (default HEAD; edits to the tree cannot
 # change a run); compare.py writes NAME.json and NAME.png (default comparison, walltime_vs_iqm)
 # into results/pb2_cpu.

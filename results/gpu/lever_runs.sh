@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# Issue 47's GPU programme, each part one remote command of at most 600 s (README.md beside
+# The GPU lever runs, each part one remote command of at most 600 s (README.md beside
 # this file says how to carry the wheels):
-#   bash results/gpu/issue47.sh [programme [ARGS]]  # `fastpop bench gpu --short ARGS`: the update
+#   bash results/gpu/lever_runs.sh [programme [ARGS]]  # `fastpop bench gpu --short ARGS`: the update
 #       against its floor, the best sequential JAX and PyTorch rows and each lever; brax/ant
 #       at 16 envs per member; the learner with 14 collectors; the 256-member SAC PBT
-#   bash results/gpu/issue47.sh command-buffers  # TD3's vectorized update under XLA's GPU
+#   bash results/gpu/lever_runs.sh command-buffers  # TD3's vectorized update under XLA's GPU
 #       command-buffer settings (the lever that is flags, not code), one process per setting
-#   bash results/gpu/issue47.sh remaining  # what the first H100 run left out: TD3 at P = 256
+#   bash results/gpu/lever_runs.sh remaining  # what the first H100 run left out: TD3 at P = 256
 #       against its floor and baselines, the unroll levers, command buffers off / with loops
 #       at P = 80, and brax/ant in device mode at 16 envs per member (~7 minutes)
-#   bash results/gpu/issue47.sh kernels  # where the vectorized step's time goes: TD3 and SAC
+#   bash results/gpu/lever_runs.sh kernels  # where the vectorized step's time goes: TD3 and SAC
 #       at P = 80 and 256 (TD3 also with bf16) traced by `bench update --kernel-times` (~3 min)
-#   bash results/gpu/issue47.sh pbt-bf16  # the 256-member SAC PBT on brax/ant with bfloat16
+#   bash results/gpu/lever_runs.sh pbt-bf16  # the 256-member SAC PBT on brax/ant with bfloat16
 #       matmuls (`--short`'s pbt phase with --set agent.compute_dtype=bfloat16, ~2.5 min): the
 #       lever for the 5 s target with the evaluation pauses in (device mode is update-bound)
-# Into results/gpu/<gpu model>-issue47 (BENCH_OUT replaces it), packed into $OUT/gpu.tgz
+# Into results/gpu/<gpu model>-levers (BENCH_OUT replaces it), packed into $OUT/gpu.tgz
 # without run checkpoints, the console log beside it.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=results/gpu/device_env.sh
 source results/gpu/device_env.sh
-out="${BENCH_OUT:-results/gpu/${model:-unknown-gpu}-issue47}"
+out="${BENCH_OUT:-results/gpu/${model:-unknown-gpu}-levers}"
 log="${OUT:-/tmp}/log.txt"
 status=0
 part() {  # part NAME SECONDS COMMAND...: one measurement under a time cap, its console logged

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Issue 59's learning programme (`fastpop bench gpu --learning`) in one remote command of at
+# The GPU learning programme (`fastpop bench gpu --learning`) in one remote command of at
 # most 540 s (README.md beside this file says how to carry the wheels; the device tool's
 # timeout_s 600):
-#   GPU_COMMIT=<short sha> bash results/gpu/issue59.sh
+#   GPU_COMMIT=<short sha> bash results/gpu/learning_programme.sh
 # In order, each run packed into $OUT/gpu.tgz as soon as it is written (no run checkpoints):
 # the TD3 recipe (configs/td3_recipe_playground_humanoid_walk.yaml) from fresh for 300 s,
 # 256-member SAC PBT on brax/ant (configs/sac_pbt_brax_ant.yaml at EvoRL's update ratio, a PBT
@@ -27,7 +27,7 @@ seconds=$(python3 -c "from fastpop.bench import gpu_plans as g
 print(int(g.call_seconds(['learning'], g.LEARNING_CAPS) - g.INSTALL_SECONDS - g.KILL_MARGIN_SECONDS))")
 margin=$(python3 -c "from fastpop.bench import gpu_plans as g; print(int(g.KILL_MARGIN_SECONDS))")
 log="${OUT:-/tmp}/log_learning.txt"
-echo "== issue59.sh: the learning programme into $out, at most $seconds s" | tee "$log"
+echo "== learning_programme.sh: the learning programme into $out, at most $seconds s" | tee "$log"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$log"
 timeout -k "$margin" "$seconds" python3 -m fastpop bench gpu --learning \
   --out "$out" --pack "${OUT:-/tmp}/gpu.tgz" 2>&1 | tee -a "$log"
