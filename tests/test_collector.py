@@ -43,10 +43,9 @@ import json, sys, time
 import jax
 
 from fastpop import config as config_lib
-from fastpop.collect.collector import config_policy_template
 from fastpop.collect.workers import Workers
 from fastpop.config.build import build_agent, build_env_spec, build_replay_spec
-from fastpop.run.parts import process_parts
+from fastpop.run.parts import config_policy_template, process_parts
 
 if __name__ == "__main__":
     import numpy as np

@@ -97,3 +97,17 @@ def test_every_file_the_contributors_page_names_exists():
         )
     ]
     assert len(named) > 30 and not missing, missing
+
+
+def test_the_learner_and_the_collectors_read_no_config_but_their_sections():
+    """The layers above the config are handed their pieces when a run is built (run/parts.py):
+    of the config package, learn/ and collect/ import at most `fastpop.config.sections`, for a
+    section's type (a spawned worker rebuilds its agent from an `AgentRecipe`, not the config)."""
+    readers = [
+        f"{module_name(path)} imports {imported}"
+        for package in ("learn", "collect")
+        for path in sorted((PACKAGE / package).rglob("*.py"))
+        for imported in imported_modules(path)
+        if layer_of(imported) == "config" and imported != "fastpop.config.sections"
+    ]
+    assert not readers, "reading the config below run/:\n" + "\n".join(readers)

@@ -126,17 +126,6 @@ def policy_template(agent, hparams):
     return jax.eval_shape(build, hparams)
 
 
-def config_policy_template(agent, config):
-    """`policy_template` of the hparams the learner of `config` starts with
-    (`config.initial_hparams`), traced for their shapes only: for tests and benchmarks that
-    start workers without a learner (a run's learner has its hparams: `policy_template`)."""
-    import jax
-
-    from fastpop.config import initial_hparams
-
-    return policy_template(agent, jax.eval_shape(lambda: initial_hparams(config, agent)))
-
-
 TRIAL_FIELD = "trial_epoch"  # per slot, beside a chunk's rows: the trial they were collected for
 
 

@@ -186,6 +186,18 @@ def process_parts(config: config_lib.Config, spec: EnvSpec) -> ProcessParts:
     )
 
 
+def config_policy_template(agent, config: config_lib.Config):
+    """`collector.policy_template` of the hparams the learner of `config` starts with
+    (`config.initial_hparams`), traced for their shapes only: for tests and benchmarks that
+    start workers without a learner (a run's learner has its hparams)."""
+    import jax
+
+    from fastpop.collect.collector import policy_template
+
+    hparams = jax.eval_shape(lambda: config_lib.initial_hparams(config, agent))
+    return policy_template(agent, hparams)
+
+
 def build_learner(config: config_lib.Config, learner_class=Learner) -> Learner:
     """The config's learner alone (no collection): tests, benchmarks, `fastpop eval`."""
     return learner_class(build_run(config).learner)

@@ -22,6 +22,19 @@ from pathlib import Path
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "td3_pbt_halfcheetah.yaml"
 
 
+def learner_template(collector, agent, config):
+    """The shapes of what the learner publishes, from wherever the measured tree keeps them."""
+    try:  # run/parts since 2026-11-29
+        from fastpop.run.parts import config_policy_template
+
+        return config_policy_template(agent, config)
+    except ImportError:
+        pass
+    if hasattr(collector, "config_policy_template"):  # the template of the learner's hparams
+        return collector.config_policy_template(agent, config)
+    return collector.policy_template(agent, config.population.size)  # before: of a size
+
+
 def main() -> None:
     import jax
     import numpy as np
@@ -34,10 +47,7 @@ def main() -> None:
     config = config_lib.load_config(CONFIG, ["replay.capacity=30000"])
     env_spec = build_env_spec(config)
     agent = build_agent(config, env_spec)
-    if hasattr(collector, "config_policy_template"):  # the template of the learner's hparams
-        template = collector.config_policy_template(agent, config)
-    else:  # before: of a population size
-        template = collector.policy_template(agent, config.population.size)
+    template = learner_template(collector, agent, config)
     zeros = jax.tree.map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
     replay_spec = build_replay_spec(config, env_spec)
     try:  # Workers take their ProcessParts since 0b4050d, the config before
