@@ -126,8 +126,12 @@ def test_the_time_breakdown_counts_an_evaluation_snapshot_once(tmp_path, monkeyp
     The host's waits for an update's compute are counted in `update_wait` (they were in no
     timer: the host waited inside the copy of the new policies to the collectors), and rows
     move while an update runs."""
+    # No progress line mid-run: each waits for the update in flight, and on a loaded machine,
+    # where a pass of the loop outlasts a short interval, every update then waited before the
+    # next (seen: "iiiiiiiiiuuiwuwuwuiwuwuwuiwuw", the suite taking 978 s).
     overrides = [*FAST, "train.total_env_steps=384", "eval.interval=128"]
-    config = config_lib.load_config(TD3_PENDULUM, [*overrides, "log.tensorboard=false"])
+    overrides += ["log.progress_interval_seconds=1000", "log.tensorboard=false"]
+    config = config_lib.load_config(TD3_PENDULUM, overrides)
     real_encode, encoded = snapshot.encode, []
 
     def slow_encode(*args):
