@@ -318,22 +318,23 @@ def test_a_member_split_over_two_collectors_loses_one_chunk_of_its_fresh_trial_n
 REBUILD = """
 import json, pickle, sys
 from fastpop.collect.collector import rebuild_agent
-recipe, layout = pickle.load(open(sys.argv[1], "rb"))
-agent, treedef = rebuild_agent(recipe, layout)
+recipe, hparams = pickle.load(open(sys.argv[1], "rb"))  # as spawning hands them over
+agent, treedef = rebuild_agent(recipe, hparams)
 read_config = sorted(m for m in sys.modules if m.startswith("fastpop.config"))
-print(json.dumps({"name": agent.name, "leaves": treedef.num_leaves, "config": read_config}))
+print(json.dumps({"name": agent.name, "structure": str(treedef), "config": read_config}))
 """
 
 
 def test_a_worker_rebuilds_the_learners_agent_from_its_recipe_without_the_config(tmp_path):
     """Workers are handed their piece, not the config: the `AgentRecipe` of `process_parts` and
-    the publishes' layout rebuild, in a fresh process, the agent the learner publishes for (a
-    residual actor: collectors act with it through JAX), without importing the config."""
+    the layout of the published hparams rebuild, in a fresh process, the agent the learner
+    publishes for and the structure of what it publishes (a residual actor: collectors act
+    with it through JAX), without importing the config."""
     import pickle
 
     import jax
 
-    from fastpop.collect.collector import policy_template
+    from fastpop.collect.collector import hparams_layout, policy_template
     from fastpop.config import load_config
     from fastpop.config.build import build_agent, build_env_spec, initial_hparams
     from fastpop.run.parts import process_parts
@@ -345,8 +346,8 @@ def test_a_worker_rebuilds_the_learners_agent_from_its_recipe_without_the_config
     template = policy_template(agent, initial_hparams(config, agent))
     recipe = process_parts(config, spec).agent
     assert "fastpop.config" not in type(recipe).__module__
-    layout = pickle.dumps(jax.tree.structure(template))
-    (tmp_path / "recipe.pkl").write_bytes(pickle.dumps((recipe, layout)))
+    published = hparams_layout(template[1])
+    (tmp_path / "recipe.pkl").write_bytes(pickle.dumps((recipe, published)))
     result = subprocess.run(
         [sys.executable, "-c", REBUILD, str(tmp_path / "recipe.pkl")],
         capture_output=True,
@@ -356,4 +357,5 @@ def test_a_worker_rebuilds_the_learners_agent_from_its_recipe_without_the_config
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rebuilt = json.loads(result.stdout.strip().splitlines()[-1])
-    assert rebuilt == {"name": agent.name, "leaves": len(jax.tree.leaves(template)), "config": []}
+    structure = str(jax.tree.structure(template))
+    assert rebuilt == {"name": agent.name, "structure": structure, "config": []}

@@ -60,20 +60,34 @@ class AgentRecipe(NamedTuple):
     plugins: tuple[str, ...]  # the config's plugin modules
 
 
-def rebuild_agent(recipe: AgentRecipe, published_layout: bytes):
+def hparams_layout(hparams) -> dict:
+    """The layout of stacked `hparams` (an HParams of arrays or of their shapes) as plain data:
+    per field, (shape, dtype name), or None where the field is unset."""
+    return {
+        name: None if value is None else (tuple(value.shape), np.dtype(value.dtype).name)
+        for name, value in hparams._asdict().items()
+    }
+
+
+def rebuild_agent(recipe: AgentRecipe, published_hparams: dict):
     """(agent, the tree structure of what the learner publishes) in a spawned worker.
-    `published_layout`: that structure pickled by the parent (`Workers`; fastpop's own bytes,
-    never a user's), unpickled here because it imports JAX, which only acting with the agent
-    needs."""
+    `published_hparams`: the `hparams_layout` of the hparams the learner publishes beside its
+    policies (`Workers`), from which the structure is traced (shapes only)."""
     import importlib
-    import pickle
+
+    import jax
 
     from fastpop.agents import make_agent
 
     for module in recipe.plugins:  # imported by the parent already: they cannot fail here
         importlib.import_module(module)
     agent = make_agent(recipe.algo, recipe.env_spec, **recipe.fields)
-    return agent, pickle.loads(published_layout)
+    fields = {
+        name: None if layout is None else jax.ShapeDtypeStruct(*layout)
+        for name, layout in published_hparams.items()
+    }
+    hparams = type(agent.default_hparams())(**fields)
+    return agent, jax.tree.structure(policy_template(agent, hparams))
 
 
 class CollectorSpec(NamedTuple):
@@ -82,7 +96,7 @@ class CollectorSpec(NamedTuple):
 
     index: int
     agent: AgentRecipe  # rebuilt once the warm-up ends, unless a numpy policy acts
-    published_layout: bytes  # the publishes' tree structure, pickled (`rebuild_agent`)
+    published_hparams: dict  # the publishes' hparams, as `hparams_layout` (`rebuild_agent`)
     envs: CollectorEnvs
     first_slot: int  # global env indices first_slot .. first_slot + num_slots - 1
     num_slots: int  # slot g belongs to member g // envs_per_member
@@ -244,7 +258,7 @@ def _build_acting(spec: CollectorSpec, slot_members: np.ndarray, own_members: sl
 
     from fastpop.collect.acting import JaxActing
 
-    agent, treedef = rebuild_agent(spec.agent, spec.published_layout)
+    agent, treedef = rebuild_agent(spec.agent, spec.published_hparams)
     key = jax.random.key(spec.env_seed)
     acting = JaxActing(agent, spec.num_slots, spec.envs.envs_per_member, key)
 

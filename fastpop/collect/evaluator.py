@@ -25,7 +25,7 @@ class EvaluatorSpec(NamedTuple):
     """Plain data that crosses the spawn boundary (fastpop.collect.worker_processes)."""
 
     agent: AgentRecipe  # what the agent is rebuilt from
-    published_layout: bytes  # the snapshots' tree structure, pickled (`rebuild_agent`)
+    published_hparams: dict  # the snapshots' hparams, as `hparams_layout` (`rebuild_agent`)
     env_id: str
     atari: Any  # envs.AtariOptions of the training envs, or None for other envs
     episodes: int  # per member and snapshot (eval.episodes)
@@ -92,7 +92,7 @@ def run_evaluator(spec: EvaluatorSpec, results) -> None:
 def _evaluate_snapshots(spec: EvaluatorSpec, stop_flag: StopFlag, results) -> None:
     import jax
 
-    agent, treedef = rebuild_agent(spec.agent, spec.published_layout)
+    agent, treedef = rebuild_agent(spec.agent, spec.published_hparams)
     ring = ChunkRing.attach(spec.ring)
     try:
         while not stop_flag.is_set() and os.getppid() == spec.parent_pid:

@@ -52,13 +52,17 @@ class ProcessParts(NamedTuple):
     collectors and evaluators receive no agent and no `Config`: they rebuild the agent from its
     `AgentRecipe`, plain data."""
 
-    env_spec: EnvSpec
     collect: CollectConfig
     population_size: int
     seed: int
     agent: AgentRecipe  # which numpy policy a collector acts with, or what it rebuilds
     collector_envs: CollectorEnvs  # what a collector reads before its warm-up ends
     eval_episodes: int
+
+    @property
+    def env_spec(self) -> EnvSpec:
+        """The learner's env spec (its agent's)."""
+        return self.agent.env_spec
 
 
 class WorkerLaunch(NamedTuple):
@@ -70,7 +74,7 @@ class WorkerLaunch(NamedTuple):
     row_layout: RowLayout
     blocks: list[tuple[int, int]]  # each collector's (first_slot, num_slots)
     numpy_policies: list  # how each collector acts once its warm-up ends (acting.numpy_policy_for)
-    published_layout: bytes  # the publishes' tree structure, pickled (collector.rebuild_agent)
+    published_hparams: dict  # the publishes' hparams, as collector.hparams_layout
     # Resumes of the run so far: a resumed run's collectors draw new environment seeds instead
     # of replaying the first episodes of the run.
     generation: int
@@ -83,7 +87,7 @@ class WorkerLaunch(NamedTuple):
         return CollectorSpec(
             index,
             self.parts.agent,
-            self.published_layout,
+            self.published_hparams,
             self.parts.collector_envs,
             first,
             count,
@@ -100,7 +104,7 @@ class WorkerLaunch(NamedTuple):
         parts = self.parts
         return EvaluatorSpec(
             parts.agent,
-            self.published_layout,
+            self.published_hparams,
             parts.collector_envs.env_id,
             parts.collector_envs.atari,
             parts.eval_episodes,

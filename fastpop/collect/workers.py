@@ -9,7 +9,6 @@ leaves are reclaimed at the next start.
 from __future__ import annotations
 
 import multiprocessing as mp
-import pickle
 import time
 from collections import deque
 
@@ -17,7 +16,7 @@ import jax
 import numpy as np
 
 from fastpop.collect.acting import numpy_policy_for
-from fastpop.collect.collector import TRIAL_FIELD
+from fastpop.collect.collector import TRIAL_FIELD, hparams_layout
 from fastpop.collect.rows import RowLayout
 from fastpop.collect.segments import memory_order_problem, reclaim_orphaned_segments
 from fastpop.collect.worker_channels import WorkerChannels
@@ -94,7 +93,7 @@ class Workers:
             RowLayout.of(replay_spec),
             blocks,
             numpy_policies,
-            pickle.dumps(jax.tree.structure(initial_policy)),
+            hparams_layout(initial_policy[1]),
             generation,
         )
         self.channels = WorkerChannels(replay_spec, blocks, collect.ring_slots)

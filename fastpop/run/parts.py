@@ -176,7 +176,6 @@ def process_parts(config: config_lib.Config, spec: EnvSpec) -> ProcessParts:
         collect.warmup_steps,
     )
     return ProcessParts(
-        env_spec=spec,
         collect=collect,
         population_size=config.population.size,
         seed=config.seed,

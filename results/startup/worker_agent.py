@@ -1,8 +1,9 @@
 """Seconds a spawned worker (the evaluator; a collector acting through JAX) takes to have its
 agent and the layout of what the learner publishes, imports included, each in a fresh
-interpreter: from its `AgentRecipe` (what workers are sent) against from the whole config (what
-they were sent before: the config re-read and validated, the env made again for its shapes, the
-learner's starting hparams traced for the layout). Alternating rounds; medians.
+interpreter: from its `AgentRecipe` and the published hparams' layout (what workers are sent)
+against from the whole config (what they were sent before: the config re-read and validated,
+the env made again for its shapes, the learner's starting hparams traced for the layout).
+Alternating rounds; medians.
 
     python results/startup/worker_agent.py [PRESET] [--rounds N]
 
@@ -28,7 +29,7 @@ import time; start = time.perf_counter()
 import pickle, sys
 from fastpop.collect.collector import rebuild_agent
 given = pickle.load(open(sys.argv[1], "rb"))
-agent, treedef = rebuild_agent(given["recipe"], given["layout"])
+agent, treedef = rebuild_agent(given["recipe"], given["hparams"])
 print(time.perf_counter() - start)
 """
 
@@ -50,8 +51,7 @@ print(time.perf_counter() - start)
 
 def inputs(preset: str, folder: Path) -> Path:
     """What each way is given, written by the learner's side, as a run makes it."""
-    import jax
-
+    from fastpop.collect.collector import hparams_layout
     from fastpop.config import config_to_dict, load_config
     from fastpop.config.build import build_agent, build_env_spec
     from fastpop.run.parts import config_policy_template, process_parts
@@ -61,7 +61,7 @@ def inputs(preset: str, folder: Path) -> Path:
     template = config_policy_template(build_agent(config, spec), config)
     given = {
         "recipe": process_parts(config, spec).agent,
-        "layout": pickle.dumps(jax.tree.structure(template)),
+        "hparams": hparams_layout(template[1]),
         "config": config_to_dict(config),
     }
     path = folder / "given.pkl"
