@@ -1,12 +1,14 @@
 """MuJoCo Playground on the device (env.id: playground/<Name>): its DeepMind Control Suite ids are
 the package's own, ids that need robot models this machine lacks are refused with exit 2 saying
-why, and an env's done is a termination only, its time limit left to the rollout."""
+why, a humanoid joystick task's policy observes its dict's `state`, and an env's done is a
+termination only, its time limit left to the rollout."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -30,22 +32,63 @@ def test_ids_are_playgrounds_own_and_robots_without_models_are_refused(
     assert tuple(dm_control_suite.ALL_ENVS) == playground_envs.CONTROL_SUITE
     others = tuple(name for name in registry.ALL_ENVS if name not in dm_control_suite.ALL_ENVS)
     assert others == playground_envs.NEEDS_MENAGERIE
-    for name in ("CartpoleBalance", "CheetahRun"):
-        config = dm_control_suite.get_default_config(name)
+    assert set(playground_envs.HUMANOID_JOYSTICKS) < set(playground_envs.NEEDS_MENAGERIE)
+    for name in ("CartpoleBalance", "CheetahRun", *playground_envs.HUMANOID_JOYSTICKS):
+        config = registry.get_default_config(name)
         assert config.episode_length == playground_envs.EPISODE_LENGTH and config.action_repeat == 1
     assert envs.check_env_id("playground/cartpolebalance") == "playground/CartpoleBalance"
     with pytest.raises(UnknownEnvironment, match="did you mean playground/CheetahRun"):
         envs.check_env_id("playground/CheetaRun")
+    with pytest.raises(UnknownEnvironment, match="not its other robot tasks"):
+        envs.check_env_id("playground/Go1JoystickFlatTerrain")
     monkeypatch.setattr(playground_envs, "menagerie_path", lambda: Path("/nonexistent"))
-    argv = ["train", str(PRESET), "--set", "env.id=playground/Go1JoystickFlatTerrain"]
+    argv = ["train", str(PRESET), "--set", "env.id=playground/G1JoystickFlatTerrain"]
     assert cli.main([*argv, "--out", str(tmp_path / "run")]) == 2
     error = capsys.readouterr().err
-    assert "playground/Go1JoystickFlatTerrain needs robot models from mujoco_menagerie" in error
-    assert "this machine does not have (/nonexistent)" in error
+    assert "playground/G1JoystickFlatTerrain needs the robot models of mujoco_menagerie's " in error
+    assert "unitree_g1/, which this machine does not have (/nonexistent/unitree_g1)" in error
+    assert "mjx_env.ensure_menagerie_exists()" in error  # how to fetch them, deliberately
     assert not list(tmp_path.iterdir())  # refused before anything is written
+    (tmp_path / "menagerie" / "booster_t1" / "assets").mkdir(parents=True)
+    monkeypatch.setattr(playground_envs, "menagerie_path", lambda: tmp_path / "menagerie")
+    assert (
+        envs.check_env_id("playground/t1joystickflatterrain") == "playground/T1JoystickFlatTerrain"
+    )
+    with pytest.raises(UnknownEnvironment, match="menagerie's unitree_g1/"):
+        envs.check_env_id("playground/G1JoystickRoughTerrain")  # another robot's models
     monkeypatch.setattr(playground_envs, "playground_installed", lambda: False)
     with pytest.raises(MissingExtra, match=r"pip install -e '\.\[playground\]'"):
         envs.check_env_id("playground/CartpoleBalance")
+
+
+def test_a_dict_observations_policy_entry_is_what_the_rollout_observes():
+    """A humanoid joystick task observes {state, privileged_state}: the adapter's reset and
+    step hand the rollout `state` alone, under jit and scan as the rollout runs them, and leave
+    an array observation (the Control Suite's) as it is. (The tasks themselves need
+    mujoco_menagerie's models and step far too slowly on a CPU for a test.)"""
+    from flax import struct
+
+    @struct.dataclass
+    class State:
+        obs: object
+        counter: jax.Array
+
+    def observe(counter):
+        return {"state": counter * jnp.ones(3), "privileged_state": -counter * jnp.ones(5)}
+
+    def step(state, action):
+        assert not isinstance(state.obs, dict)  # the env's step makes its own observation
+        return state.replace(obs=observe(state.counter + action), counter=state.counter + action)
+
+    reset, viewed_step = playground_envs.policy_view(lambda key: State(observe(0.0), 0.0), step)
+
+    def rollout(actions):
+        return jax.lax.scan(lambda s, a: (viewed_step(s, a),) * 2, reset(None), actions)[1].obs
+
+    observed = np.asarray(jax.jit(rollout)(jnp.array([1.0, 2.0, 3.0])))
+    np.testing.assert_array_equal(observed, np.repeat([[1.0], [3.0], [6.0]], 3, axis=1))
+    arrays, _ = playground_envs.policy_view(lambda key: State(jnp.zeros(2), 0.0), step)
+    np.testing.assert_array_equal(arrays(None).obs, np.zeros(2))
 
 
 def test_done_is_a_termination_and_the_time_limit_is_left_to_the_rollout():

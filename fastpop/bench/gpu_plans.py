@@ -214,9 +214,9 @@ def call_seconds(phases, caps: dict) -> float:
 # stop checkpoint and plots after); below `min_wall_seconds` it is skipped, an `optional` one
 # without cutting the phase short. `time_marks`: the seconds its table reads returns at.
 WALL_BOUND = "train.total_env_steps=1000000000"  # per member: the wall time ends the run
-# The preset as it is (an evaluation every 250,000 env steps per member: FastTD3 made 5.12M
-# env steps in 336 s on an A100, so 4 members on an H100 / H200 at roughly 10k steps per member
-# per second, never measured, evaluate every ~25 s), ended by its wall time.
+# The preset as it is, on the task whose FastTD3 curve is published (G1JoystickFlatTerrain: 4.49
+# at 433 s, 5.12M env steps on an A100), ended by its wall time; an evaluation every 250,000
+# env steps per member. Its robot's models are installed by learning_programme.sh.
 _RECIPE_GPU = [WALL_BOUND]
 # sac_pbt_brax_ant at EvoRL's update ratio (replay.samples_per_insert = 256 / 2: one update of
 # batch 256 per 2 env steps) on 16 envs per member, as in the H200's GPU-targets run (212
@@ -234,7 +234,7 @@ _PBT_GPU = [
     "pbt.interval=6144",
 ]
 PBT_OFF = "strategy=independent"  # the same members and starting draws, nothing copied
-RECIPE_PRESET, PBT_PRESET = "td3_recipe_playground_humanoid_walk", "sac_pbt_brax_ant"
+RECIPE_PRESET, PBT_PRESET = "td3_recipe_playground_g1_joystick", "sac_pbt_brax_ant"
 
 
 def learning_runs(recipe: list, pbt: list, seconds: tuple, marks: tuple) -> list[dict]:

@@ -38,9 +38,10 @@ def add_gpu_parser(benchmarks) -> None:
         "wall time). DIR/README.md sums up the machine, the phases and the targets met or "
         "missed. Default caps: update 450 s, device 510 s, pipeline 220 s, pbt 320 s. "
         "--learning runs the learning phase instead: the TD3 recipe on Playground's "
-        "HumanoidWalk for 300 s, 256-member SAC PBT on brax/ant for 90 s (and, where the cap "
-        "leaves time, the same population with PBT off), each packed as soon as written, with "
-        "their tables beside FastTD3's and EvoRL's published figures (cap 450 s).",
+        "G1JoystickFlatTerrain for 300 s (its robot's models in place: "
+        "results/gpu/menagerie_models.py), 256-member SAC PBT on brax/ant for 90 s (and, "
+        "where the cap leaves time, the same population with PBT off), each packed as soon "
+        "as written, with their tables beside FastTD3's and EvoRL's published figures (cap 450 s).",
     )
     gpu.add_argument("--out", type=Path, required=True, help="the results directory")
     gpu.add_argument(
@@ -98,9 +99,9 @@ def add_programme_arguments(gpu) -> None:
     gpu.add_argument(
         "--learning",
         action="store_true",
-        help="the learning runs (the TD3 recipe on Playground HumanoidWalk, the 256-member "
-        "SAC PBT on brax/ant, PBT off where time is left) in one remote call of at most 540 s "
-        "(with --smoke, its smoke form; not with --short)",
+        help="the learning runs (the TD3 recipe on Playground G1JoystickFlatTerrain, the "
+        "256-member SAC PBT on brax/ant, PBT off where time is left) in one remote call of at "
+        "most 540 s (with --smoke, its smoke form; not with --short)",
     )
 
 

@@ -1,12 +1,19 @@
 """MuJoCo Playground environments by id: `playground/<Name>` for its DeepMind Control Suite
-(`playground/CartpoleBalance`, `playground/CheetahRun`, `playground/WalkerWalk`, ...), stepped
-on the device through the DeviceEnv protocol (device_envs.py).
+(`playground/CartpoleBalance`, `playground/CheetahRun`, `playground/WalkerWalk`, ...) and its
+humanoid joystick tasks (`playground/G1JoystickFlatTerrain`, `playground/T1JoystickFlatTerrain`,
+their RoughTerrain forms: FastTD3's published Playground curves), stepped on the device through
+the DeviceEnv protocol (device_envs.py).
 
 The Control Suite's models ship with the package. Playground's locomotion and manipulation
-envs load robot models from mujoco_menagerie, which playground clones from GitHub on first use:
-a machine without network (or a run that should not download) cannot, so those ids are refused
-saying so, and so are they where the models are present (their observations are dicts of state
-and privileged state, which fastpop's agents do not take).
+envs load robot models from mujoco_menagerie, which playground clones from GitHub on first use.
+fastpop never downloads during a run: a humanoid joystick task trains where its robot's models
+are already in playground's menagerie folder (`menagerie_path()`), and is refused saying how
+to get them where they are not; the other robot tasks are refused.
+
+A humanoid joystick task observes a dict: `state` (what its policy may see) and
+`privileged_state` (the simulator's, for an asymmetric critic, as FastTD3 trains it). fastpop's
+actor and critics both see `state`: an asymmetric critic is not built. As FastTD3's defaults
+have them, its pushes are off (`push_config.enable`) and no domain randomization is applied.
 
 Physics runs on MJX's JAX pipeline (`impl: jax`), which jit, vmap and scan like any JAX code on
 every platform; playground's default, MuJoCo Warp, stepped ~100x slower under vmap on this CPU.
@@ -34,7 +41,7 @@ LIBRARIES = ("playground", "mujoco", "mujoco-mjx")
 BACKENDS = ()  # MJX's JAX pipeline always: `backend` is refused (device_envs.resolve_backend)
 INSTALL = f"pip install -e '.[{EXTRA}]'"
 PROBE_ID = "playground/CartpoleBalance"  # what `fastpop doctor` builds to check the family
-EPISODE_LENGTH = 1000  # every Control Suite env's default config
+EPISODE_LENGTH = 1000  # the default config of every Control Suite env and humanoid joystick task
 # playground 0.2.0's registry, so that ids are recognised and suggested without importing it
 # (the import takes seconds); tests/test_playground.py checks them against the package.
 CONTROL_SUITE = (
@@ -95,6 +102,19 @@ NEEDS_MENAGERIE = (
     "LeapCubeRotateZAxis",
     "AeroCubeRotateZAxis",
 )
+# The humanoid joystick tasks fastpop trains (their policy's observation: the dict's `state`),
+# by the menagerie folder of their robot's models.
+HUMANOID_JOYSTICKS = {
+    "G1JoystickFlatTerrain": "unitree_g1",
+    "G1JoystickRoughTerrain": "unitree_g1",
+    "T1JoystickFlatTerrain": "booster_t1",
+    "T1JoystickRoughTerrain": "booster_t1",
+}
+POLICY_OBSERVATION = "state"  # a dict observation's entry the actor and critics see
+# playground's own download, for a user who wants the models fetched (fastpop never does)
+MENAGERIE_DOWNLOAD = (
+    'python -c "from mujoco_playground._src import mjx_env; mjx_env.ensure_menagerie_exists()"'
+)
 
 
 def playground_installed() -> bool:
@@ -121,27 +141,31 @@ def check_id(env_id: str) -> str:
             f"Control Suite: {', '.join(PREFIX + known for known in CONTROL_SUITE)}"
         )
     name = by_key[name.lower()]
-    if name in NEEDS_MENAGERIE:
-        raise UnknownEnvironment(_refusal(PREFIX + name))
+    if name in NEEDS_MENAGERIE and name not in HUMANOID_JOYSTICKS:
+        raise UnknownEnvironment(
+            f"{PREFIX + name}: fastpop trains Playground's DeepMind Control Suite and its "
+            f"humanoid joystick tasks ({', '.join(PREFIX + known for known in HUMANOID_JOYSTICKS)})"
+            ", not its other robot tasks; use one of those"
+        )
     if not playground_installed():
         raise missing_extra(env_id, "playground", INSTALL)
+    if name in HUMANOID_JOYSTICKS and (problem := _missing_models(name)) is not None:
+        raise UnknownEnvironment(problem)
     return PREFIX + name
 
 
-def _refusal(env_id: str) -> str:
+def _missing_models(name: str) -> str | None:
+    """Why `name`'s robot models cannot be loaded here (None: they are in place)."""
     path = menagerie_path()
-    if path is None or not path.exists():
-        where = f" ({path})" if path is not None else ""
-        return (
-            f"{env_id} needs robot models from mujoco_menagerie, which playground clones from "
-            f"GitHub on first use and this machine does not have{where}; fastpop does not "
-            "download during a run. Use a DeepMind Control Suite env, whose models ship with "
-            "the package (playground/CartpoleBalance, playground/CheetahRun, ...)"
-        )
+    robot = HUMANOID_JOYSTICKS[name]
+    if path is not None and (path / robot / "assets").is_dir():
+        return None
     return (
-        f"{env_id}: its observations are a dict (state, privileged state), which fastpop's "
-        "agents do not take yet; use a DeepMind Control Suite env (playground/CartpoleBalance, "
-        "playground/CheetahRun, ...)"
+        f"{PREFIX + name} needs the robot models of mujoco_menagerie's {robot}/, which this "
+        f"machine does not have ({path / robot if path else 'mujoco_menagerie'}); fastpop does "
+        f"not download during a run. Fetch them once with playground's own download "
+        f"({MENAGERIE_DOWNLOAD}), or put a copy of {robot}/ there; or use a DeepMind Control "
+        "Suite env, whose models ship with the package (playground/CartpoleBalance, ...)"
     )
 
 
@@ -167,6 +191,29 @@ def make(env_id: str, backend: str | None = None) -> DeviceEnv:
     from mujoco_playground import registry
 
     del backend  # BACKENDS is (): config.env.backend is refused for this family
-    env = registry.load(env_id[len(PREFIX) :], config_overrides={"impl": "jax"})
-    spec = EnvSpec((int(env.observation_size),), np.dtype(np.float32), action_dim=env.action_size)
-    return DeviceEnv(env.reset, env.step, spec, EPISODE_LENGTH)
+    name = env_id[len(PREFIX) :]
+    config = registry.get_default_config(name)
+    if name in HUMANOID_JOYSTICKS:  # FastTD3's defaults: no pushes
+        config.push_config.enable = False
+        config.push_config.magnitude_range = [0.0, 0.0]
+    env = registry.load(name, config=config, config_overrides={"impl": "jax"})
+    size = env.observation_size
+    if isinstance(size, dict):
+        size = size[POLICY_OBSERVATION]
+    size = size if isinstance(size, tuple) else (int(size),)
+    spec = EnvSpec(size, np.dtype(np.float32), action_dim=env.action_size)
+    reset, step = policy_view(env.reset, env.step)
+    return DeviceEnv(reset, step, spec, int(config.episode_length))
+
+
+def policy_view(reset, step):
+    """`reset` and `step` whose states observe a dict observation's POLICY_OBSERVATION entry
+    alone (unchanged where the observation is an array). Playground's steps never read the
+    observation of the state they are given: each makes its own."""
+
+    def view(state):
+        if isinstance(state.obs, dict):
+            return state.replace(obs=state.obs[POLICY_OBSERVATION])
+        return state
+
+    return (lambda key: view(reset(key))), (lambda state, action: view(step(state, action)))

@@ -4,7 +4,9 @@
 # timeout_s 600):
 #   GPU_COMMIT=<short sha> bash results/gpu/learning_programme.sh
 # In order, each run packed into $OUT/gpu.tgz as soon as it is written (no run checkpoints):
-# the TD3 recipe (configs/td3_recipe_playground_humanoid_walk.yaml) from fresh for 300 s,
+# the TD3 recipe on the G1 humanoid (configs/td3_recipe_playground_g1_joystick.yaml: FastTD3's
+# published Playground task; its robot's models are carried in .whl/menagerie/, made as
+# menagerie_models.py beside this file says, and installed first) from fresh for 300 s,
 # 256-member SAC PBT on brax/ant (configs/sac_pbt_brax_ant.yaml at EvoRL's update ratio, a PBT
 # round every 6,144 env steps per member) for 90 s, and, where the cap leaves time, the same
 # population with PBT off. It writes a fresh directory, results/gpu/<gpu model>-learning-<commit>
@@ -15,6 +17,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=results/gpu/device_env.sh
 source results/gpu/device_env.sh
+models=.whl/menagerie/unitree_g1.tar.gz
+if ! python3 results/gpu/menagerie_models.py install "$models"; then
+  echo "== learning_programme.sh: the G1's models ($models) could not be installed:" \
+    "make them with results/gpu/menagerie_models.py pack before the lease" >&2
+  exit 2
+fi
 commit="${GPU_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown-commit)}"
 base="results/gpu/${model:-unknown-gpu}-learning-${commit}"
 out="$base"
