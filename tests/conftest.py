@@ -180,3 +180,14 @@ def members_per_chunk_measured_as_a_run_measures(monkeypatch):
     from fastpop.population import chunking
 
     monkeypatch.setattr(chunking, "_measure_later", True)
+
+
+@pytest.fixture
+def menagerie_models(tmp_path, monkeypatch):
+    """Every humanoid joystick robot's folder in a stand-in menagerie: their presets load on a
+    machine without the models (which refuses them, saying how to get them: test_playground)."""
+    from fastpop.envs import playground_envs
+
+    for robot in set(playground_envs.HUMANOID_JOYSTICKS.values()):
+        (tmp_path / "menagerie" / robot / "assets").mkdir(parents=True)
+    monkeypatch.setattr(playground_envs, "menagerie_path", lambda: tmp_path / "menagerie")

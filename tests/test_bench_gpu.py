@@ -329,7 +329,7 @@ def test_the_remote_script_runs_each_call_under_the_planned_limit():
 
 
 @pytest.mark.parametrize("programme", sorted(gpu_plans.PROGRAMMES))
-def test_every_programme_names_configs_envs_and_rows_that_exist(programme):
+def test_every_programme_names_configs_envs_and_rows_that_exist(programme, menagerie_models):
     from fastpop import config as config_lib
     from fastpop.bench import levers
     from fastpop.bench.random_replay import BENCH_SPECS

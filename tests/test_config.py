@@ -257,17 +257,6 @@ def test_save_load_round_trip(tmp_path):
     assert "pbt" in data and "strategy_sections" not in data
 
 
-@pytest.fixture
-def menagerie_models(tmp_path, monkeypatch):
-    """Every humanoid joystick robot's folder in a stand-in menagerie: their presets load on a
-    machine without the models (which refuses them, saying how to get them: test_playground)."""
-    from fastpop.envs import playground_envs
-
-    for robot in set(playground_envs.HUMANOID_JOYSTICKS.values()):
-        (tmp_path / "menagerie" / robot / "assets").mkdir(parents=True)
-    monkeypatch.setattr(playground_envs, "menagerie_path", lambda: tmp_path / "menagerie")
-
-
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.name)
 def test_preset_loads_and_round_trips(path, tmp_path, menagerie_models):
     c = load_config(path)
