@@ -34,7 +34,9 @@ class EnvSpec(NamedTuple):
 
     `obs_shape`/`obs_dtype` describe one observation as the agent sees it (for Atari the
     stacked 84x84x4 uint8 frames). Continuous control sets `action_dim` and the bounds;
-    discrete control sets `num_actions`.
+    discrete control sets `num_actions`. `policy_obs_size` > 0 splits a vector observation for
+    an asymmetric actor-critic: the actor sees its first `policy_obs_size` entries (what a
+    policy may observe), the critics the rest (the simulator's privileged state).
     """
 
     obs_shape: tuple[int, ...]
@@ -46,10 +48,21 @@ class EnvSpec(NamedTuple):
     # Number of frames stacked on the last observation axis (Atari: 4). Replay stores each
     # frame once and rebuilds stacks when sampling.
     frame_stack: int = 1
+    policy_obs_size: int = 0  # 0: the actor and the critics see the whole observation
 
     @property
     def discrete(self) -> bool:
         return self.num_actions > 0
+
+    @property
+    def actor_observes(self) -> tuple[int | None, int | None]:
+        """The slice of a vector observation the actor sees (all of it: (None, None))."""
+        return (None, self.policy_obs_size or None)
+
+    @property
+    def critic_observes(self) -> tuple[int | None, int | None]:
+        """The slice of a vector observation the critics see (all of it: (None, None))."""
+        return (self.policy_obs_size or None, None)
 
 
 def stored_obs(spec, obs):

@@ -61,9 +61,10 @@ def test_ids_are_playgrounds_own_and_robots_without_models_are_refused(
         envs.check_env_id("playground/CartpoleBalance")
 
 
-def test_a_dict_observations_policy_entry_is_what_the_rollout_observes():
+def test_a_dict_observation_is_the_policys_entry_then_the_privileged_one():
     """A humanoid joystick task observes {state, privileged_state}: the adapter's reset and
-    step hand the rollout `state` alone, under jit and scan as the rollout runs them, and leave
+    step hand the rollout [state | privileged_state] (the actor reads the first part alone:
+    tests/test_asymmetric_critic.py), under jit and scan as the rollout runs them, and leave
     an array observation (the Control Suite's) as it is. (The tasks themselves need
     mujoco_menagerie's models and step far too slowly on a CPU for a test.)"""
     from flax import struct
@@ -74,20 +75,22 @@ def test_a_dict_observations_policy_entry_is_what_the_rollout_observes():
         counter: jax.Array
 
     def observe(counter):
-        return {"state": counter * jnp.ones(3), "privileged_state": -counter * jnp.ones(5)}
+        return {"privileged_state": -counter * jnp.ones(3), "state": counter * jnp.ones(2)}
 
     def step(state, action):
         assert not isinstance(state.obs, dict)  # the env's step makes its own observation
         return state.replace(obs=observe(state.counter + action), counter=state.counter + action)
 
-    reset, viewed_step = playground_envs.policy_view(lambda key: State(observe(0.0), 0.0), step)
+    reset, viewed_step = playground_envs.observation_view(
+        lambda key: State(observe(0.0), 0.0), step
+    )
 
     def rollout(actions):
         return jax.lax.scan(lambda s, a: (viewed_step(s, a),) * 2, reset(None), actions)[1].obs
 
     observed = np.asarray(jax.jit(rollout)(jnp.array([1.0, 2.0, 3.0])))
-    np.testing.assert_array_equal(observed, np.repeat([[1.0], [3.0], [6.0]], 3, axis=1))
-    arrays, _ = playground_envs.policy_view(lambda key: State(jnp.zeros(2), 0.0), step)
+    np.testing.assert_array_equal(observed, [[c, c, -c, -c, -c] for c in (1.0, 3.0, 6.0)])
+    arrays, _ = playground_envs.observation_view(lambda key: State(jnp.zeros(2), 0.0), step)
     np.testing.assert_array_equal(arrays(None).obs, np.zeros(2))
 
 

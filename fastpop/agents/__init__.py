@@ -15,6 +15,12 @@ def make_agent(algo: str, spec, **config_fields) -> Agent:
     """Build an agent by name; `config_fields` go to that algorithm's config dataclass. Equal
     arguments give the same agent (`compilation.shared_programs`): its programs are shared."""
     entry = registry.get(algo)
+    if spec.policy_obs_size and not entry.asymmetric:
+        asymmetric = ", ".join(registry.names_with(asymmetric=True))
+        raise ValueError(
+            f"the env's observation holds privileged state for the critics alone (an "
+            f"asymmetric actor-critic), which {algo} does not separate; use {asymmetric}"
+        )
     return _made(entry.make, spec, entry.config_type(**config_fields))
 
 

@@ -210,6 +210,10 @@ class AlgorithmEntry(NamedTuple):
     shared_critic: bool = False
     """Its state and `internals` are TD3's (deterministic actor, twin critics and their targets),
     which the shared-critic strategies (cemrl, dvd) recombine."""
+    asymmetric: bool = False
+    """Its actor sees the EnvSpec's `actor_observes` and its critics `critic_observes`: it
+    trains on envs whose observation holds privileged state for the critics alone
+    (`policy_obs_size` > 0), which refuse the algorithms that do not say so."""
     numpy_hparams: Mapping[str, str] = MappingProxyType({})
     """role -> the field of its HParams that its numpy policy reads for that role
     (`NUMPY_POLICY_HPARAMS`), where the field is not named as the role, e.g.

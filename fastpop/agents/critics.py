@@ -50,15 +50,20 @@ class Critic(NamedTuple):
         return losses.categorical_mean(outputs, self.member_support(hparams))
 
 
-def make_critic(config: ActorCriticConfig) -> Critic:
-    """The twin critic `config` describes."""
+def make_critic(config: ActorCriticConfig, observes=(None, None)) -> Critic:
+    """The twin critic `config` describes, seeing the slice `observes` of an observation
+    (EnvSpec.critic_observes)."""
     if config.critic not in CRITICS:
         raise ValueError(
             f"agent.critic: must be one of {', '.join(CRITICS)}, got {config.critic!r}"
         )
     if config.critic == "scalar":
         network = TwinCritic(
-            config.hidden_sizes, config.compute_dtype, config.layer_norm, network=config.network
+            config.hidden_sizes,
+            config.compute_dtype,
+            config.layer_norm,
+            network=config.network,
+            observes=observes,
         )
         return Critic(network, None)
     if config.num_atoms < 2 or not config.v_min < config.v_max:
@@ -72,6 +77,7 @@ def make_critic(config: ActorCriticConfig) -> Critic:
         config.layer_norm,
         config.num_atoms,
         config.network,
+        observes,
     )
     support = np.linspace(config.v_min, config.v_max, config.num_atoms, dtype=np.float32)
     return Critic(network, support)

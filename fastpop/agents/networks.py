@@ -140,8 +140,15 @@ def default_torso(obs_shape: tuple[int, ...], obs_dtype) -> str:
     return "nature_cnn" if jnp.dtype(obs_dtype) == jnp.uint8 else "minatar_cnn"
 
 
+def observed(obs: jax.Array, bounds: tuple[int | None, int | None]) -> jax.Array:
+    """The entries `bounds` (EnvSpec.actor_observes / critic_observes) of a vector observation
+    a network sees, as floats."""
+    return as_float_observation(obs if bounds == (None, None) else obs[..., slice(*bounds)])
+
+
 class DeterministicActor(nn.Module):
-    """TD3 policy: tanh output rescaled to the action bounds."""
+    """TD3 policy: tanh output rescaled to the action bounds. `observes`: the slice of the
+    observation it sees (EnvSpec.actor_observes)."""
 
     action_dim: int
     hidden_sizes: Sequence[int]
@@ -149,19 +156,21 @@ class DeterministicActor(nn.Module):
     action_high: float
     dtype: str = "float32"
     network: str = "mlp"  # one of NETWORKS
+    observes: tuple[int | None, int | None] = (None, None)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         layers = hidden_layers(
             self.network, (*self.hidden_sizes, self.action_dim), dtype=self.dtype
         )
-        x = layers(as_float_observation(obs))
+        x = layers(observed(obs, self.observes))
         half_range = (self.action_high - self.action_low) / 2.0
         return jnp.tanh(x) * half_range + (self.action_high + self.action_low) / 2.0
 
 
 class GaussianActor(nn.Module):
-    """SAC policy head: mean and clamped log standard deviation of the pre-tanh Gaussian."""
+    """SAC policy head: mean and clamped log standard deviation of the pre-tanh Gaussian.
+    `observes`: the slice of the observation it sees (EnvSpec.actor_observes)."""
 
     action_dim: int
     hidden_sizes: Sequence[int]
@@ -169,13 +178,14 @@ class GaussianActor(nn.Module):
     log_std_max: float = 2.0
     dtype: str = "float32"
     network: str = "mlp"  # one of NETWORKS
+    observes: tuple[int | None, int | None] = (None, None)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         layers = hidden_layers(
             self.network, self.hidden_sizes, activate_final=True, dtype=self.dtype
         )
-        x = layers(as_float_observation(obs))
+        x = layers(observed(obs, self.observes))
         head = lambda: nn.Dense(self.action_dim, dtype=self.dtype, param_dtype=jnp.float32)
         mean = head()(x).astype(jnp.float32)
         log_std = head()(x).astype(jnp.float32)
@@ -187,6 +197,7 @@ class TwinCritic(nn.Module):
     both critics' logits over that many returns, shape (B, 2, num_atoms) (a distributional
     critic: `agents/critics.py`). `layer_norm`: LayerNorm after each hidden layer (fastpop's
     option: FastTD3's critic has none). `network`: MLPs or residual ones (`hidden_layers`).
+    `observes`: the slice of the observation they see (EnvSpec.critic_observes).
     (As one vmapped 2-member ensemble they ran no faster on an H100: results/gpu/README.md.)"""
 
     hidden_sizes: Sequence[int]
@@ -194,10 +205,11 @@ class TwinCritic(nn.Module):
     layer_norm: bool = False
     num_atoms: int | None = None
     network: str = "mlp"  # one of NETWORKS
+    observes: tuple[int | None, int | None] = (None, None)
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
-        x = jnp.concatenate([as_float_observation(obs), action], axis=-1)
+        x = jnp.concatenate([observed(obs, self.observes), action], axis=-1)
         sizes = (*self.hidden_sizes, self.num_atoms or 1)
         q1 = hidden_layers(self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
         q2 = hidden_layers(self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)

@@ -255,9 +255,13 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     if spec.discrete:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
     actor_net = GaussianActor(
-        spec.action_dim, config.hidden_sizes, dtype=config.compute_dtype, network=config.network
+        spec.action_dim,
+        config.hidden_sizes,
+        dtype=config.compute_dtype,
+        network=config.network,
+        observes=spec.actor_observes,
     )
-    critic = make_critic(config)
+    critic = make_critic(config, spec.critic_observes)
     optimizer = network_optimizer(config.weight_decay)
     internals = make_sac_internals(spec, actor_net, critic, optimizer)
     half_range = (spec.action_high - spec.action_low) / 2.0
@@ -329,4 +333,5 @@ ENTRY = AlgorithmEntry(
     actions="continuous",
     numpy_policy="squashed_gaussian",
     deterministic_action="tanh(mean) scaled to the bounds",
+    asymmetric=True,
 )

@@ -287,8 +287,9 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         spec.action_high,
         config.compute_dtype,
         config.network,
+        spec.actor_observes,
     )
-    critic = make_critic(config)
+    critic = make_critic(config, spec.critic_observes)
     optimizer = network_optimizer(config.weight_decay)
     internals = make_td3_internals(spec, actor_net, critic, optimizer, config)
     std_min = config.exploration_std_min
@@ -339,4 +340,5 @@ ENTRY = AlgorithmEntry(
     numpy_policy="deterministic",
     deterministic_action="the actor",
     shared_critic=True,
+    asymmetric=True,
 )

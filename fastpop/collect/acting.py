@@ -104,8 +104,8 @@ def numpy_policy_for(
     config's agent.exploration_std_min, where it has one (the deterministic kind's per-episode
     noise)."""
     entry = registry.get(algo)
-    if entry.numpy_policy is None or len(spec.obs_shape) != 1:
-        return None
+    if entry.numpy_policy is None or len(spec.obs_shape) != 1 or spec.policy_obs_size:
+        return None  # (an asymmetric actor reads a slice of the observation)
     paths = leaf_paths(published)
     if not all(_numpy_policy_leaf(path[1:], entry.policy_torso) for path in paths if path[0] == 0):
         return None  # an actor of other layers than NumpyActing computes

@@ -247,6 +247,9 @@ def describe(config, spec, loaded, member: int, reason: str, run_dir: Path, hpar
         "algo": config.algo,
         "env_id": config.env.id,
         "observation": {"shape": list(spec.obs_shape), "dtype": np.dtype(spec.obs_dtype).name},
+        # an asymmetric actor-critic's policy reads only the observation's first entries (the
+        # rest, privileged state for its critics, may be zeros); 0: all of them
+        "policy_obs_size": spec.policy_obs_size,
         "frame_stack": spec.frame_stack,
         "atari_preprocessing": None if atari is None else dataclasses.asdict(atari),
         "action": action,

@@ -11,9 +11,11 @@ are already in playground's menagerie folder (`menagerie_path()`), and is refuse
 to get them where they are not; the other robot tasks are refused.
 
 A humanoid joystick task observes a dict: `state` (what its policy may see) and
-`privileged_state` (the simulator's, for an asymmetric critic, as FastTD3 trains it). fastpop's
-actor and critics both see `state`: an asymmetric critic is not built. As FastTD3's defaults
-have them, its pushes are off (`push_config.enable`) and no domain randomization is applied.
+`privileged_state` (the simulator's). As FastTD3 trains it, the actor sees the state and the
+critics the privileged state (an asymmetric actor-critic): the observation fastpop stores is
+the two concatenated, [state | privileged_state], and its EnvSpec's `policy_obs_size` is the
+state's size. As FastTD3's defaults have them, its pushes are off (`push_config.enable`) and no
+domain randomization is applied.
 
 Physics runs on MJX's JAX pipeline (`impl: jax`), which jit, vmap and scan like any JAX code on
 every platform; playground's default, MuJoCo Warp, stepped ~100x slower under vmap on this CPU.
@@ -110,7 +112,8 @@ HUMANOID_JOYSTICKS = {
     "T1JoystickFlatTerrain": "booster_t1",
     "T1JoystickRoughTerrain": "booster_t1",
 }
-POLICY_OBSERVATION = "state"  # a dict observation's entry the actor and critics see
+# a dict observation's entries: what the actor sees, then what the critics see
+POLICY_OBSERVATION, PRIVILEGED_OBSERVATION = "state", "privileged_state"
 # playground's own download, for a user who wants the models fetched (fastpop never does)
 MENAGERIE_DOWNLOAD = (
     'python -c "from mujoco_playground._src import mjx_env; mjx_env.ensure_menagerie_exists()"'
@@ -197,23 +200,32 @@ def make(env_id: str, backend: str | None = None) -> DeviceEnv:
         config.push_config.enable = False
         config.push_config.magnitude_range = [0.0, 0.0]
     env = registry.load(name, config=config, config_overrides={"impl": "jax"})
-    size = env.observation_size
+    size, policy_size = env.observation_size, 0
     if isinstance(size, dict):
-        size = size[POLICY_OBSERVATION]
-    size = size if isinstance(size, tuple) else (int(size),)
-    spec = EnvSpec(size, np.dtype(np.float32), action_dim=env.action_size)
-    reset, step = policy_view(env.reset, env.step)
+        policy_size = _flat_size(size[POLICY_OBSERVATION])
+        size = policy_size + _flat_size(size[PRIVILEGED_OBSERVATION])
+    shape = (_flat_size(size),)
+    spec = EnvSpec(
+        shape, np.dtype(np.float32), action_dim=env.action_size, policy_obs_size=policy_size
+    )
+    reset, step = observation_view(env.reset, env.step)
     return DeviceEnv(reset, step, spec, int(config.episode_length))
 
 
-def policy_view(reset, step):
-    """`reset` and `step` whose states observe a dict observation's POLICY_OBSERVATION entry
-    alone (unchanged where the observation is an array). Playground's steps never read the
-    observation of the state they are given: each makes its own."""
+def _flat_size(size) -> int:
+    return int(np.prod(size)) if isinstance(size, tuple) else int(size)
+
+
+def observation_view(reset, step):
+    """`reset` and `step` whose states observe a dict observation as one vector, its policy's
+    entry then its privileged one (unchanged where the observation is an array). Playground's
+    steps never read the observation of the state they are given: each makes its own."""
+    import jax.numpy as jnp
 
     def view(state):
         if isinstance(state.obs, dict):
-            return state.replace(obs=state.obs[POLICY_OBSERVATION])
+            parts = (state.obs[POLICY_OBSERVATION], state.obs[PRIVILEGED_OBSERVATION])
+            return state.replace(obs=jnp.concatenate([jnp.ravel(part) for part in parts]))
         return state
 
     return (lambda key: view(reset(key))), (lambda state, action: view(step(state, action)))
