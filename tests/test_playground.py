@@ -37,8 +37,9 @@ def test_ids_are_playgrounds_own_and_robots_without_models_are_refused(
         config = registry.get_default_config(name)
         assert config.episode_length == playground_envs.EPISODE_LENGTH and config.action_repeat == 1
     assert envs.check_env_id("playground/cartpolebalance") == "playground/CartpoleBalance"
-    with pytest.raises(UnknownEnvironment, match="did you mean playground/CheetahRun"):
+    with pytest.raises(UnknownEnvironment, match="did you mean playground/CheetahRun") as error:
         envs.check_env_id("playground/CheetaRun")
+    assert "its humanoid joystick tasks: playground/G1JoystickFlatTerrain, " in str(error.value)
     with pytest.raises(UnknownEnvironment, match="not its other robot tasks"):
         envs.check_env_id("playground/Go1JoystickFlatTerrain")
     monkeypatch.setattr(playground_envs, "menagerie_path", lambda: Path("/nonexistent"))

@@ -141,7 +141,8 @@ def check_id(env_id: str) -> str:
         hint = close_names(name.lower(), by_key, PREFIX)
         raise UnknownEnvironment(
             f"{env_id}: unknown MuJoCo Playground environment; {hint}fastpop trains its DeepMind "
-            f"Control Suite: {', '.join(PREFIX + known for known in CONTROL_SUITE)}"
+            f"Control Suite: {', '.join(PREFIX + known for known in CONTROL_SUITE)}; and its "
+            f"humanoid joystick tasks: {', '.join(PREFIX + known for known in HUMANOID_JOYSTICKS)}"
         )
     name = by_key[name.lower()]
     if name in NEEDS_MENAGERIE and name not in HUMANOID_JOYSTICKS:
