@@ -104,8 +104,8 @@ NEEDS_MENAGERIE = (
     "LeapCubeRotateZAxis",
     "AeroCubeRotateZAxis",
 )
-# The humanoid joystick tasks fastpop trains (their policy's observation: the dict's `state`),
-# by the menagerie folder of their robot's models.
+# The humanoid joystick tasks fastpop trains (an asymmetric actor-critic: the actor on their
+# dict's `state`, the critics on its `privileged_state`), by their robot's menagerie folder.
 HUMANOID_JOYSTICKS = {
     "G1JoystickFlatTerrain": "unitree_g1",
     "G1JoystickRoughTerrain": "unitree_g1",
