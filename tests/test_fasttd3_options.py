@@ -201,6 +201,31 @@ def test_a_residual_network_is_simbas_block_by_block_and_trains_every_layer():
         jax.eval_shape(ResidualMLP((8, 4, 3)).init, jax.random.key(1), x)
 
 
+def test_the_actors_own_widths_leave_the_critics_and_default_to_theirs():
+    """FastTD3's actor is narrower than its critics (512-256-128 under 1024-512-256):
+    agent.actor_hidden_sizes sets the actor's layers alone; unset, the actor is `hidden_sizes`'s
+    (the same parameters as before the option)."""
+    kernels = lambda tree: [tree[k]["kernel"].shape for k in sorted(tree)]
+    for algo in ("td3", "sac"):
+        same = init_shapes(tiny_agent(algo))
+        assert same == init_shapes(tiny_agent(algo, actor_hidden_sizes=None))
+        narrow = init_shapes(tiny_agent(algo, actor_hidden_sizes=(8, 4)))
+        assert kernels(narrow.actor["params"]["MLP_0"])[:2] == [(5, 8), (8, 4)]
+        assert narrow.critic == same.critic and narrow.actor != same.actor
+    config = load_config(None, ["agent.actor_hidden_sizes=[32, 16]"])
+    assert (
+        config.agent["actor_hidden_sizes"] == (32, 16)
+        and load_config(None, []).agent["actor_hidden_sizes"] is None
+    )
+    refusals = {
+        "agent.actor_hidden_sizes=[0]": "agent.actor_hidden_sizes",
+        "agent.actor_hidden_sizes=[8, 4]": "agent.actor_hidden_sizes: must be equal widths",
+    }
+    for override, message in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(None, [override, "agent.network=residual", "agent.hidden_sizes=[8, 8]"])
+
+
 def test_residual_agents_have_residual_actors_and_critics():
     options = {"network": "residual", **TINY_OPTIONS["distributional"]}
     for algo in ("td3", "sac"):

@@ -140,6 +140,9 @@ class ActorCriticConfig:
 
     hidden_sizes: tuple[int, ...] = (256, 256)
     """Hidden layer widths of actor and critics (the paper: 256-256)."""
+    actor_hidden_sizes: tuple[int, ...] | None = None
+    """The actor's own hidden layer widths (FastTD3: 512-256-128 under 1024-512-256 critics);
+    null: `hidden_sizes`."""
     batch_size: int = 256
     """Transitions per gradient step."""
     compute_dtype: str = "float32"
@@ -179,6 +182,11 @@ class ActorCriticConfig:
     """AdamW's decoupled weight decay of the actor's and critics' parameters (FastTD3: 0.1):
     each step also takes learning_rate * weight_decay * params off them; 0: Adam. SAC's
     temperature has none."""
+
+    @property
+    def actor_widths(self) -> tuple[int, ...]:
+        """The actor's hidden layer widths."""
+        return self.actor_hidden_sizes or self.hidden_sizes
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -256,7 +256,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         raise ValueError("SAC needs a continuous action space; use DQN for discrete actions")
     actor_net = GaussianActor(
         spec.action_dim,
-        config.hidden_sizes,
+        config.actor_widths,
         dtype=config.compute_dtype,
         network=config.network,
         observes=spec.actor_observes,

@@ -282,7 +282,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         )
     actor_net = DeterministicActor(
         spec.action_dim,
-        config.hidden_sizes,
+        config.actor_widths,
         spec.action_low,
         spec.action_high,
         config.compute_dtype,

@@ -276,6 +276,7 @@ _RECIPE_TINY = [
     "env.episode_length=100",
     "population.size=2",
     "agent.hidden_sizes=[32,32]",
+    "agent.actor_hidden_sizes=[32,32]",
     "agent.batch_size=64",
     "replay.capacity=4000",
     "replay.min_size=128",

@@ -53,6 +53,7 @@ _STRATEGY_SECTIONS = "strategy_sections"  # written as one top-level section per
 _TOP = {f.name: f.default_factory for f in dataclasses.fields(Config)}
 _AGENT_RANGES = {
     "hidden_sizes": {"min": 1},
+    "actor_hidden_sizes": {"min": 1},
     "batch_size": {"min": 1},
     "n_step": {"min": 1},
     "torso": {"choices": TORSOS},
@@ -210,10 +211,13 @@ def _check_consistency(r: Reader, c: Config) -> None:
         ("agent.v_max", c.agent.get("v_max", 1.0) <= c.agent.get("v_min", 0.0),
          f"must be > agent.v_min ({c.agent.get('v_min')}): the distributional critic's "
          f"support runs from v_min to v_max, got {c.agent.get('v_max')}"),
-        ("agent.hidden_sizes",
-         c.agent.get("network") == "residual" and len(set(c.agent["hidden_sizes"])) > 1,
-         "must be equal widths with agent.network: residual (the width of each residual "
-         f"block, whose output is added to its input), got {list(c.agent.get('hidden_sizes'))}"),
+        *(
+            (f"agent.{name}",
+             c.agent.get("network") == "residual" and len(set(c.agent.get(name) or ())) > 1,
+             "must be equal widths with agent.network: residual (the width of each residual "
+             f"block, whose output is added to its input), got {list(c.agent.get(name) or ())}")
+            for name in ("hidden_sizes", "actor_hidden_sizes")
+        ),
     )  # fmt: skip
     for dotted, violated, problem in checks:
         if violated:
