@@ -59,7 +59,10 @@ BAD = {
     "agent field of another algo": (
         "algo: td3\nagent: {double_dqn: true}\n",
         [],
-        ["unknown key 'agent.double_dqn'", "for algo td3: hidden_sizes, actor_hidden_sizes, batch_size"],
+        [
+            "unknown key 'agent.double_dqn'",
+            "for algo td3: hidden_sizes, actor_hidden_sizes, batch_size",
+        ],
     ),
     "hparam of another algo": (
         "algo: td3\nhparams: {learning_rate: 1e-3}\n",

@@ -39,6 +39,7 @@ FASTTD3 = {
     "exploration_std_min": 0.05,
     "weight_decay": 0.1,
     "network": "residual",
+    "actor_output_init_std": 0.01,
 }
 
 
@@ -66,7 +67,8 @@ def random_state(agent, seed: int = 0, members: int | None = None):
 def test_the_options_are_off_by_default():
     defaults = {name: getattr(TD3Config(), name) for name in FASTTD3}
     off = {"target_actor": True, "target_critic_every_step": False, "actor_q": "first"}
-    assert defaults == {**off, "exploration_std_min": None, "weight_decay": 0.0, "network": "mlp"}
+    unset = {"exploration_std_min": None, "actor_output_init_std": None}
+    assert defaults == {**off, **unset, "weight_decay": 0.0, "network": "mlp"}
     assert {name: load_config(None, []).agent[name] for name in FASTTD3} == defaults
     agent = tiny_agent("td3")
     state = init_shapes(agent)
@@ -201,6 +203,29 @@ def test_a_residual_network_is_simbas_block_by_block_and_trains_every_layer():
         jax.eval_shape(ResidualMLP((8, 4, 3)).init, jax.random.key(1), x)
 
 
+def test_the_actors_output_layer_starts_small_and_every_other_layer_as_before():
+    """FastTD3's init_scale: the actor's output layer N(0, 0.01^2) with zero biases; the same
+    key gives every other layer (and the critics) the parameters of TD3's default init."""
+    for network in ("mlp", "residual"):
+        plain = tiny_agent("td3", network=network, hidden_sizes=(64, 64))
+        small = tiny_agent(
+            "td3", network=network, hidden_sizes=(64, 64), actor_output_init_std=0.01
+        )
+        key, hparams = jax.random.key(3), plain.default_hparams()
+        before, after = plain.init(key, hparams), small.init(key, hparams)
+        torso = "MLP_0" if network == "mlp" else "ResidualMLP_0"
+        layers_before, layers_after = before.actor["params"][torso], after.actor["params"][torso]
+        dense = [name for name in layers_after if name.startswith("Dense_")]
+        output = max(dense, key=lambda name: int(name.split("_")[1]))
+        kernel = np.asarray(layers_after[output]["kernel"])
+        assert kernel.shape == (64, 2) and 0.008 < kernel.std() < 0.012
+        assert not np.asarray(layers_after[output]["bias"]).any()
+        assert np.asarray(layers_before[output]["kernel"]).std() > 0.05  # flax's default
+        others = {name: value for name, value in layers_after.items() if name != output}
+        assert same(others, {name: layers_before[name] for name in others})
+        assert same(after.critic, before.critic) and same(after.target_critic, before.target_critic)
+
+
 def test_the_actors_own_widths_leave_the_critics_and_default_to_theirs():
     """FastTD3's actor is narrower than its critics (512-256-128 under 1024-512-256):
     agent.actor_hidden_sizes sets the actor's layers alone; unset, the actor is `hidden_sizes`'s
@@ -253,6 +278,7 @@ def test_the_config_takes_the_options_and_refuses_bad_values_naming_the_field():
         "agent.actor_q=mean": "agent.actor_q: must be one of first, min, got 'mean'",
         "agent.weight_decay=-0.1": "agent.weight_decay: must be >= 0",
         "agent.exploration_std_min=-1": "agent.exploration_std_min: must be >= 0",
+        "agent.actor_output_init_std=-1": "agent.actor_output_init_std: must be >= 0",
         "agent.network=residual": "agent.hidden_sizes: must be equal widths with agent.network",
     }
     for override, message in refusals.items():

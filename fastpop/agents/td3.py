@@ -36,7 +36,7 @@ NAME = "td3"  # its `algo:` in a config, its registry entry's and its Agent's na
 @dataclasses.dataclass(frozen=True)
 class TD3Config(ActorCriticConfig):
     """Static shape of a TD3 member (hidden sizes, batch size, critic kind); equal across a
-    population. The last four fields are FastTD3's (Seo et al., 2025) choices, each off by
+    population. The last five fields are FastTD3's (Seo et al., 2025) choices, each off by
     default: TD3's own."""
 
     target_actor: bool = True
@@ -53,6 +53,10 @@ class TD3Config(ActorCriticConfig):
     is drawn uniformly between this and the member's exploration_noise (FastTD3's std_max) at
     the start of each of its episodes, and held for the episode; null: every lane's std is
     exploration_noise (TD3). In units of the action half-range, as exploration_noise."""
+    actor_output_init_std: float | None = None
+    """The actor's output layer starts from N(0, std^2) weights and zero biases (FastTD3's
+    init_scale, 0.01: its first actions near the middle of the action range); null: flax's
+    default initialization (TD3)."""
 
 
 class TD3HParams(NamedTuple):
@@ -288,6 +292,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         config.compute_dtype,
         config.network,
         spec.actor_observes,
+        config.actor_output_init_std,
     )
     critic = make_critic(config, spec.critic_observes)
     optimizer = network_optimizer(config.weight_decay)

@@ -66,6 +66,7 @@ _AGENT_RANGES = {
     "weight_decay": {"min": 0.0},
     "actor_q": {"choices": ACTOR_QS},
     "exploration_std_min": {"min": 0.0},
+    "actor_output_init_std": {"min": 0.0},
 }
 # HParams whose default depends on the environment; null in a config means that default.
 _ENV_DEPENDENT_HPARAMS = frozenset({"target_entropy"})
