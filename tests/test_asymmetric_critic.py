@@ -98,3 +98,34 @@ def test_an_algorithm_that_does_not_separate_them_is_refused():
     with pytest.raises(ValueError, match="privileged state for the critics alone") as error:
         make_agent("dqn", discrete)
     assert "use td3, sac" in str(error.value)
+
+
+@pytest.mark.parametrize("algo", ["td3", "sac"])
+def test_the_exported_policy_takes_the_state_alone_and_acts_as_the_agent(algo):
+    """`fastpop export` of an asymmetric run: the function takes the policy's entries alone (what
+    a robot has), with the observation statistics of the whole training vector applied to them,
+    and acts as the agent does on any training observation that starts with them."""
+    from jax import export as jax_export
+
+    from fastpop.commands import export
+
+    agent = make_agent(algo, SPEC, hidden_sizes=(8,), batch_size=4, observation_norm=True)
+    state = agent.init(jax.random.key(0), agent.default_hparams())
+    rng = np.random.default_rng(2)
+    stats = state.observation_norm._replace(  # statistics unlike the initial ones
+        mean=jnp.asarray(rng.standard_normal(7), jnp.float32),
+        var=jnp.asarray(rng.uniform(0.5, 2.0, 7), jnp.float32),
+    )
+    policy = agent.policy_params(state._replace(observation_norm=stats))
+    hparams = agent.default_hparams()
+    weights, serialized = export.export_policy(agent, policy, hparams, SPEC)
+    exported = jax_export.deserialize(bytearray(serialized))
+    assert export.policy_observation_shape(SPEC) == (3,)
+    assert exported.in_avals[-1].shape[1:] == (3,)  # (batch, 3): the observation, last
+    training_obs = rng.standard_normal((6, 7)).astype(np.float32)
+    actions = exported.call(weights, training_obs[:, :3])
+    expected = agent.act(policy, training_obs, jax.random.key(0), hparams, False, 0)
+    np.testing.assert_allclose(actions, expected, rtol=1e-6, atol=1e-6)
+    assert export.trained_on(SPEC)["observation_shape"] == [7]
+    assert export.trained_on(SPEC)["policy_entries"] == 3
+    assert export.trained_on(EnvSpec((7,), action_dim=2)) is None

@@ -176,7 +176,7 @@ def test_the_spaces_and_the_origin_are_described(runs, tmp_path, capsys):
         "high": 2.0,
     }
     assert spec["frame_stack"] == 1 and spec["atari_preprocessing"] is None
-    assert spec["policy_obs_size"] == 0  # the policy reads the whole observation
+    assert spec["trained_on"] is None  # the policy takes the observation it was trained on
     assert spec["run"] == str(runs["sac"].resolve()) and spec["member_env_steps"] == 100
     assert spec["hparams"]["actor_lr"] == 3e-4
     with np.load(out / "weights.npz", allow_pickle=False) as weights:

@@ -7,7 +7,8 @@ DIR holds three files:
                   action = policy(weights, obs), lowered for CPU and CUDA, batch size symbolic
     policy.json   its spaces (observation shape and dtype, action shape and bounds or number of
                   actions, frame stack, Atari preprocessing), algo, env, run, member, checkpoint,
-                  and with agent.observation_norm the normalization the function applies
+                  and with agent.observation_norm the normalization the function applies; an
+                  asymmetric actor-critic's policy takes the state alone (`trained_on`)
 
 The function is fastpop's own `agent.act(..., explore=False)`: TD3's actor, SAC's mean action
 squashed and scaled to the bounds, DQN's greedy argmax; the member's hparams are constants in
@@ -189,17 +190,28 @@ def flat_weights(policy) -> tuple[dict[str, Any], Any, list[str]]:
     return {n: np.asarray(leaf) for n, (_, leaf) in zip(names, leaves, strict=True)}, treedef, names
 
 
-def inference_function(agent, treedef, names: list[str], hparams):
+def inference_function(agent, treedef, names: list[str], hparams, privileged: int = 0):
     """policy(weights, obs) -> agent.act(params, obs, ..., explore=False): the member's
-    deterministic action for a batch of observations; `hparams` are constants in it."""
+    deterministic action for a batch of observations; `hparams` are constants in it. An
+    asymmetric actor-critic's policy takes the state alone: its `privileged` entries, which the
+    actor never reads, are zeros appended before the call."""
     import jax
+    import jax.numpy as jnp
 
     def policy(weights: dict, obs):
         params = jax.tree_util.tree_unflatten(treedef, [weights[name] for name in names])
+        if privileged:
+            obs = jnp.concatenate([obs, jnp.zeros((*obs.shape[:-1], privileged), obs.dtype)], -1)
         # The key is never used for a deterministic action (noise scaled by zero, epsilon 0).
         return agent.act(params, obs, jax.random.key(0), hparams, False, 0)
 
     return policy
+
+
+def policy_observation_shape(spec) -> tuple[int, ...]:
+    """The observation the exported policy takes: the env's, or an asymmetric actor-critic's
+    state alone (its first `policy_obs_size` entries; the privileged rest was its critics')."""
+    return (spec.policy_obs_size,) if spec.policy_obs_size else tuple(spec.obs_shape)
 
 
 def export_policy(agent, policy, hparams, spec) -> tuple[dict[str, Any], bytes]:
@@ -209,10 +221,12 @@ def export_policy(agent, policy, hparams, spec) -> tuple[dict[str, Any], bytes]:
     from jax import export
 
     weights, treedef, names = flat_weights(policy)
-    function = inference_function(agent, treedef, names, hparams)
+    observed = policy_observation_shape(spec)
+    privileged = spec.obs_shape[-1] - observed[-1] if spec.policy_obs_size else 0
+    function = inference_function(agent, treedef, names, hparams, privileged)
     (batch,) = export.symbolic_shape("batch")
     weight_specs = {n: jax.ShapeDtypeStruct(a.shape, a.dtype) for n, a in weights.items()}
-    obs_spec = jax.ShapeDtypeStruct((batch, *spec.obs_shape), spec.obs_dtype)
+    obs_spec = jax.ShapeDtypeStruct((batch, *observed), spec.obs_dtype)
     exported = export.export(jax.jit(function), platforms=PLATFORMS)(weight_specs, obs_spec)
     return weights, bytes(exported.serialize())
 
@@ -246,10 +260,11 @@ def describe(config, spec, loaded, member: int, reason: str, run_dir: Path, hpar
         "format_version": FORMAT_VERSION,
         "algo": config.algo,
         "env_id": config.env.id,
-        "observation": {"shape": list(spec.obs_shape), "dtype": np.dtype(spec.obs_dtype).name},
-        # an asymmetric actor-critic's policy reads only the observation's first entries (the
-        # rest, privileged state for its critics, may be zeros); 0: all of them
-        "policy_obs_size": spec.policy_obs_size,
+        "observation": {
+            "shape": list(policy_observation_shape(spec)),
+            "dtype": np.dtype(spec.obs_dtype).name,
+        },
+        "trained_on": trained_on(spec),
         "frame_stack": spec.frame_stack,
         "atari_preprocessing": None if atari is None else dataclasses.asdict(atari),
         "action": action,
@@ -268,6 +283,21 @@ def describe(config, spec, loaded, member: int, reason: str, run_dir: Path, hpar
         "hparams": plain_hparams(hparams),
         "seed": config.seed,
         "observation_norm": observation_norm(config),
+    }
+
+
+def trained_on(spec) -> dict | None:
+    """An asymmetric actor-critic's training observation, [state | privileged_state], of which
+    the policy takes the state alone; None where the policy takes what it was trained on."""
+    if not spec.policy_obs_size:
+        return None
+    return {
+        "observation_shape": list(spec.obs_shape),
+        "policy_entries": spec.policy_obs_size,
+        "note": "the policy's observation is the training observation's first policy_entries "
+        "(the state); the rest, privileged state, was read by the critics alone. With "
+        "observation_norm, mean and var span the training observation: the policy's entries "
+        "are normalized by their first policy_entries",
     }
 
 
