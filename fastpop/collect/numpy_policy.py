@@ -110,12 +110,14 @@ def exploration_generator(seed: int) -> np.random.Generator:
 class NumpyActing:
     """The exploring action of a policy kind (TD3's, SAC's, DQN's) for a collector's slots (each
     slot: its member's policy), in numpy. `rng`: the exploration's random numbers
-    (`exploration_generator`)."""
+    (`exploration_generator`). `explore=False`: the deterministic action instead, the agents'
+    `act(..., explore=False)` (the evaluator's: TD3's actor, SAC's squashed mean, DQN's argmax);
+    it draws no random numbers."""
 
-    def __init__(self, policy: NumpyPolicy, rng: np.random.Generator):
+    def __init__(self, policy: NumpyPolicy, rng: np.random.Generator, explore: bool = True):
         if policy.kind not in KINDS:
             raise ValueError(f"no numpy policy for {policy.kind}: only {', '.join(KINDS)}")
-        self.policy, self.rng = policy, rng
+        self.policy, self.rng, self.explore = policy, rng, explore
         self.half_range = (policy.action_high - policy.action_low) / 2.0
         self.center = (policy.action_high + policy.action_low) / 2.0
         self._torso = self._heads = self._hparams = self._noise_scale = None
@@ -158,11 +160,15 @@ class NumpyActing:
         heads = [np.matmul(x, kernel)[:, 0] + bias for kernel, bias in self._heads]
         if self.policy.kind == "squashed_gaussian":  # GaussianActor: mean and log-std heads
             return self._squashed_gaussian(*heads)
+        if not self.explore:
+            return heads[0].argmax(-1).astype(np.int32)
         return self._epsilon_greedy(heads[0], env_steps * self.policy.envs_per_member)
 
     def _deterministic(self, x: np.ndarray, new_episodes) -> np.ndarray:
         action = np.tanh(_mlp(self._torso, x, activate_final=False)[:, 0])
         action = action * self.half_range + self.center
+        if not self.explore:
+            return np.clip(action, self.policy.action_low, self.policy.action_high)
         noise = self._noise_std(len(x), new_episodes) * self._normals(action.shape)
         return np.clip(action + noise, self.policy.action_low, self.policy.action_high)
 
@@ -182,6 +188,8 @@ class NumpyActing:
         return (std * self.half_range)[:, None]
 
     def _squashed_gaussian(self, mean: np.ndarray, log_std: np.ndarray) -> np.ndarray:
+        if not self.explore:
+            return np.tanh(mean) * self.half_range + self.center
         log_std = np.clip(log_std, *self.policy.log_std_bounds)
         pre_tanh = mean + np.exp(log_std) * self._normals(mean.shape)
         return np.tanh(pre_tanh) * self.half_range + self.center

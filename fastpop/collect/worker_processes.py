@@ -74,6 +74,7 @@ class WorkerLaunch(NamedTuple):
     row_layout: RowLayout
     blocks: list[tuple[int, int]]  # each collector's (first_slot, num_slots)
     numpy_policies: list  # how each collector acts once its warm-up ends (acting.numpy_policy_for)
+    evaluator_policy: Any  # how the evaluator acts: a NumpyPolicy, or None (the jitted `act`)
     published_hparams: dict  # the publishes' hparams, as collector.hparams_layout
     # Resumes of the run so far: a resumed run's collectors draw new environment seeds instead
     # of replaying the first episodes of the run.
@@ -112,6 +113,7 @@ class WorkerLaunch(NamedTuple):
             channels.stop_flag.spec,
             parts.seed + 10_000 * restarts,
             mp.current_process().pid,
+            self.evaluator_policy,
         )
 
 

@@ -87,12 +87,17 @@ class Workers:
             numpy_policy_for(algo, parts.env_spec, initial_policy, count, per_member, std_min)
             for _, count in blocks
         ]
+        # The evaluator's: one env per member, the deterministic action
+        evaluator_policy = numpy_policy_for(
+            algo, parts.env_spec, initial_policy, parts.population_size, 1
+        )
         launch = WorkerLaunch(
             mp.get_context("spawn"),
             parts,
             RowLayout.of(replay_spec),
             blocks,
             numpy_policies,
+            evaluator_policy,
             hparams_layout(initial_policy[1]),
             generation,
         )

@@ -1,9 +1,11 @@
 """`fastpop eval RUN_DIR`: evaluate one member of a run from its newest usable checkpoint.
 
-The member acts as in the periodic evaluation (`collect.evaluator.evaluate_population`): no
-exploration, the policy held constant. Only the member states and hparams are read from the
-checkpoint (never the replay buffers), and nothing is written into the run directory; `--video`
-also records the first episode (`fastpop.commands.video`).
+The member acts as in the periodic evaluation (`collect.evaluator.evaluate_population`, the
+agent's jitted `act`; a process-mode run's evaluator computes the same deterministic actions in
+numpy where it can, equal to float rounding): no exploration, the policy held constant. Only the
+member states and hparams are read from the checkpoint (never the replay buffers), and nothing
+is written into the run directory; `--video` also records the first episode
+(`fastpop.commands.video`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Frames come from gymnasium's `rgb_array` rendering (MuJoCo offscreen through EGL or OSMesa, so it
 works without a display); imageio-ffmpeg encodes them. The episode uses the reset seed and action
-keys of `collect.evaluator.evaluate_population`, so it is the evaluation's first episode.
+keys of `collect.evaluator.evaluate_population`, so it is the evaluation's first episode (to float
+rounding where the run's evaluator acted in numpy).
 """
 
 from __future__ import annotations
