@@ -222,7 +222,7 @@ def export_policy(agent, policy, hparams, spec) -> tuple[dict[str, Any], bytes]:
 
     weights, treedef, names = flat_weights(policy)
     observed = policy_observation_shape(spec)
-    privileged = spec.obs_shape[-1] - observed[-1] if spec.policy_obs_size else 0
+    privileged = spec.obs_shape[-1] - observed[-1]  # 0 but for an asymmetric actor-critic
     function = inference_function(agent, treedef, names, hparams, privileged)
     (batch,) = export.symbolic_shape("batch")
     weight_specs = {n: jax.ShapeDtypeStruct(a.shape, a.dtype) for n, a in weights.items()}
