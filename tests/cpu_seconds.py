@@ -9,7 +9,12 @@ Beside each, the seconds the test's own process spent in JAX's three compile sta
 monitoring events: tracing to a jaxpr, lowering it to an MLIR module, and XLA compiling it (or
 loading it from the compilation cache, which takes milliseconds). Child processes' stages are
 in their CPU seconds only. From an empty cache, XLA's column is what a warm rerun saves; tracing
-and lowering are paid on every run."""
+and lowering are paid on every run.
+
+Then the programs whose XLA compiles took the most of those seconds, over all the tests, by the
+name JAX gives them (`jit(update)`): how many times a program of that name was compiled (or
+loaded from the cache) and the seconds in all. Many compiles of one name are one program at
+many tests' shapes: the lever is fewer distinct shapes, or a program that compiles faster."""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from collections import defaultdict
 import pytest
 
 FIELD = "cpu_seconds"
+PROGRAMS_FIELD = "xla_programs"
+XLA_EVENT = "/jax/core/compile/backend_compile_duration"
 # JAX's monitoring events of a program's compile stages (jax/_src/dispatch.py), by column.
 STAGES = {
     "/jax/core/compile/jaxpr_trace_duration": "trace",
@@ -30,6 +37,10 @@ _stage_seconds = dict.fromkeys(STAGES.values(), 0.0)  # this process's, since it
 _listening = False
 _PHASE_START = pytest.StashKey[tuple]()  # a phase's `now()` as it began
 _totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
+# XLA's compiles by program name: this process's since its last report ([count, seconds]),
+# and, on the reporting process, the session's.
+_programs_pending: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+_programs: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 
 
 def add_option(parser: pytest.Parser) -> None:
@@ -49,10 +60,14 @@ def cpu_now() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _on_duration(event: str, duration_secs: float, **_metadata) -> None:
+def _on_duration(event: str, duration_secs: float, **metadata) -> None:
     stage = STAGES.get(event)
     if stage is not None:
         _stage_seconds[stage] += duration_secs
+    if event == XLA_EVENT:
+        program = _programs_pending[str(metadata.get("fun_name"))]
+        program[0] += 1
+        program[1] += duration_secs
 
 
 def now() -> tuple[float, ...]:
@@ -79,6 +94,8 @@ def end_phase(item: pytest.Item, report: pytest.TestReport) -> None:
     if item.config.getoption("--cpu-seconds") and _PHASE_START in item.stash:
         spent = [end - begun for end, begun in zip(now(), item.stash[_PHASE_START], strict=True)]
         report.user_properties.append((FIELD, spent))
+        report.user_properties.append((PROGRAMS_FIELD, dict(_programs_pending)))
+        _programs_pending.clear()
 
 
 def collect(report: pytest.TestReport) -> None:
@@ -87,6 +104,10 @@ def collect(report: pytest.TestReport) -> None:
         if name == FIELD:
             totals = _totals[report.nodeid]
             totals[:] = [total + value for total, value in zip(totals, values, strict=True)]
+        elif name == PROGRAMS_FIELD:
+            for program, (count, seconds) in values.items():
+                _programs[program][0] += count
+                _programs[program][1] += seconds
 
 
 def summary(terminal, count: int) -> None:
@@ -98,6 +119,11 @@ def summary(terminal, count: int) -> None:
         terminal.write_line(f"{_row(values)}  {nodeid}")
     sums = [sum(values[column] for values in _totals.values()) for column in range(len(COLUMNS))]
     terminal.write_line(f"{_row(sums)}  in all, {len(_totals)} tests")
+    terminal.write_sep("=", f"{count} programs with the most XLA seconds (the tests' processes)")
+    terminal.write_line("  compiles     xla  program")
+    ranked = sorted(_programs.items(), key=lambda item: -item[1][1])[:count]
+    for program, (compiles, seconds) in ranked:
+        terminal.write_line(f"{compiles:10d} {seconds:7.1f}  {program}")
 
 
 def _row(values) -> str:

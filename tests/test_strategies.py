@@ -248,6 +248,23 @@ def test_non_finite_members_are_found():
     assert learner.finite_members().tolist() == [True, True, False, True]
 
 
+@pytest.mark.parametrize("group_elements", [1, 5, 1 << 22])  # a leaf per check .. all in one
+def test_finite_members_reads_every_value_of_every_float_leaf(group_elements):
+    rng = np.random.default_rng(0)
+    members = {
+        "kernel": rng.normal(size=(4, 2, 3)).astype(np.float32),
+        "bias": rng.normal(size=(4, 3)).astype(np.float32),
+        "half": rng.normal(size=(4, 2)).astype(jax.numpy.bfloat16),
+        "scale": rng.normal(size=(4,)).astype(np.float32),
+        "count": np.zeros((4, 2), np.int32),  # not floating point: never read
+    }
+    members["kernel"][1, 1, 2] = np.inf  # the last value of one leaf
+    members["half"][2, 0] = np.nan  # another dtype's group
+    members["scale"][3] = -np.inf  # a leaf of one value per member
+    finite = population.finite_members(members, group_elements=group_elements)
+    assert finite.tolist() == [True, False, False, False]
+
+
 @pytest.mark.parametrize("execution", ["vectorized", "sequential"])
 def test_a_non_finite_member_is_reset_from_the_best_and_the_others_are_untouched(execution):
     learner = filled_learner(f"population.execution={execution}")

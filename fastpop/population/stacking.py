@@ -60,15 +60,44 @@ def copy_member(population: PyTree, target: jax.Array, source: jax.Array) -> PyT
     return jax.tree.map(lambda leaf: leaf.at[target].set(leaf[source]), population)
 
 
-@jax.jit
-def finite_members(population: PyTree) -> jax.Array:
-    """(P,) bool: every floating-point value of the member is finite."""
-    checks = [
-        jnp.all(jnp.isfinite(leaf.reshape(leaf.shape[0], -1)), axis=1)
+# Elements per member one finiteness check reads at once: the leaves are concatenated into
+# groups of at most this many (a transient copy of P x 4M values), so a large member's check
+# neither copies the whole population nor compiles one reduction per leaf.
+FINITE_GROUP_ELEMENTS = 1 << 22
+
+
+@functools.partial(jax.jit, static_argnames="group_elements")
+def finite_members(population: PyTree, group_elements: int = FINITE_GROUP_ELEMENTS) -> jax.Array:
+    """(P,) bool: every floating-point value of the member is finite. The leaves are checked a
+    group at a time, each group concatenated into one (P, n) array: one reduction per group
+    rather than per leaf compiles 2.5-3.5x faster (results/startup/finite_check_compile.py),
+    and this program runs once per evaluation round."""
+    rows = [
+        leaf.reshape(leaf.shape[0], -1)
         for leaf in jax.tree.leaves(population)
         if jnp.issubdtype(leaf.dtype, jnp.inexact)
     ]
+    checks = [
+        jnp.all(jnp.isfinite(jnp.concatenate(group, axis=1)), axis=1)
+        for group in _groups(rows, group_elements)
+    ]
     return jnp.all(jnp.stack(checks), axis=0)
+
+
+def _groups(rows: list[jax.Array], elements: int) -> list[list[jax.Array]]:
+    """`rows` ((P, n_i) each) in groups of one dtype and at most `elements` values per member
+    (a larger leaf alone)."""
+    groups: list[list[jax.Array]] = []
+    for dtype in dict.fromkeys(row.dtype for row in rows):
+        group, size = [], 0
+        for row in (row for row in rows if row.dtype == dtype):
+            if group and size + row.shape[1] > elements:
+                groups.append(group)
+                group, size = [], 0
+            group.append(row)
+            size += row.shape[1]
+        groups.append(group)
+    return groups
 
 
 def population_size(population: PyTree) -> int:
