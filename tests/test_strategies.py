@@ -248,8 +248,9 @@ def test_non_finite_members_are_found():
     assert learner.finite_members().tolist() == [True, True, False, True]
 
 
-@pytest.mark.parametrize("group_elements", [1, 5, 1 << 22])  # a leaf per check .. all in one
-def test_finite_members_reads_every_value_of_every_float_leaf(group_elements):
+# 4 members: a leaf per check, groups of up to 5 values per member, all in one
+@pytest.mark.parametrize("group_values", [4, 20, 1 << 24])
+def test_finite_members_reads_every_value_of_every_float_leaf(group_values):
     rng = np.random.default_rng(0)
     members = {
         "kernel": rng.normal(size=(4, 2, 3)).astype(np.float32),
@@ -261,7 +262,7 @@ def test_finite_members_reads_every_value_of_every_float_leaf(group_elements):
     members["kernel"][1, 1, 2] = np.inf  # the last value of one leaf
     members["half"][2, 0] = np.nan  # another dtype's group
     members["scale"][3] = -np.inf  # a leaf of one value per member
-    finite = population.finite_members(members, group_elements=group_elements)
+    finite = population.finite_members(members, group_values=group_values)
     assert finite.tolist() == [True, False, False, False]
 
 
