@@ -1,4 +1,4 @@
-"""What bounds a population update, read from XLA (issue 24: "profile a miss with XLA dumps").
+"""What bounds a population update, read from XLA's own dumps.
 
 For each vectorized row of `fastpop bench update`: the kernels the optimised whole-population
 program launches per update step (parsed from its HLO: fusions, library calls and every other

@@ -1,5 +1,5 @@
 """The floor of a population update step: one definition, used by the console, the JSON, the
-GPU programme's README and its automatic verdict (issue 58, item 2).
+GPU programme's README and its automatic verdict.
 
     floor = max(FLOPs at the peak matmul rate of the compute dtype,
                 parameter-state bytes at the measured memory bandwidth)

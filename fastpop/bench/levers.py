@@ -4,8 +4,8 @@ An implementation is a JAX executor (`vectorized`, `sequential`, `sequential-in-
 a PyTorch baseline (`torch`, `torch-compile`, `torch-func`: `torch_variants.py`;
 `torch-leanrl`, `torch-leanrl-fp32`: `torch_leanrl.py`), or the
 vectorized update with levers turned on: `vectorized+LEVER[+LEVER...]`. A lever changes how
-the update is computed, never what: the agent's config fields or the update plan's (issue 47,
-"Levers"; each is tested for equivalence in tests/test_update_levers.py).
+the update is computed, never what: the agent's config fields or the update plan's (each is
+tested for equivalence in tests/test_update_levers.py).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Lever(NamedTuple):
 
 LEVERS = {
     "draws-per-step": Lever(
-        {}, {"draws_once": False}, "each step draws its random numbers (before issue 47)"
+        {}, {"draws_once": False}, "each step draws its random numbers (as the update once did)"
     ),
     "unroll-2": Lever({}, {"unroll": 2}, "the scan over K unrolled 2 steps per iteration"),
     "unroll-5": Lever({}, {"unroll": 5}, "the scan over K unrolled 5 steps per iteration"),

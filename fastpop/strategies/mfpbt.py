@@ -34,7 +34,7 @@ from fastpop.strategies.base import Evaluation, Selection, Strategy, StrategyEnt
 from fastpop.strategies.pbt import explore, fitness, rank
 from fastpop.strategies.priors import Prior
 
-MFPBT_STREAM = 60  # its explore's numpy seeds (base.py's streams are 1-4; issue 60)
+MFPBT_STREAM = 60  # its explore's numpy seeds (base.py's streams are 1-4)
 QUARTERS = 4  # an evolving sub-population's ranks are cut in quarters (the paper's)
 
 

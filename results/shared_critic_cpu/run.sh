@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CEM-RL and DvD on a 2-core CPU (issue 5), each next to an independent TD3 population of the
+# CEM-RL and DvD on a 2-core CPU, each next to an independent TD3 population of the
 # same size on the same task and the same 15-minute wall budget, one run after the other on an
 # otherwise idle machine, then the plots. About 62 minutes.
 #   bash results/shared_critic_cpu/run.sh

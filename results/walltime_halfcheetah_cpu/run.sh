@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The walltime comparison on HalfCheetah-v5 (issue 4): one TD3 agent, an independent TD3
+# The walltime comparison on HalfCheetah-v5: one TD3 agent, an independent TD3
 # population of 4 and a PBT TD3 population of 4, 20 minutes of wall time each, one after the
 # other on an otherwise idle machine, then the plots. About 62 minutes.
 #   bash results/walltime_halfcheetah_cpu/run.sh
