@@ -70,7 +70,7 @@ FINITE_GROUP_VALUES = 1 << 24
 def finite_members(population: PyTree, group_values: int = FINITE_GROUP_VALUES) -> jax.Array:
     """(P,) bool: every floating-point value of the member is finite. The leaves are checked a
     group at a time, each group concatenated into one (P, n) array: one reduction per group
-    rather than per leaf compiles 2.5-3.5x faster (results/startup/finite_check_compile.py),
+    rather than per leaf compiles 2.3-3.7x faster (results/startup/finite_check_compile.py),
     and this program runs once per evaluation round."""
     rows = [
         leaf.reshape(leaf.shape[0], -1)

@@ -5,14 +5,15 @@ XLA's optimizations (a user's run) and with most of them off (the test suite's d
 
     python results/startup/finite_check_compile.py [PRESET ...]
 
-Each figure is one compile in a fresh process (JAX keeps a compiled module in memory, so a
-second compile of it in one process costs nothing), after a warm-up compile of another program,
-with the persistent compilation cache off.
+Each figure is the median of 3 compiles, each in a fresh process (JAX keeps a compiled module in
+memory, so a second compile of it in one process costs nothing) after a warm-up compile of
+another program, with the persistent compilation cache off; the two formulas alternate.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PRESETS = ["td3_pendulum_cpu", "sac_pendulum_cpu", "dqn_pbt_pong_cpu"]
 FORMULAS = ("per_leaf", "grouped")
+REPEATS = 3
 
 
 def one(preset: str, formula: str) -> None:
@@ -58,15 +60,16 @@ def main(presets: list[str]) -> None:
     for preset in presets:
         for disabled in ("0", "1"):
             env = os.environ | {"JAX_DISABLE_MOST_OPTIMIZATIONS": disabled}
-            seconds = {}
-            for formula in FORMULAS:
-                command = [sys.executable, __file__, "--one", preset, formula]
-                output = subprocess.run(
-                    command, env=env, capture_output=True, text=True, check=True
-                )
-                leaves, seconds[formula] = output.stdout.split()[-2:]
+            seconds = {formula: [] for formula in FORMULAS}
+            for _ in range(REPEATS):
+                for formula in FORMULAS:
+                    command = [sys.executable, __file__, "--one", preset, formula]
+                    done = subprocess.run(command, env=env, capture_output=True, text=True)
+                    done.check_returncode()
+                    leaves, took = done.stdout.split()[-2:]
+                    seconds[formula].append(float(took))
             label = "most off" if disabled == "1" else "on"
-            row = " | ".join(f"{float(seconds[formula]):.3f}" for formula in FORMULAS)
+            row = " | ".join(f"{statistics.median(seconds[f]):.3f}" for f in FORMULAS)
             print(f"| {preset} | {leaves} | {label} | {row} |")
 
 
