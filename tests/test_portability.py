@@ -62,6 +62,27 @@ def test_each_algorithms_population_update_lowers_for_cuda(algo, options):
     assert lower_for(update, states, buffers, hparams, key).platforms == ("cuda",)
 
 
+def test_fused_pallas_mlps_lower_to_triton_kernels_in_the_update(monkeypatch):
+    from fastpop.agents import pallas_mlp
+    from fastpop.bench.portability import TRITON_TARGET
+
+    monkeypatch.setattr(pallas_mlp, "default_interpret", lambda: False)  # as on a GPU
+    agent = make_agent(
+        "td3", SPECS["td3"], hidden_sizes=(16, 16), batch_size=8, mlp_kernel="pallas"
+    )
+    spec = replay.make_replay_spec(SPECS["td3"], capacity=32, lanes=1, chunk_len=32)
+    hparams = population.broadcast_hparams(agent.default_hparams(), 3)
+    key = jax.random.key(0)
+    buffers = abstract(lambda: replay.init_population(spec, 3))
+    states = abstract(lambda k: jax.vmap(agent.init)(jax.random.split(k, 3), hparams), key)
+    sample = partial(replay.sample, spec, batch_size=agent.batch_size)
+    update = chunked.whole_population(
+        population.member_update_loop(population.UpdatePlan(agent, sample, 2)), 0
+    )
+    module = lower_for(update, states, buffers, hparams, key).mlir_module()
+    assert module.count(f"custom_call @{TRITON_TARGET}") >= 10  # forwards and backwards
+
+
 def device_learner(algo: str, env_id: str, strategy: str = "independent", size: int = 2):
     """A tiny device-mode learner and its collection (nothing trained)."""
     from fastpop.learn.learner import Learner

@@ -1,4 +1,4 @@
-"""Issue 47's levers of the population update and the strongest sequential baseline: each
+"""The levers of the population update and the strongest sequential baseline: each
 computes the same update as today's, from the same state and the same random draws."""
 
 from __future__ import annotations
@@ -105,6 +105,44 @@ def test_bfloat16_matmuls_stay_near_float32_with_float32_parameters(name):
     np.testing.assert_allclose(
         half_metrics["critic_loss"], full_metrics["critic_loss"], rtol=0.05, atol=1e-3
     )
+
+
+@pytest.mark.parametrize("name", ["td3", "sac"])
+def test_fused_pallas_mlps_compute_the_same_updates_from_the_same_parameters(name):
+    # TD3: the deterministic actor and its delayed step; SAC: the Gaussian actor's ReLU torso
+    agent, fused = lever_agent(name), lever_agent(name, mlp_kernel="pallas")
+    states = initial_states(agent)
+    assert leaves_allclose(initial_states(fused), states, atol=0.0)
+    xla, xla_metrics = run_update(agent, states)
+    pallas, pallas_metrics = run_update(fused, states)
+    assert leaves_allclose(xla, pallas, atol=1e-5)
+    assert leaves_allclose(xla_metrics, pallas_metrics, atol=1e-5)
+    assert not leaves_allclose(xla, states, atol=1e-6)
+
+
+def test_a_lever_that_fails_to_compile_is_recorded_and_the_other_rows_are_timed(monkeypatch):
+    from fastpop.agents import pallas_mlp
+    from fastpop.bench.random_replay import random_replay
+    from fastpop.bench.update import bench_update, make_setups
+
+    settings = tiny_update_bench()._replace(anatomy_from=1000)
+    impls = [levers.parse(name) for name in ("vectorized", "vectorized+pallas-mlp")]
+    spec, buffers = random_replay("td3", 2, jax.random.key(0), None)
+    setups = make_setups(settings, impls, spec, buffers)
+    # XLA sees no FLOPs inside a Pallas kernel: the lever is counted as the update it computes
+    assert setups["vectorized+pallas-mlp"].cost == setups["vectorized"].cost
+
+    def out_of_room(*args, **kwargs):
+        raise RuntimeError("out of resource: shared memory")  # as Triton says it
+
+    monkeypatch.setattr(pallas_mlp, "fused_mlp", out_of_room)
+    lines = []
+    result = bench_update(settings, [2], [impl.name for impl in impls], log=lines.append)
+    assert [row["impl"] for row in result["rows"]] == ["vectorized"]
+    assert result["rows"][0]["agent_updates_per_s"] > 0
+    failure = result["failed"]["vectorized+pallas-mlp"][2]
+    assert failure == "RuntimeError: out of resource: shared memory"
+    assert any("vectorized+pallas-mlp P=2: failed, RuntimeError" in line for line in lines)
 
 
 def test_a_lever_name_is_checked_and_applies_to_the_vectorized_update_only():

@@ -178,6 +178,12 @@ class ActorCriticConfig:
     LayerNorm(x))))), a final LayerNorm, then the output layer. Residual `hidden_sizes` must be
     equal (the blocks' width); `layer_norm` adds nothing to them. Its policies act through
     JAX, not the collectors' numpy MLP."""
+    mlp_kernel: str = "xla"
+    """What computes the actor's and critics' MLPs: xla, flax's Dense layers as XLA compiles
+    them; pallas, one fused Pallas kernel for a whole MLP's forward pass and one for its backward
+    (agents/pallas_mlp.py: Triton on a GPU, interpret mode elsewhere, which is slow). The same
+    parameters and numbers to float rounding; `network: mlp` without `layer_norm` only. The
+    `pallas-mlp` lever of `fastpop bench update`."""
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay of the actor's and critics' parameters (FastTD3: 0.1):
     each step also takes learning_rate * weight_decay * params off them; 0: Adam. SAC's

@@ -14,6 +14,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fastpop.agents import pallas_mlp
+
 
 def as_float_observation(obs: jax.Array) -> jax.Array:
     """Images are stored and shipped as uint8; scale them here, inside the compiled network."""
@@ -34,19 +36,57 @@ def output_layer_init(std: float | None) -> dict:
     return {"kernel_init": nn.initializers.normal(std), "bias_init": nn.initializers.zeros}
 
 
+# What computes an MLP's layers (`agent.mlp_kernel`): XLA's kernels for flax's Dense layers, or
+# one fused Pallas kernel forward and one backward (agents/pallas_mlp.py), same parameters.
+MLP_KERNELS = ("xla", "pallas")
+
+
+class DenseParameters(nn.Module):
+    """An `nn.Dense`'s kernel and bias, made as it makes them (same names, shapes and draws),
+    for layers computed elsewhere."""
+
+    inputs: int
+    features: int
+    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
+    bias_init: nn.initializers.Initializer = nn.initializers.zeros
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
+        kernel = self.param("kernel", self.kernel_init, (self.inputs, self.features), jnp.float32)
+        return kernel, self.param("bias", self.bias_init, (self.features,), jnp.float32)
+
+
 class MLP(nn.Module):
     """Dense ReLU layers; the last layer has no activation unless `activate_final`. Parameters
     are float32; `dtype` is what the matmuls compute in (outputs come back as float32).
-    `output_init_std`: the last layer's initial weights' std (`output_layer_init`)."""
+    `output_init_std`: the last layer's initial weights' std (`output_layer_init`). `kernel`:
+    one of MLP_KERNELS (pallas: no `layer_norm`)."""
 
     layer_sizes: Sequence[int]
     activate_final: bool = False
     layer_norm: bool = False
     dtype: str = "float32"
     output_init_std: float | None = None
+    kernel: str = "xla"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        check_mlp_kernel(self.kernel, self.layer_norm)
+        if self.kernel == "pallas":
+            widths = (x.shape[-1], *self.layer_sizes)
+            layers = [
+                DenseParameters(
+                    widths[i],
+                    widths[i + 1],
+                    **(output_layer_init(self.output_init_std) if i == len(widths) - 2 else {}),
+                    name=f"Dense_{i}",
+                )()
+                for i in range(len(self.layer_sizes))
+            ]
+            kernels, biases = zip(*layers, strict=True)
+            if self.is_initializing():  # its output unused: no kernel compiled for it
+                return pallas_mlp.dense_layers(x, kernels, biases, self.activate_final)
+            return pallas_mlp.fused_mlp(x, kernels, biases, self.activate_final, self.dtype)
         for i, size in enumerate(self.layer_sizes):
             is_last = i == len(self.layer_sizes) - 1
             init = output_layer_init(self.output_init_std) if is_last else {}
@@ -59,6 +99,19 @@ class MLP(nn.Module):
 
 
 NETWORKS = ("mlp", "residual")
+
+
+def check_mlp_kernel(kernel: str, layer_norm: bool = False, network: str = "mlp") -> None:
+    """ValueError naming what is allowed, for an `agent.mlp_kernel` a network cannot use."""
+    if kernel not in MLP_KERNELS:
+        raise ValueError(
+            f"agent.mlp_kernel: must be one of {', '.join(MLP_KERNELS)}, got {kernel!r}"
+        )
+    if kernel == "pallas" and (layer_norm or network != "mlp"):
+        raise ValueError(
+            "agent.mlp_kernel pallas: fuses plain Dense + ReLU layers only (agent.network mlp, "
+            "agent.layer_norm false)"
+        )
 
 
 def check_residual_widths(widths: Sequence[int]) -> None:
@@ -108,15 +161,17 @@ def hidden_layers(
     layer_norm: bool = False,
     dtype: str = "float32",
     output_init_std: float | None = None,
+    kernel: str = "xla",
 ) -> nn.Module:
     """The `agent.network` of these layer sizes: an `MLP`, or a `ResidualMLP`, whose blocks are
     LayerNormed already (`layer_norm` adds nothing to it). Made inside a module's call, it is
-    that module's submodule (MLP_0, ResidualMLP_0, ...)."""
+    that module's submodule (MLP_0, ResidualMLP_0, ...). `kernel`: an MLP's (MLP_KERNELS)."""
     if network not in NETWORKS:
         raise ValueError(f"agent.network: must be one of {', '.join(NETWORKS)}, got {network!r}")
+    check_mlp_kernel(kernel, layer_norm, network)
     if network == "residual":
         return ResidualMLP(layer_sizes, activate_final, dtype, output_init_std=output_init_std)
-    return MLP(layer_sizes, activate_final, layer_norm, dtype, output_init_std)
+    return MLP(layer_sizes, activate_final, layer_norm, dtype, output_init_std, kernel)
 
 
 class NatureCNN(nn.Module):
@@ -172,12 +227,17 @@ class DeterministicActor(nn.Module):
     network: str = "mlp"  # one of NETWORKS
     observes: tuple[int | None, int | None] = (None, None)
     output_init_std: float | None = None  # its output layer's (`output_layer_init`)
+    kernel: str = "xla"  # one of MLP_KERNELS
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
         sizes = (*self.hidden_sizes, self.action_dim)
         layers = hidden_layers(
-            self.network, sizes, dtype=self.dtype, output_init_std=self.output_init_std
+            self.network,
+            sizes,
+            dtype=self.dtype,
+            output_init_std=self.output_init_std,
+            kernel=self.kernel,
         )
         x = layers(observed(obs, self.observes))
         half_range = (self.action_high - self.action_low) / 2.0
@@ -195,11 +255,12 @@ class GaussianActor(nn.Module):
     dtype: str = "float32"
     network: str = "mlp"  # one of NETWORKS
     observes: tuple[int | None, int | None] = (None, None)
+    kernel: str = "xla"  # its torso's, one of MLP_KERNELS (its heads are XLA's)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
         layers = hidden_layers(
-            self.network, self.hidden_sizes, activate_final=True, dtype=self.dtype
+            self.network, self.hidden_sizes, True, dtype=self.dtype, kernel=self.kernel
         )
         x = layers(observed(obs, self.observes))
         head = lambda: nn.Dense(self.action_dim, dtype=self.dtype, param_dtype=jnp.float32)
@@ -222,13 +283,17 @@ class TwinCritic(nn.Module):
     num_atoms: int | None = None
     network: str = "mlp"  # one of NETWORKS
     observes: tuple[int | None, int | None] = (None, None)
+    kernel: str = "xla"  # one of MLP_KERNELS
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([observed(obs, self.observes), action], axis=-1)
         sizes = (*self.hidden_sizes, self.num_atoms or 1)
-        q1 = hidden_layers(self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
-        q2 = hidden_layers(self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype)(x)
+        layers = partial(
+            hidden_layers, self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype
+        )
+        q1 = layers(kernel=self.kernel)(x)
+        q2 = layers(kernel=self.kernel)(x)
         if self.num_atoms is None:
             return jnp.concatenate([q1, q2], axis=-1)
         return jnp.stack([q1, q2], axis=-2)

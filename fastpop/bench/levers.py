@@ -44,7 +44,17 @@ LEVERS = {
     "unroll-2": Lever({}, {"unroll": 2}, "the scan over K unrolled 2 steps per iteration"),
     "unroll-5": Lever({}, {"unroll": 5}, "the scan over K unrolled 5 steps per iteration"),
     "bf16": Lever({"compute_dtype": "bfloat16"}, {}, "bfloat16 matmuls, float32 parameters"),
+    "pallas-mlp": Lever(
+        {"mlp_kernel": "pallas"},
+        {},
+        "each MLP's forward in one fused Pallas kernel, its backward in another",
+    ),
 }
+
+
+# Agent config fields that change which kernels compute the update, not what it computes: its
+# FLOPs and bytes are counted with them at their defaults (update.make_setups).
+SAME_COST_FIELDS = ("mlp_kernel",)
 
 
 class Implementation(NamedTuple):

@@ -13,7 +13,7 @@ population, on random data of the paper's shapes held in a device replay buffer:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 import jax
@@ -33,20 +33,32 @@ ROUNDS = 3  # timed rounds per measurement, alternating between implementations
 
 
 def time_executors(
-    executors: dict[str, population.Executor], states: dict, buffers, hparams, min_seconds: float
+    executors: dict[str, population.Executor],
+    states: dict,
+    buffers,
+    hparams,
+    min_seconds: float,
+    may_fail: Collection[str] = (),
 ) -> dict[str, dict]:
     """Per implementation: compile time and the median steady-state seconds per call.
 
     The implementations are timed in alternating rounds, so a burst of load on a noisy machine
     hits all of them instead of skewing one ratio. The process's CPU seconds per call are
     recorded too: on a machine shared with other load they compare the implementations' work
-    where wall-clock time mostly measures the other load.
+    where wall-clock time mostly measures the other load. An implementation of `may_fail` (a
+    lever) whose first call raises is timed no further: its entry is {"error": what it raised}.
     """
-    calls_of, timings = {}, {}
+    calls_of, timings, failed = {}, {}, {}
     for name, executor in executors.items():
         call = running_update(executor, states[name], buffers, hparams)
         start = time.perf_counter()
-        call(jax.random.key(0))
+        try:
+            call(jax.random.key(0))
+        except Exception as error:  # e.g. a Pallas kernel Triton cannot fit on this GPU
+            if name not in may_fail:
+                raise
+            failed[name] = {"error": f"{type(error).__name__}: {error}"[:2000]}
+            continue
         calls_of[name] = call
         timings[name] = {"first_call": time.perf_counter() - start, "rounds": [], "calls": 0}
         timings[name]["cpu_rounds"] = []
@@ -70,7 +82,7 @@ def time_executors(
             "compile_seconds": max(timing["first_call"] - seconds_per_call, 0.0),
             "calls": timing["calls"],
         }
-    return results
+    return results | failed
 
 
 class UpdateBenchSettings(NamedTuple):
@@ -110,13 +122,16 @@ def make_setups(settings, implementations, spec, buffers) -> dict[str, Setup]:
             config["batch_size"] = settings.batch_size
         agent = make_agent(settings.algo, BENCH_SPECS[settings.algo], **config)
         executor, plan = make_executor(impl, agent, spec, settings.updates_per_call)
-        # Implementations of one agent config (every executor, a plan lever) cost the same.
-        agent_key = tuple(sorted((name, repr(value)) for name, value in config.items()))
+        # Implementations of one computation (every executor, a plan lever, a kernel lever) cost
+        # the same; XLA counts nothing inside a Pallas kernel, so XLA's kernels are counted.
+        counted = {k: v for k, v in config.items() if k not in levers.SAME_COST_FIELDS}
+        agent_key = tuple(sorted((name, repr(value)) for name, value in counted.items()))
         if agent_key not in costs:
             sample = jax.jit(plan.sample_batch)
             batch = sample(population.member(buffers, 0), jax.random.key(0))
             hparams = agent.default_hparams()
-            costs[agent_key] = tuple(map(float, update_cost(agent, hparams, batch)))
+            counted_agent = make_agent(settings.algo, BENCH_SPECS[settings.algo], **counted)
+            costs[agent_key] = tuple(map(float, update_cost(counted_agent, hparams, batch)))
             state_bytes[agent_key] = floors.state_bytes_per_update(agent, hparams)
         dtype = config.get("compute_dtype", "float32")
         setups[impl.name] = Setup(
@@ -145,7 +160,7 @@ def bench_update(
     # The rates the floors need, measured first: a sweep cut short keeps its rows' floors.
     anatomy_from = settings.anatomy_from or 1
     rates = floor_rates(settings, jax_impls, max(populations) >= anatomy_from)
-    setups, rows = None, []
+    setups, rows, failed = None, [], {}
     for size in populations:
         key = jax.random.key(settings.seed + size)
         spec, buffers = random_replay(algo, size, key, settings.replay_rows)
@@ -159,8 +174,15 @@ def bench_update(
             for name, setup in setups.items()
         }
         executors = {name: setup.executor for name, setup in setups.items()}
-        timings = time_executors(executors, states, buffers, hparams, settings.min_seconds)
+        levered = [impl.name for impl in jax_impls if impl.name != impl.base]
+        timings = time_executors(
+            executors, states, buffers, hparams, settings.min_seconds, may_fail=levered
+        )
         for impl in jax_impls:
+            if "error" in timings[impl.name]:  # kept apart: every row has a rate
+                failed.setdefault(impl.name, {})[size] = timings[impl.name]["error"]
+                log(f"{algo} {impl.name} P={size}: failed, {timings[impl.name]['error'][:300]}")
+                continue
             row = jax_row(settings, impl, setups[impl.name], timings[impl.name], size)
             if impl.base == "vectorized" and size >= anatomy_from:
                 setup = setups[impl.name]
@@ -176,7 +198,7 @@ def bench_update(
             levers.add_speedups(rows)  # the ratios so far: a capped sweep keeps them
             on_row(list(rows))
     levers.add_speedups(rows)
-    return update_result(settings, setups, rates, rows)
+    return update_result(settings, setups, rates, rows) | {"failed": failed}
 
 
 def floor_rates(settings: UpdateBenchSettings, jax_impls, anatomy_rows: bool) -> dict:
@@ -245,7 +267,17 @@ def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
         "state_bytes_per_update": setup.state_bytes,
         "compute_dtype": setup.compute_dtype,
         **members_per_chunk(setup.executor, size),
+        **pallas_tiles((settings.agent or {}) | impl.agent),
     }
+
+
+def pallas_tiles(agent_config: dict) -> dict:
+    """The Pallas MLP kernels' tiling, for rows computed with them."""
+    if agent_config.get("mlp_kernel") != "pallas":
+        return {}
+    from fastpop.agents import pallas_mlp
+
+    return {"pallas_tiles": pallas_mlp.TILES._asdict()}
 
 
 def actor_step_fraction(agent: Agent) -> float | None:

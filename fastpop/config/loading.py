@@ -22,7 +22,7 @@ import yaml
 
 from fastpop.agents import registry
 from fastpop.agents.critics import ACTOR_QS, CRITICS
-from fastpop.agents.networks import COMPUTE_DTYPES, NETWORKS, TORSOS
+from fastpop.agents.networks import COMPUTE_DTYPES, MLP_KERNELS, NETWORKS, TORSOS
 from fastpop.config.env import (
     EnvConfig,
     check_algo_fits_env,
@@ -63,6 +63,7 @@ _AGENT_RANGES = {
     "v_min": {},  # any return; v_max above it (`_check_consistency`)
     "v_max": {},
     "network": {"choices": NETWORKS},
+    "mlp_kernel": {"choices": MLP_KERNELS},
     "weight_decay": {"min": 0.0},
     "actor_q": {"choices": ACTOR_QS},
     "exploration_std_min": {"min": 0.0},
