@@ -125,3 +125,17 @@ def test_the_summary_tables_what_was_read_and_names_what_was_not():
     assert "| 80 | 0.960 | 0.200 | 4.80 | 0.110 | - | - | 120 | 8.0 |" in lines
     assert lines[-1] == "- P=256: not read (ValueError: odd HLO)"
     assert anatomy_lines([{"population": 1, "impl": "sequential"}]) == []
+
+
+def test_the_targets_judge_a_rows_first_measurement_not_a_levers_later_reference(tmp_path):
+    from fastpop.bench.gpu_report import update_targets
+
+    first = {"impl": "vectorized", "population": 80, "times_floor": 2.5, "floor_bound": "state"}
+    lever_sweep = [
+        first | {"times_floor": 4.0},  # the lever's own reference row, timed later
+        {"impl": "vectorized+pallas-mlp", "population": 80, "times_floor": 1.5},
+    ]
+    record = {"algos": {"td3": {"rows_so_far": [first, *lever_sweep]}}}
+    targets = {name: (shown, verdict) for name, shown, verdict in update_targets(tmp_path, record)}
+    shown, verdict = targets["TD3 P=80: vectorized step / its floor <= 3x"]
+    assert (shown, verdict) == ("2.50x (state)", "**met**")

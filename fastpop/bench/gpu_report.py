@@ -46,7 +46,9 @@ def update_targets(out_dir: Path, record: dict | None) -> list[tuple[str, str, s
     rows = []
     for algo in TARGET_ALGOS:
         found = update_rows(out_dir, ((record or {}).get("algos") or {}).get(algo, {}))
-        by_key = {(r["impl"], r["population"]): r for r in found}
+        by_key = {}  # each row's first measurement: a lever's sweep later times its own
+        for r in found:
+            by_key.setdefault((r["impl"], r["population"]), r)
         for size in (80, 256):
             row = by_key.get(("vectorized", size)) or {}
             value = row.get("times_floor")
