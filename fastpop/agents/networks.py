@@ -14,8 +14,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fastpop.agents import pallas_mlp
-
 
 def as_float_observation(obs: jax.Array) -> jax.Array:
     """Images are stored and shipped as uint8; scale them here, inside the compiled network."""
@@ -73,6 +71,9 @@ class MLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         check_mlp_kernel(self.kernel, self.layer_norm)
         if self.kernel == "pallas":
+            # imported here: Pallas's import is ~0.1 s that no other run needs
+            from fastpop.agents import pallas_mlp
+
             widths = (x.shape[-1], *self.layer_sizes)
             layers = [
                 DenseParameters(
