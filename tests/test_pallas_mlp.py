@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from fastpop.agents import make_agent, networks, pallas_mlp
-from tests.helpers import TINY_SPECS
+from tests.helpers import TINY_SPECS, refused_train
+from tests.runs import TD3_PENDULUM
 
 
 def stacked_layers(widths, members, key):
@@ -63,7 +64,7 @@ def test_an_mlp_on_pallas_kernels_has_flaxs_parameters_and_outputs():
     x = jax.random.normal(jax.random.key(2), (5, 7))
     for options in ({}, {"output_init_std": 0.01}, {"activate_final": True}):
         xla = networks.MLP((24, 9), **options)
-        fused = networks.MLP((24, 9), kernel="pallas", **options)
+        fused = networks.MLP((24, 9), kernel=networks.MLPKernel("pallas"), **options)
         params = xla.init(jax.random.key(3), x)
         assert jax.tree.map(np.shape, fused.init(jax.random.key(3), x)) == jax.tree.map(
             np.shape, params
@@ -71,7 +72,10 @@ def test_an_mlp_on_pallas_kernels_has_flaxs_parameters_and_outputs():
         assert allclose(fused.init(jax.random.key(3), x), params)
         assert allclose(fused.apply(params, x), xla.apply(params, x))
     # bfloat16 operands, float32 sums: within bfloat16's rounding of float32's
-    xla, fused = networks.MLP((24, 9)), networks.MLP((24, 9), dtype="bfloat16", kernel="pallas")
+    xla, fused = (
+        networks.MLP((24, 9)),
+        networks.MLP((24, 9), dtype="bfloat16", kernel=networks.MLPKernel("pallas")),
+    )
     params = xla.init(jax.random.key(3), x)
     got, want = fused.apply(params, x), xla.apply(params, x)
     assert got.dtype == jnp.float32
@@ -84,6 +88,7 @@ def test_an_mlp_on_pallas_kernels_has_flaxs_parameters_and_outputs():
         ({"mlp_kernel": "cuda"}, "agent.mlp_kernel: must be one of xla, pallas, got 'cuda'"),
         ({"mlp_kernel": "pallas", "layer_norm": True}, "agent.layer_norm false"),
         ({"mlp_kernel": "pallas", "network": "residual"}, "agent.network mlp"),
+        ({"mlp_kernel": "pallas", "mlp_kernel_tiles": (32, 64, 3)}, "agent.mlp_kernel_tiles"),
     ],
 )
 def test_a_kernel_the_networks_cannot_use_is_refused_by_name(fields, message):
@@ -92,12 +97,37 @@ def test_a_kernel_the_networks_cannot_use_is_refused_by_name(fields, message):
         agent.init(jax.random.key(0), agent.default_hparams())
 
 
-def test_the_benchmarks_tilings_are_read_from_the_environment_and_checked(monkeypatch):
-    monkeypatch.delenv(pallas_mlp.TILES_VARIABLE, raising=False)
-    assert pallas_mlp.tiles_from_environment() == pallas_mlp.Tiles(32, 64, 8)
-    monkeypatch.setenv(pallas_mlp.TILES_VARIABLE, "64,32,4")
-    assert pallas_mlp.tiles_from_environment() == pallas_mlp.Tiles(64, 32, 4)
-    for wrong in ("48,64,8", "8,64,8", "32,x,8", "32,64,8,1"):
-        monkeypatch.setenv(pallas_mlp.TILES_VARIABLE, wrong)
-        with pytest.raises(ValueError, match=r"FASTPOP_PALLAS_MLP_TILES: ROWS,CHUNK,WARPS"):
-            pallas_mlp.tiles_from_environment()
+def test_another_tiling_computes_the_same_and_a_wrong_one_is_refused_by_name():
+    # 16 rows and 32 columns per program: three tiles of rows, four of the hidden layer's columns
+    widths = (13, 100, 3)
+    kernels, biases = stacked_layers(widths, 1, jax.random.key(4))
+    kernels, biases = [k[0] for k in kernels], [b[0] for b in biases]
+    x = jax.random.normal(jax.random.key(5), (37, widths[0]))
+
+    def loss(mlp, **options):
+        return lambda x, k, b: jnp.sum(jnp.sin(mlp(x, k, b, **options)))
+
+    fused = jax.value_and_grad(loss(pallas_mlp.fused_mlp, tiles=(16, 32, 4)), (0, 1, 2))
+    expected = jax.value_and_grad(loss(pallas_mlp.dense_layers), (0, 1, 2))
+    assert allclose(jax.jit(fused)(x, kernels, biases), expected(x, kernels, biases))
+    for wrong in ((48, 64, 8), (8, 64, 8), (32, 64), (32, 64, 3)):
+        with pytest.raises(ValueError, match=r"agent.mlp_kernel_tiles: \[rows, chunk, warps\]"):
+            networks.check_mlp_kernel(networks.MLPKernel("pallas", wrong))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["agent.mlp_kernel=pallas", "agent.layer_norm=true"],
+            "agent.mlp_kernel: fuses plain Dense + ReLU layers only (agent.network mlp, "
+            "agent.layer_norm false), got agent.network mlp and agent.layer_norm true",
+        ),
+        (["agent.mlp_kernel_tiles=[32,64,6]"], "agent.mlp_kernel_tiles: [rows, chunk, warps]"),
+    ],
+)
+def test_train_refuses_a_pallas_mlp_it_cannot_build_before_it_starts(
+    tmp_path, capsys, overrides, message
+):
+    err = refused_train(tmp_path, capsys, TD3_PENDULUM, *overrides)
+    assert message in err

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fastpop.agents.networks import MLPKernel
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 State = Any
@@ -184,6 +185,16 @@ class ActorCriticConfig:
     (agents/pallas_mlp.py: Triton on a GPU, interpret mode elsewhere, which is slow). The same
     parameters and numbers to float rounding; `network: mlp` without `layer_norm` only. The
     `pallas-mlp` lever of `fastpop bench update`."""
+    mlp_kernel_tiles: tuple[int, ...] | None = None
+    """A pallas MLP's tiling, [rows, chunk, warps] (agents/pallas_mlp.py's `Tiles`): rows of one
+    member per program, the widest tile of columns it holds, Triton's warps; null: [32, 64, 8].
+    It changes the speed, never the parameters, and the numbers only to float rounding."""
+
+    @property
+    def mlp_kernels(self) -> MLPKernel:
+        """What computes the actor's and critics' MLPs."""
+        return MLPKernel(self.mlp_kernel, self.mlp_kernel_tiles)
+
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay of the actor's and critics' parameters (FastTD3: 0.1):
     each step also takes learning_rate * weight_decay * params off them; 0: Adam. SAC's

@@ -64,7 +64,7 @@ def make_critic(config: ActorCriticConfig, observes=(None, None)) -> Critic:
             config.layer_norm,
             network=config.network,
             observes=observes,
-            kernel=config.mlp_kernel,
+            kernel=config.mlp_kernels,
         )
         return Critic(network, None)
     if config.num_atoms < 2 or not config.v_min < config.v_max:
@@ -79,7 +79,7 @@ def make_critic(config: ActorCriticConfig, observes=(None, None)) -> Critic:
         config.num_atoms,
         config.network,
         observes,
-        config.mlp_kernel,
+        config.mlp_kernels,
     )
     support = np.linspace(config.v_min, config.v_max, config.num_atoms, dtype=np.float32)
     return Critic(network, support)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -37,6 +38,18 @@ def output_layer_init(std: float | None) -> dict:
 # What computes an MLP's layers (`agent.mlp_kernel`): XLA's kernels for flax's Dense layers, or
 # one fused Pallas kernel forward and one backward (agents/pallas_mlp.py), same parameters.
 MLP_KERNELS = ("xla", "pallas")
+PALLAS_TILES = (32, 64, 8)  # pallas_mlp.Tiles' defaults: rows, chunk, warps
+
+
+class MLPKernel(NamedTuple):
+    """An MLP's kernels: one of MLP_KERNELS, and a pallas one's tiles (rows, chunk, warps;
+    None: PALLAS_TILES)."""
+
+    name: str = "xla"
+    tiles: tuple[int, ...] | None = None
+
+
+XLA_KERNELS = MLPKernel()
 
 
 class DenseParameters(nn.Module):
@@ -58,19 +71,19 @@ class MLP(nn.Module):
     """Dense ReLU layers; the last layer has no activation unless `activate_final`. Parameters
     are float32; `dtype` is what the matmuls compute in (outputs come back as float32).
     `output_init_std`: the last layer's initial weights' std (`output_layer_init`). `kernel`:
-    one of MLP_KERNELS (pallas: no `layer_norm`)."""
+    what computes the layers (`MLPKernel`; pallas: no `layer_norm`)."""
 
     layer_sizes: Sequence[int]
     activate_final: bool = False
     layer_norm: bool = False
     dtype: str = "float32"
     output_init_std: float | None = None
-    kernel: str = "xla"
+    kernel: MLPKernel = XLA_KERNELS
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         check_mlp_kernel(self.kernel, self.layer_norm)
-        if self.kernel == "pallas":
+        if self.kernel.name == "pallas":
             # imported here: Pallas's import is ~0.1 s that no other run needs
             from fastpop.agents import pallas_mlp
 
@@ -87,7 +100,9 @@ class MLP(nn.Module):
             kernels, biases = zip(*layers, strict=True)
             if self.is_initializing():  # its output unused: no kernel compiled for it
                 return pallas_mlp.dense_layers(x, kernels, biases, self.activate_final)
-            return pallas_mlp.fused_mlp(x, kernels, biases, self.activate_final, self.dtype)
+            return pallas_mlp.fused_mlp(
+                x, kernels, biases, self.activate_final, self.dtype, tiles=self.kernel.tiles
+            )
         for i, size in enumerate(self.layer_sizes):
             is_last = i == len(self.layer_sizes) - 1
             init = output_layer_init(self.output_init_std) if is_last else {}
@@ -102,17 +117,37 @@ class MLP(nn.Module):
 NETWORKS = ("mlp", "residual")
 
 
-def check_mlp_kernel(kernel: str, layer_norm: bool = False, network: str = "mlp") -> None:
-    """ValueError naming what is allowed, for an `agent.mlp_kernel` a network cannot use."""
-    if kernel not in MLP_KERNELS:
+def check_mlp_kernel(kernel: MLPKernel, layer_norm: bool = False, network: str = "mlp") -> None:
+    """ValueError naming what is allowed, for an `agent.mlp_kernel` (and its tiles) a network
+    cannot use (the config's check says the same before a run starts)."""
+    if kernel.name not in MLP_KERNELS:
         raise ValueError(
-            f"agent.mlp_kernel: must be one of {', '.join(MLP_KERNELS)}, got {kernel!r}"
+            f"agent.mlp_kernel: must be one of {', '.join(MLP_KERNELS)}, got {kernel.name!r}"
         )
-    if kernel == "pallas" and (layer_norm or network != "mlp"):
-        raise ValueError(
-            "agent.mlp_kernel pallas: fuses plain Dense + ReLU layers only (agent.network mlp, "
-            "agent.layer_norm false)"
+    if kernel.name == "pallas" and (layer_norm or network != "mlp"):
+        raise ValueError(PALLAS_LAYERS)
+    if (problem := tiles_problem(kernel.tiles)) is not None:
+        raise ValueError(f"agent.mlp_kernel_tiles: {problem}")
+
+
+PALLAS_LAYERS = (
+    "agent.mlp_kernel pallas: fuses plain Dense + ReLU layers only (agent.network mlp, "
+    "agent.layer_norm false)"
+)
+
+
+def tiles_problem(tiles) -> str | None:
+    """What is wrong with an `agent.mlp_kernel_tiles` value, or None."""
+    if tiles is None:
+        return None
+    values = list(tiles)
+    powers = all(isinstance(n, int) and n >= 1 and not n & (n - 1) for n in values)
+    if len(values) != 3 or not powers or min(values[:2]) < 16:
+        return (
+            "[rows, chunk, warps], powers of two, rows and chunk at least 16 (Triton's smallest "
+            f"matmul side); null: {list(PALLAS_TILES)}; got {values}"
         )
+    return None
 
 
 def check_residual_widths(widths: Sequence[int]) -> None:
@@ -162,11 +197,11 @@ def hidden_layers(
     layer_norm: bool = False,
     dtype: str = "float32",
     output_init_std: float | None = None,
-    kernel: str = "xla",
+    kernel: MLPKernel = XLA_KERNELS,
 ) -> nn.Module:
     """The `agent.network` of these layer sizes: an `MLP`, or a `ResidualMLP`, whose blocks are
     LayerNormed already (`layer_norm` adds nothing to it). Made inside a module's call, it is
-    that module's submodule (MLP_0, ResidualMLP_0, ...). `kernel`: an MLP's (MLP_KERNELS)."""
+    that module's submodule (MLP_0, ResidualMLP_0, ...). `kernel`: an MLP's (`MLPKernel`)."""
     if network not in NETWORKS:
         raise ValueError(f"agent.network: must be one of {', '.join(NETWORKS)}, got {network!r}")
     check_mlp_kernel(kernel, layer_norm, network)
@@ -228,7 +263,7 @@ class DeterministicActor(nn.Module):
     network: str = "mlp"  # one of NETWORKS
     observes: tuple[int | None, int | None] = (None, None)
     output_init_std: float | None = None  # its output layer's (`output_layer_init`)
-    kernel: str = "xla"  # one of MLP_KERNELS
+    kernel: MLPKernel = XLA_KERNELS
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -256,7 +291,7 @@ class GaussianActor(nn.Module):
     dtype: str = "float32"
     network: str = "mlp"  # one of NETWORKS
     observes: tuple[int | None, int | None] = (None, None)
-    kernel: str = "xla"  # its torso's, one of MLP_KERNELS (its heads are XLA's)
+    kernel: MLPKernel = XLA_KERNELS  # its torso's (its heads are XLA's)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -284,7 +319,7 @@ class TwinCritic(nn.Module):
     num_atoms: int | None = None
     network: str = "mlp"  # one of NETWORKS
     observes: tuple[int | None, int | None] = (None, None)
-    kernel: str = "xla"  # one of MLP_KERNELS
+    kernel: MLPKernel = XLA_KERNELS
 
     @nn.compact
     def __call__(self, obs: jax.Array, action: jax.Array) -> jax.Array:

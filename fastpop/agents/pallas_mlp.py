@@ -13,8 +13,7 @@ Shapes: Triton (the GPU backend) computes on power-of-two tiles of at least 16, 
 is zero-padded to one. A padded unit has zero weights and bias: it stays 0 and adds nothing. A
 padded row has a zero output gradient: it adds nothing to the weights' gradients. Weights are
 read in tiles of at most `Tiles.chunk` squared, so that no one tile outgrows shared memory at any
-width (a whole 256 x 256 float32 weight is 256 KiB; an H100's SM has 228). The tiling is
-`TILES`, which $FASTPOP_PALLAS_MLP_TILES sets for the benchmark's other tilings.
+width (a whole 256 x 256 float32 weight is 256 KiB; an H100's SM has 228).
 
 Numbers: the same sums as XLA's, added in another order, so equal to float rounding (tested
 against `networks.MLP` in tests/test_pallas_mlp.py). On the CPU the kernels run in Pallas's
@@ -24,7 +23,7 @@ interpret mode; on a GPU they lower to Triton.
 from __future__ import annotations
 
 import itertools
-import os
+from collections.abc import Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -33,39 +32,17 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pallas_triton
 
-MIN_TILE = 16  # Triton's smallest matmul side
-TILES_VARIABLE = "FASTPOP_PALLAS_MLP_TILES"  # "ROWS,CHUNK,WARPS": the benchmark's other tilings
-
 
 class Tiles(NamedTuple):
-    """How the kernels split the work. Rows: of one member per program (the backward writes its
-    weight gradients once per tile of rows, summed after); chunk: the widest tile of columns of
-    an activation or a weight a program holds; warps: Triton's per program."""
+    """How the kernels split the work (`agent.mlp_kernel_tiles`). Rows: of one member per
+    program (the backward writes its weight gradients once per tile of rows, summed after);
+    chunk: the widest tile of columns of an activation or a weight a program holds; warps:
+    Triton's per program. Powers of two; rows and chunk at least 16, Triton's smallest matmul
+    side (`networks.check_mlp_kernel`)."""
 
     rows: int = 32
     chunk: int = 64
     warps: int = 8
-
-
-def tiles_from_environment() -> Tiles:
-    """Tiles() or those of $FASTPOP_PALLAS_MLP_TILES (powers of two, ROWS and CHUNK >= 16);
-    ValueError naming the variable otherwise."""
-    text = os.environ.get(TILES_VARIABLE, "")
-    if not text:
-        return Tiles()
-    try:
-        tiles = Tiles(*(int(part) for part in text.split(",")))
-    except (TypeError, ValueError):
-        tiles = None
-    if tiles is None or any(n < 1 or n & (n - 1) for n in tiles) or min(tiles[:2]) < MIN_TILE:
-        raise ValueError(
-            f"{TILES_VARIABLE}: ROWS,CHUNK,WARPS as powers of two, ROWS and CHUNK at least "
-            f"{MIN_TILE} (e.g. 32,64,8), got {text!r}"
-        )
-    return tiles
-
-
-TILES = tiles_from_environment()
 
 
 class MLPShape(NamedTuple):
@@ -75,6 +52,7 @@ class MLPShape(NamedTuple):
     activate_final: bool  # ReLU after the last layer too
     dtype: str  # what the matmuls take their operands in; they sum in float32
     interpret: bool  # run the kernels in Pallas's interpret mode (the CPU) rather than Triton
+    tiles: Tiles
 
 
 def default_interpret() -> bool:
@@ -83,26 +61,28 @@ def default_interpret() -> bool:
 
 
 def padded_width(width: int) -> int:
-    """The power of two, at least MIN_TILE, a width is padded to."""
-    return max(MIN_TILE, 1 << (int(width) - 1).bit_length())
+    """The power of two, at least 16 (Triton's smallest matmul side), a width is padded to."""
+    return max(16, 1 << (int(width) - 1).bit_length())
 
 
-def column_tiles(width: int) -> list[tuple[int, int]]:
+def column_tiles(width: int, chunk: int) -> list[tuple[int, int]]:
     """(start, size) of each tile of columns of a padded width."""
-    size = min(width, TILES.chunk)
+    size = min(width, chunk)
     return [(start, size) for start in range(0, width, size)]
 
 
 def _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape: MLPShape) -> list:
     """Every layer's activations (after its ReLU) as lists of column tiles, the input's first."""
-    dtype = jnp.dtype(shape.dtype)
+    dtype, chunk = jnp.dtype(shape.dtype), shape.tiles.chunk
     activations = [x_tiles]
     for layer, (weight_ref, bias_ref) in enumerate(zip(weight_refs, bias_refs, strict=True)):
         relu = layer < len(weight_refs) - 1 or shape.activate_final
         outputs = []
-        for start, size in column_tiles(padded[layer + 1]):
+        for start, size in column_tiles(padded[layer + 1], chunk):
             total = bias_ref[:, pl.ds(start, size)].astype(jnp.float32)
-            for (row, rows), tile in zip(column_tiles(padded[layer]), activations[-1], strict=True):
+            for (row, rows), tile in zip(
+                column_tiles(padded[layer], chunk), activations[-1], strict=True
+            ):
                 weights = weight_ref[pl.ds(row, rows), pl.ds(start, size)].astype(dtype)
                 total = total + pallas_triton.dot(tile.astype(dtype), weights)
             outputs.append(jnp.maximum(total, 0.0) if relu else total)
@@ -111,43 +91,44 @@ def _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape: MLPShape) ->
 
 
 def _forward_kernel(shape: MLPShape, padded: tuple[int, ...]):
-    layers = len(padded) - 1
+    layers, chunk = len(padded) - 1, shape.tiles.chunk
 
     def kernel(x_ref, *refs):
         weight_refs, bias_refs, out_ref = refs[:layers], refs[layers:-1], refs[-1]
-        x_tiles = [x_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[0])]
+        x_tiles = [x_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[0], chunk)]
         outputs = _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape)[-1]
-        for (start, size), tile in zip(column_tiles(padded[-1]), outputs, strict=True):
+        for (start, size), tile in zip(column_tiles(padded[-1], chunk), outputs, strict=True):
             out_ref[:, pl.ds(start, size)] = tile
 
     return kernel
 
 
 def _backward_kernel(shape: MLPShape, padded: tuple[int, ...]):
-    layers = len(padded) - 1
-    dtype = jnp.dtype(shape.dtype)
+    layers, chunk, dtype = len(padded) - 1, shape.tiles.chunk, jnp.dtype(shape.dtype)
 
     def kernel(x_ref, *refs):
         weight_refs, bias_refs = refs[:layers], refs[layers : 2 * layers]
         out_grad_ref, x_grad_ref = refs[2 * layers], refs[2 * layers + 1]
         weight_grad_refs, bias_grad_refs = refs[2 * layers + 2 : 3 * layers + 2], refs[-layers:]
-        x_tiles = [x_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[0])]
+        x_tiles = [x_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[0], chunk)]
         activations = _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape)
-        grads = [out_grad_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[-1])]
+        grads = [
+            out_grad_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[-1], chunk)
+        ]
         if shape.activate_final:
             grads = [jnp.where(a > 0, g, 0.0) for g, a in zip(grads, activations[-1], strict=True)]
         for layer in reversed(range(layers)):
             inputs, rows, columns = activations[layer], padded[layer], padded[layer + 1]
-            for (row, row_size), tile in zip(column_tiles(rows), inputs, strict=True):
-                for (col, col_size), grad in zip(column_tiles(columns), grads, strict=True):
+            for (row, row_size), tile in zip(column_tiles(rows, chunk), inputs, strict=True):
+                for (col, col_size), grad in zip(column_tiles(columns, chunk), grads, strict=True):
                     product = pallas_triton.dot(
                         tile.astype(dtype), grad.astype(dtype), trans_a=True
                     )
                     weight_grad_refs[layer][pl.ds(row, row_size), pl.ds(col, col_size)] = product
-            for (col, col_size), grad in zip(column_tiles(columns), grads, strict=True):
+            for (col, col_size), grad in zip(column_tiles(columns, chunk), grads, strict=True):
                 bias_grad_refs[layer][:, pl.ds(col, col_size)] = jnp.sum(grad, 0, keepdims=True)
             back = []
-            for row, row_size in column_tiles(rows):
+            for row, row_size in column_tiles(rows, chunk):
                 terms = [
                     pallas_triton.dot(
                         grad.astype(dtype),
@@ -156,7 +137,9 @@ def _backward_kernel(shape: MLPShape, padded: tuple[int, ...]):
                         ),
                         trans_b=True,
                     )
-                    for (col, col_size), grad in zip(column_tiles(columns), grads, strict=True)
+                    for (col, col_size), grad in zip(
+                        column_tiles(columns, chunk), grads, strict=True
+                    )
                 ]
                 back.append(sum(terms[1:], terms[0]))
             grads = (
@@ -164,7 +147,7 @@ def _backward_kernel(shape: MLPShape, padded: tuple[int, ...]):
                 if layer == 0
                 else [jnp.where(a > 0, g, 0.0) for g, a in zip(back, inputs, strict=True)]
             )
-        for (start, size), grad in zip(column_tiles(padded[0]), grads, strict=True):
+        for (start, size), grad in zip(column_tiles(padded[0], chunk), grads, strict=True):
             x_grad_ref[:, pl.ds(start, size)] = grad
 
     return kernel
@@ -186,7 +169,7 @@ def _pad(array: jax.Array, shape: tuple[int, ...]) -> jax.Array:
 
 def _padded(shape: MLPShape, x: jax.Array, kernels, biases) -> _Padded:
     widths = tuple(padded_width(width) for width in shape.widths)
-    block_rows = min(TILES.rows, padded_width(x.shape[0]))
+    block_rows = min(shape.tiles.rows, padded_width(x.shape[0]))
     rows = -(-x.shape[0] // block_rows) * block_rows
     x = _pad(x.astype(jnp.float32), (rows, widths[0]))
     kernels = [_pad(k, (widths[i], widths[i + 1])) for i, k in enumerate(kernels)]
@@ -208,7 +191,7 @@ def _call(kernel, shape: MLPShape, padded: _Padded, operands, out_specs, out_sha
         in_specs=in_specs,
         out_specs=out_specs,
         interpret=shape.interpret,
-        compiler_params=pallas_triton.CompilerParams(num_warps=TILES.warps, num_stages=1),
+        compiler_params=pallas_triton.CompilerParams(num_warps=shape.tiles.warps, num_stages=1),
     )(*operands)
 
 
@@ -286,13 +269,15 @@ def fused_mlp(
     activate_final: bool = False,
     dtype: str = "float32",
     interpret: bool | None = None,
+    tiles: Sequence[int] | None = None,
 ) -> jax.Array:
     """Dense ReLU layers (`kernels[i]`: (in, out), `biases[i]`: (out,)) on x (..., in), as
     `networks.MLP` computes them, in one Pallas kernel forward and one backward; float32 out.
-    `interpret`: None, `default_interpret()`."""
+    `interpret`: None, `default_interpret()`; `tiles`: (rows, chunk, warps), None: `Tiles()`."""
     kernels, biases = tuple(kernels), tuple(biases)
     widths = (x.shape[-1], *(k.shape[1] for k in kernels))
     interpret = default_interpret() if interpret is None else interpret
-    shape = MLPShape(widths, bool(activate_final), str(dtype), bool(interpret))
+    tiles = Tiles() if tiles is None else Tiles(*map(int, tiles))
+    shape = MLPShape(widths, bool(activate_final), str(dtype), bool(interpret), tiles)
     rows = x.reshape(-1, x.shape[-1])
     return _fused(shape, rows, kernels, biases).reshape(*x.shape[:-1], widths[-1])

@@ -260,7 +260,7 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
         dtype=config.compute_dtype,
         network=config.network,
         observes=spec.actor_observes,
-        kernel=config.mlp_kernel,
+        kernel=config.mlp_kernels,
     )
     critic = make_critic(config, spec.critic_observes)
     optimizer = network_optimizer(config.weight_decay)

@@ -293,7 +293,7 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
         config.network,
         spec.actor_observes,
         config.actor_output_init_std,
-        config.mlp_kernel,
+        config.mlp_kernels,
     )
     critic = make_critic(config, spec.critic_observes)
     optimizer = network_optimizer(config.weight_decay)

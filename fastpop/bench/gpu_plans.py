@@ -80,8 +80,9 @@ FULL_PLANS = {
 # finished). Then the 80-member learner with 14 collectors and the 256-member SAC PBT on
 # brax/ant. `torch-func` (eager, vmapped) and the levers measured before are left to
 # `bench update`; `torch-compile` (each member compiled apart) too. Last, where the cap leaves
-# time, the lever not yet measured on a GPU: TD3's MLPs in fused Pallas kernels, timed in
-# alternating rounds with a vectorized row of its own (the targets read each row's first).
+# time, the lever not yet measured on a GPU: TD3's MLPs in fused Pallas kernels at two tilings,
+# timed in alternating rounds with a vectorized row of their own (the targets read each row's
+# first).
 TARGET_ROWS = ["vectorized", "sequential-in-one-program", "torch-leanrl"]
 TARGET_ALGOS = (td3.NAME, sac.NAME)  # the GPU targets' algorithms (bench/gpu_report.py)
 SHORT_PLANS = {
@@ -92,7 +93,11 @@ SHORT_PLANS = {
             *((algo, [256], ["vectorized", "torch-leanrl"]) for algo in TARGET_ALGOS),
             *((algo, [1], ["vectorized", "torch-leanrl"]) for algo in TARGET_ALGOS),
             *((algo, [80], ["torch-leanrl-fp32"]) for algo in TARGET_ALGOS),
-            (td3.NAME, [80], ["vectorized", "vectorized+pallas-mlp"]),
+            (
+                td3.NAME,
+                [80],
+                ["vectorized", "vectorized+pallas-mlp", "vectorized+pallas-mlp-rows64"],
+            ),
         ],
         "min_seconds": 0.5,
         "anatomy_from": 80,

@@ -49,12 +49,17 @@ LEVERS = {
         {},
         "each MLP's forward in one fused Pallas kernel, its backward in another",
     ),
+    "pallas-mlp-rows64": Lever(
+        {"mlp_kernel": "pallas", "mlp_kernel_tiles": (64, 64, 8)},
+        {},
+        "the same, 64 rows per program: half the weight-gradient tiles, more registers",
+    ),
 }
 
 
 # Agent config fields that change which kernels compute the update, not what it computes: its
 # FLOPs and bytes are counted with them at their defaults (update.make_setups).
-SAME_COST_FIELDS = ("mlp_kernel",)
+SAME_COST_FIELDS = ("mlp_kernel", "mlp_kernel_tiles")
 
 
 class Implementation(NamedTuple):

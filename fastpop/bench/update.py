@@ -22,6 +22,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import Agent, make_agent, td3
+from fastpop.agents.networks import PALLAS_TILES
 from fastpop.bench import anatomy, floors, kernel_times, levers
 from fastpop.bench.common import device_label, round_flatness, running_update
 from fastpop.bench.floors import matmul_gflops, update_cost
@@ -272,12 +273,10 @@ def jax_row(settings, impl, setup: Setup, timing: dict, size: int) -> dict:
 
 
 def pallas_tiles(agent_config: dict) -> dict:
-    """The Pallas MLP kernels' tiling, for rows computed with them."""
+    """The Pallas MLP kernels' tiling [rows, chunk, warps], for rows computed with them."""
     if agent_config.get("mlp_kernel") != "pallas":
         return {}
-    from fastpop.agents import pallas_mlp
-
-    return {"pallas_tiles": pallas_mlp.TILES._asdict()}
+    return {"pallas_tiles": list(agent_config.get("mlp_kernel_tiles") or PALLAS_TILES)}
 
 
 def actor_step_fraction(agent: Agent) -> float | None:

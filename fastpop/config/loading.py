@@ -22,7 +22,14 @@ import yaml
 
 from fastpop.agents import registry
 from fastpop.agents.critics import ACTOR_QS, CRITICS
-from fastpop.agents.networks import COMPUTE_DTYPES, MLP_KERNELS, NETWORKS, TORSOS
+from fastpop.agents.networks import (
+    COMPUTE_DTYPES,
+    MLP_KERNELS,
+    NETWORKS,
+    PALLAS_LAYERS,
+    TORSOS,
+    tiles_problem,
+)
 from fastpop.config.env import (
     EnvConfig,
     check_algo_fits_env,
@@ -64,6 +71,7 @@ _AGENT_RANGES = {
     "v_max": {},
     "network": {"choices": NETWORKS},
     "mlp_kernel": {"choices": MLP_KERNELS},
+    "mlp_kernel_tiles": {"min": 1},
     "weight_decay": {"min": 0.0},
     "actor_q": {"choices": ACTOR_QS},
     "exploration_std_min": {"min": 0.0},
@@ -213,6 +221,14 @@ def _check_consistency(r: Reader, c: Config) -> None:
         ("agent.v_max", c.agent.get("v_max", 1.0) <= c.agent.get("v_min", 0.0),
          f"must be > agent.v_min ({c.agent.get('v_min')}): the distributional critic's "
          f"support runs from v_min to v_max, got {c.agent.get('v_max')}"),
+        ("agent.mlp_kernel",
+         c.agent.get("mlp_kernel") == "pallas"
+         and (c.agent.get("layer_norm") or c.agent.get("network", "mlp") != "mlp"),
+         f"{PALLAS_LAYERS.split(': ', 1)[1]}, got agent.network "
+         f"{c.agent.get('network', 'mlp')} and agent.layer_norm "
+         f"{str(bool(c.agent.get('layer_norm'))).lower()}"),
+        ("agent.mlp_kernel_tiles", tiles_problem(c.agent.get("mlp_kernel_tiles")) is not None,
+         tiles_problem(c.agent.get("mlp_kernel_tiles"))),
         *(
             (f"agent.{name}",
              c.agent.get("network") == "residual" and len(set(c.agent.get(name) or ())) > 1,
