@@ -103,51 +103,63 @@ def _forward_kernel(shape: MLPShape, padded: tuple[int, ...]):
     return kernel
 
 
+def _relu_gradient(grads: list, activations: list) -> list:
+    """Gradient tiles through a ReLU, from its output tiles (0 where the unit was off)."""
+    return [jnp.where(a > 0, g, 0.0) for g, a in zip(grads, activations, strict=True)]
+
+
+def _store_parameter_gradients(weight_grad_ref, bias_grad_ref, inputs, grads, tiles, dtype):
+    """One layer's weight gradient (its inputs' tiles, transposed, times the gradient tiles)
+    and bias gradient (the gradient summed over rows), tile by tile, for this tile of rows."""
+    tiles_in, tiles_out = tiles
+    for (row, row_size), tile in zip(tiles_in, inputs, strict=True):
+        for (col, col_size), grad in zip(tiles_out, grads, strict=True):
+            product = pallas_triton.dot(tile.astype(dtype), grad.astype(dtype), trans_a=True)
+            weight_grad_ref[pl.ds(row, row_size), pl.ds(col, col_size)] = product
+    for (col, col_size), grad in zip(tiles_out, grads, strict=True):
+        bias_grad_ref[:, pl.ds(col, col_size)] = jnp.sum(grad, 0, keepdims=True)
+
+
+def _input_gradient(weight_ref, grads, tiles, dtype) -> list:
+    """The gradient of one layer's input, as tiles: the gradient tiles times the weights'
+    tiles, transposed."""
+    tiles_in, tiles_out = tiles
+    back = []
+    for row, row_size in tiles_in:
+        terms = []
+        for (col, col_size), grad in zip(tiles_out, grads, strict=True):
+            weights = weight_ref[pl.ds(row, row_size), pl.ds(col, col_size)].astype(dtype)
+            terms.append(pallas_triton.dot(grad.astype(dtype), weights, trans_b=True))
+        back.append(sum(terms[1:], terms[0]))
+    return back
+
+
 def _backward_kernel(shape: MLPShape, padded: tuple[int, ...]):
     layers, chunk, dtype = len(padded) - 1, shape.tiles.chunk, jnp.dtype(shape.dtype)
+    tiles = [column_tiles(width, chunk) for width in padded]
 
     def kernel(x_ref, *refs):
         weight_refs, bias_refs = refs[:layers], refs[layers : 2 * layers]
         out_grad_ref, x_grad_ref = refs[2 * layers], refs[2 * layers + 1]
         weight_grad_refs, bias_grad_refs = refs[2 * layers + 2 : 3 * layers + 2], refs[-layers:]
-        x_tiles = [x_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[0], chunk)]
+        x_tiles = [x_ref[:, pl.ds(start, size)] for start, size in tiles[0]]
         activations = _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape)
-        grads = [
-            out_grad_ref[:, pl.ds(start, size)] for start, size in column_tiles(padded[-1], chunk)
-        ]
+        grads = [out_grad_ref[:, pl.ds(start, size)] for start, size in tiles[-1]]
         if shape.activate_final:
-            grads = [jnp.where(a > 0, g, 0.0) for g, a in zip(grads, activations[-1], strict=True)]
+            grads = _relu_gradient(grads, activations[-1])
         for layer in reversed(range(layers)):
-            inputs, rows, columns = activations[layer], padded[layer], padded[layer + 1]
-            for (row, row_size), tile in zip(column_tiles(rows, chunk), inputs, strict=True):
-                for (col, col_size), grad in zip(column_tiles(columns, chunk), grads, strict=True):
-                    product = pallas_triton.dot(
-                        tile.astype(dtype), grad.astype(dtype), trans_a=True
-                    )
-                    weight_grad_refs[layer][pl.ds(row, row_size), pl.ds(col, col_size)] = product
-            for (col, col_size), grad in zip(column_tiles(columns, chunk), grads, strict=True):
-                bias_grad_refs[layer][:, pl.ds(col, col_size)] = jnp.sum(grad, 0, keepdims=True)
-            back = []
-            for row, row_size in column_tiles(rows, chunk):
-                terms = [
-                    pallas_triton.dot(
-                        grad.astype(dtype),
-                        weight_refs[layer][pl.ds(row, row_size), pl.ds(col, col_size)].astype(
-                            dtype
-                        ),
-                        trans_b=True,
-                    )
-                    for (col, col_size), grad in zip(
-                        column_tiles(columns, chunk), grads, strict=True
-                    )
-                ]
-                back.append(sum(terms[1:], terms[0]))
-            grads = (
-                back
-                if layer == 0
-                else [jnp.where(a > 0, g, 0.0) for g, a in zip(back, inputs, strict=True)]
+            pair = (tiles[layer], tiles[layer + 1])
+            _store_parameter_gradients(
+                weight_grad_refs[layer],
+                bias_grad_refs[layer],
+                activations[layer],
+                grads,
+                pair,
+                dtype,
             )
-        for (start, size), grad in zip(column_tiles(padded[0], chunk), grads, strict=True):
+            back = _input_gradient(weight_refs[layer], grads, pair, dtype)
+            grads = back if layer == 0 else _relu_gradient(back, activations[layer])
+        for (start, size), grad in zip(tiles[0], grads, strict=True):
             x_grad_ref[:, pl.ds(start, size)] = grad
 
     return kernel
