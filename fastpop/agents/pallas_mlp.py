@@ -71,6 +71,12 @@ def column_tiles(width: int, chunk: int) -> list[tuple[int, int]]:
     return [(start, size) for start in range(0, width, size)]
 
 
+def _matmul(a: jax.Array, b: jax.Array, transpose_a=False, transpose_b=False) -> jax.Array:
+    """a @ b (either transposed) summed in float32, as Pallas's Triton lowering takes it."""
+    contracting = ((0 if transpose_a else 1,), (1 if transpose_b else 0,))
+    return jax.lax.dot_general(a, b, (contracting, ((), ())), preferred_element_type=jnp.float32)
+
+
 def _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape: MLPShape) -> list:
     """Every layer's activations (after its ReLU) as lists of column tiles, the input's first."""
     dtype, chunk = jnp.dtype(shape.dtype), shape.tiles.chunk
@@ -84,7 +90,7 @@ def _layers_forward(x_tiles, weight_refs, bias_refs, padded, shape: MLPShape) ->
                 column_tiles(padded[layer], chunk), activations[-1], strict=True
             ):
                 weights = weight_ref[pl.ds(row, rows), pl.ds(start, size)].astype(dtype)
-                total = total + pallas_triton.dot(tile.astype(dtype), weights)
+                total = total + _matmul(tile.astype(dtype), weights)
             outputs.append(jnp.maximum(total, 0.0) if relu else total)
         activations.append(outputs)
     return activations
@@ -114,7 +120,7 @@ def _store_parameter_gradients(weight_grad_ref, bias_grad_ref, inputs, grads, ti
     tiles_in, tiles_out = tiles
     for (row, row_size), tile in zip(tiles_in, inputs, strict=True):
         for (col, col_size), grad in zip(tiles_out, grads, strict=True):
-            product = pallas_triton.dot(tile.astype(dtype), grad.astype(dtype), trans_a=True)
+            product = _matmul(tile.astype(dtype), grad.astype(dtype), transpose_a=True)
             weight_grad_ref[pl.ds(row, row_size), pl.ds(col, col_size)] = product
     for (col, col_size), grad in zip(tiles_out, grads, strict=True):
         bias_grad_ref[:, pl.ds(col, col_size)] = jnp.sum(grad, 0, keepdims=True)
@@ -129,7 +135,7 @@ def _input_gradient(weight_ref, grads, tiles, dtype) -> list:
         terms = []
         for (col, col_size), grad in zip(tiles_out, grads, strict=True):
             weights = weight_ref[pl.ds(row, row_size), pl.ds(col, col_size)].astype(dtype)
-            terms.append(pallas_triton.dot(grad.astype(dtype), weights, trans_b=True))
+            terms.append(_matmul(grad.astype(dtype), weights, transpose_b=True))
         back.append(sum(terms[1:], terms[0]))
     return back
 
@@ -229,8 +235,8 @@ def _backward(shape: MLPShape, residuals, out_grad: jax.Array):
     pairs = list(itertools.pairwise(widths))
     out_specs = [
         pl.BlockSpec((padded.block_rows, widths[0]), lambda i: (i, 0)),
-        *[pl.BlockSpec((None, r, c), lambda i: (i, 0, 0)) for r, c in pairs],
-        *[pl.BlockSpec((None, 1, c), lambda i: (i, 0, 0)) for _, c in pairs],
+        *[pl.BlockSpec((pl.squeezed, r, c), lambda i: (i, 0, 0)) for r, c in pairs],
+        *[pl.BlockSpec((pl.squeezed, 1, c), lambda i: (i, 0, 0)) for _, c in pairs],
     ]
     out_shape = [
         jax.ShapeDtypeStruct(padded.x.shape, jnp.float32),
