@@ -107,10 +107,10 @@ def test_bfloat16_matmuls_stay_near_float32_with_float32_parameters(name):
     )
 
 
-@pytest.mark.parametrize("name", ["td3", "sac"])
-def test_fused_pallas_mlps_compute_the_same_updates_from_the_same_parameters(name):
-    # TD3: the deterministic actor and its delayed step; SAC: the Gaussian actor's ReLU torso
-    agent, fused = lever_agent(name), lever_agent(name, mlp_kernel="pallas")
+def test_fused_pallas_mlps_compute_the_same_updates_from_the_same_parameters():
+    # TD3: its actor's gradient through the critic's input, members with different actor delays
+    # (SAC's torso, ReLU on its last layer too, is tests/test_pallas_mlp.py's)
+    agent, fused = lever_agent("td3"), lever_agent("td3", mlp_kernel="pallas")
     states = initial_states(agent)
     assert leaves_allclose(initial_states(fused), states, atol=0.0)
     xla, xla_metrics = run_update(agent, states)
