@@ -79,11 +79,12 @@ FULL_PLANS = {
 # reference; TF32 off, named; most wanted first (a phase cut by its cap keeps the rows it
 # finished). Then the 80-member learner with 14 collectors and the 256-member SAC PBT on
 # brax/ant. `torch-func` (eager, vmapped) and the levers measured before are left to
-# `bench update`; `torch-compile` (each member compiled apart) too. Last, where the cap leaves
-# time, the lever not yet measured on a GPU: TD3's MLPs in fused Pallas kernels at two tilings,
-# timed in alternating rounds with a vectorized row of their own (the targets read each row's
-# first).
+# `bench update`; `torch-compile` (each member compiled apart) too. After the targets' rows and
+# before the references measured before (P = 1, TF32 off; H200 at 81ed214: 274 s of the 330),
+# the lever not yet measured on a GPU: TD3's MLPs in fused Pallas kernels at two tilings, timed
+# in alternating rounds with a vectorized row of their own (the targets read each row's first).
 TARGET_ROWS = ["vectorized", "sequential-in-one-program", "torch-leanrl"]
+PALLAS_ROWS = ["vectorized", "vectorized+pallas-mlp", "vectorized+pallas-mlp-rows64"]
 TARGET_ALGOS = (td3.NAME, sac.NAME)  # the GPU targets' algorithms (bench/gpu_report.py)
 SHORT_PLANS = {
     "update": {
@@ -91,13 +92,9 @@ SHORT_PLANS = {
         "sweeps": [
             *((algo, [80], TARGET_ROWS) for algo in TARGET_ALGOS),
             *((algo, [256], ["vectorized", "torch-leanrl"]) for algo in TARGET_ALGOS),
+            (td3.NAME, [80], PALLAS_ROWS),
             *((algo, [1], ["vectorized", "torch-leanrl"]) for algo in TARGET_ALGOS),
             *((algo, [80], ["torch-leanrl-fp32"]) for algo in TARGET_ALGOS),
-            (
-                td3.NAME,
-                [80],
-                ["vectorized", "vectorized+pallas-mlp", "vectorized+pallas-mlp-rows64"],
-            ),
         ],
         "min_seconds": 0.5,
         "anatomy_from": 80,
