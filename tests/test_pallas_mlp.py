@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fastpop.agents import make_agent, networks, pallas_mlp
+from fastpop.agents import make_agent, mlp_kernels, networks, pallas_mlp
 from tests.helpers import TINY_SPECS, refused_train
 from tests.runs import TD3_PENDULUM
 
@@ -64,7 +64,7 @@ def test_an_mlp_on_pallas_kernels_has_flaxs_parameters_and_outputs():
     x = jax.random.normal(jax.random.key(2), (5, 7))
     for options in ({}, {"output_init_std": 0.01}, {"activate_final": True}):
         xla = networks.MLP((24, 9), **options)
-        fused = networks.MLP((24, 9), kernel=networks.MLPKernel("pallas"), **options)
+        fused = networks.MLP((24, 9), kernel=mlp_kernels.MLPKernel("pallas"), **options)
         params = xla.init(jax.random.key(3), x)
         assert jax.tree.map(np.shape, fused.init(jax.random.key(3), x)) == jax.tree.map(
             np.shape, params
@@ -74,7 +74,7 @@ def test_an_mlp_on_pallas_kernels_has_flaxs_parameters_and_outputs():
     # bfloat16 operands, float32 sums: within bfloat16's rounding of float32's
     xla, fused = (
         networks.MLP((24, 9)),
-        networks.MLP((24, 9), dtype="bfloat16", kernel=networks.MLPKernel("pallas")),
+        networks.MLP((24, 9), dtype="bfloat16", kernel=mlp_kernels.MLPKernel("pallas")),
     )
     params = xla.init(jax.random.key(3), x)
     got, want = fused.apply(params, x), xla.apply(params, x)
@@ -112,7 +112,7 @@ def test_another_tiling_computes_the_same_and_a_wrong_one_is_refused_by_name():
     assert allclose(jax.jit(fused)(x, kernels, biases), expected(x, kernels, biases))
     for wrong in ((48, 64, 8), (8, 64, 8), (32, 64), (32, 64, 3)):
         with pytest.raises(ValueError, match=r"agent.mlp_kernel_tiles: \[rows, chunk, warps\]"):
-            networks.check_mlp_kernel(networks.MLPKernel("pallas", wrong))
+            mlp_kernels.check_mlp_kernel(mlp_kernels.MLPKernel("pallas", wrong))
 
 
 @pytest.mark.parametrize(

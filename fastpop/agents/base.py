@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fastpop.agents.networks import MLPKernel
+from fastpop.agents.mlp_kernels import MLPKernel
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
 State = Any

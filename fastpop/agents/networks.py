@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from fastpop.agents.mlp_kernels import XLA_KERNELS, MLPKernel, check_mlp_kernel, fused_layers
 
 
 def as_float_observation(obs: jax.Array) -> jax.Array:
@@ -35,38 +36,6 @@ def output_layer_init(std: float | None) -> dict:
     return {"kernel_init": nn.initializers.normal(std), "bias_init": nn.initializers.zeros}
 
 
-# What computes an MLP's layers (`agent.mlp_kernel`): XLA's kernels for flax's Dense layers, or
-# one fused Pallas kernel forward and one backward (agents/pallas_mlp.py), same parameters.
-MLP_KERNELS = ("xla", "pallas")
-PALLAS_TILES = (32, 64, 8)  # pallas_mlp.Tiles' defaults: rows, chunk, warps
-
-
-class MLPKernel(NamedTuple):
-    """An MLP's kernels: one of MLP_KERNELS, and a pallas one's tiles (rows, chunk, warps;
-    None: PALLAS_TILES)."""
-
-    name: str = "xla"
-    tiles: tuple[int, ...] | None = None
-
-
-XLA_KERNELS = MLPKernel()
-
-
-class DenseParameters(nn.Module):
-    """An `nn.Dense`'s kernel and bias, made as it makes them (same names, shapes and draws),
-    for layers computed elsewhere."""
-
-    inputs: int
-    features: int
-    kernel_init: nn.initializers.Initializer = nn.initializers.lecun_normal()
-    bias_init: nn.initializers.Initializer = nn.initializers.zeros
-
-    @nn.compact
-    def __call__(self) -> tuple[jax.Array, jax.Array]:
-        kernel = self.param("kernel", self.kernel_init, (self.inputs, self.features), jnp.float32)
-        return kernel, self.param("bias", self.bias_init, (self.features,), jnp.float32)
-
-
 class MLP(nn.Module):
     """Dense ReLU layers; the last layer has no activation unless `activate_final`. Parameters
     are float32; `dtype` is what the matmuls compute in (outputs come back as float32).
@@ -84,24 +53,15 @@ class MLP(nn.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         check_mlp_kernel(self.kernel, self.layer_norm)
         if self.kernel.name == "pallas":
-            # imported here: Pallas's import is ~0.1 s that no other run needs
-            from fastpop.agents import pallas_mlp
-
-            widths = (x.shape[-1], *self.layer_sizes)
-            layers = [
-                DenseParameters(
-                    widths[i],
-                    widths[i + 1],
-                    **(output_layer_init(self.output_init_std) if i == len(widths) - 2 else {}),
-                    name=f"Dense_{i}",
-                )()
-                for i in range(len(self.layer_sizes))
-            ]
-            kernels, biases = zip(*layers, strict=True)
-            if self.is_initializing():  # its output unused: no kernel compiled for it
-                return pallas_mlp.dense_layers(x, kernels, biases, self.activate_final)
-            return pallas_mlp.fused_mlp(
-                x, kernels, biases, self.activate_final, self.dtype, tiles=self.kernel.tiles
+            output_init = output_layer_init(self.output_init_std)
+            return fused_layers(
+                x,
+                self.layer_sizes,
+                self.activate_final,
+                self.dtype,
+                output_init,
+                self.kernel,
+                self.is_initializing(),
             )
         for i, size in enumerate(self.layer_sizes):
             is_last = i == len(self.layer_sizes) - 1
@@ -115,39 +75,6 @@ class MLP(nn.Module):
 
 
 NETWORKS = ("mlp", "residual")
-
-
-def check_mlp_kernel(kernel: MLPKernel, layer_norm: bool = False, network: str = "mlp") -> None:
-    """ValueError naming what is allowed, for an `agent.mlp_kernel` (and its tiles) a network
-    cannot use (the config's check says the same before a run starts)."""
-    if kernel.name not in MLP_KERNELS:
-        raise ValueError(
-            f"agent.mlp_kernel: must be one of {', '.join(MLP_KERNELS)}, got {kernel.name!r}"
-        )
-    if kernel.name == "pallas" and (layer_norm or network != "mlp"):
-        raise ValueError(PALLAS_LAYERS)
-    if (problem := tiles_problem(kernel.tiles)) is not None:
-        raise ValueError(f"agent.mlp_kernel_tiles: {problem}")
-
-
-PALLAS_LAYERS = (
-    "agent.mlp_kernel pallas: fuses plain Dense + ReLU layers only (agent.network mlp, "
-    "agent.layer_norm false)"
-)
-
-
-def tiles_problem(tiles) -> str | None:
-    """What is wrong with an `agent.mlp_kernel_tiles` value, or None."""
-    if tiles is None:
-        return None
-    values = list(tiles)
-    powers = all(isinstance(n, int) and n >= 1 and not n & (n - 1) for n in values)
-    if len(values) != 3 or not powers or min(values[:2]) < 16:
-        return (
-            "[rows, chunk, warps], powers of two, rows and chunk at least 16 (Triton's smallest "
-            f"matmul side); null: {list(PALLAS_TILES)}; got {values}"
-        )
-    return None
 
 
 def check_residual_widths(widths: Sequence[int]) -> None:

@@ -38,7 +38,7 @@ class Tiles(NamedTuple):
     program (the backward writes its weight gradients once per tile of rows, summed after);
     chunk: the widest tile of columns of an activation or a weight a program holds; warps:
     Triton's per program. Powers of two; rows and chunk at least 16, Triton's smallest matmul
-    side (`networks.check_mlp_kernel`)."""
+    side (`mlp_kernels.check_mlp_kernel`)."""
 
     rows: int = 32
     chunk: int = 64

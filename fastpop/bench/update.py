@@ -22,7 +22,7 @@ import numpy as np
 
 from fastpop import population
 from fastpop.agents import Agent, make_agent, td3
-from fastpop.agents.networks import PALLAS_TILES
+from fastpop.agents.mlp_kernels import PALLAS_TILES
 from fastpop.bench import anatomy, floors, kernel_times, levers
 from fastpop.bench.common import device_label, round_flatness, running_update
 from fastpop.bench.floors import matmul_gflops, update_cost

@@ -22,14 +22,8 @@ import yaml
 
 from fastpop.agents import registry
 from fastpop.agents.critics import ACTOR_QS, CRITICS
-from fastpop.agents.networks import (
-    COMPUTE_DTYPES,
-    MLP_KERNELS,
-    NETWORKS,
-    PALLAS_LAYERS,
-    TORSOS,
-    tiles_problem,
-)
+from fastpop.agents.mlp_kernels import MLP_KERNELS, PALLAS_LAYERS, tiles_problem
+from fastpop.agents.networks import COMPUTE_DTYPES, NETWORKS, TORSOS
 from fastpop.config.env import (
     EnvConfig,
     check_algo_fits_env,
