@@ -14,7 +14,8 @@ from fastpop import strategies
 from fastpop.commands.cli import main
 from fastpop.run.inprocess import train_in_process
 from fastpop.run.parts import build_learner
-from tests.runs import FAST, TD3_PENDULUM, completed_run
+from tests.helpers import train_here
+from tests.runs import FAST, TD3_PENDULUM
 
 SMALL = ["agent.hidden_sizes=[8,8]", "agent.batch_size=4", "replay.capacity=256"]
 SMALL += ["replay.min_size=4"]
@@ -119,9 +120,10 @@ def test_two_seeds_of_one_configuration_differ_in_init_and_experience():
     assert evaluation[0] != evaluation[1]
 
 
-def test_train_records_each_members_configuration_and_seed(trainers, capsys):
-    run = completed_run(
-        trainers,
+def test_train_records_each_members_configuration_and_seed(tmp_path, capsys):
+    # trained in this process: what is checked is the run's files, not the command's exit
+    train_here(
+        tmp_path,
         TD3_PENDULUM,
         *FAST,
         GRID,
@@ -130,6 +132,7 @@ def test_train_records_each_members_configuration_and_seed(trainers, capsys):
         "train.total_env_steps=768",
         "eval.interval=384",
     )
+    run = tmp_path / "run"
     members = json.loads((run / "members.json").read_text())["members"]
     assert [(m["member"], m["config_index"], m["seed_index"]) for m in members] == [
         (0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)
