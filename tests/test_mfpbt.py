@@ -13,8 +13,8 @@ from fastpop.run import checkpoint
 from fastpop.strategies import mfpbt
 from fastpop.strategies.base import Evaluation, stream_rng
 from fastpop.strategies.priors import Prior
-from tests.helpers import refused_train
-from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
+from tests.helpers import refused_train, train_here
+from tests.runs import FAST, TD3_PENDULUM, read_jsonl
 from tests.test_resume import CHUNKS, assert_same_strategy_state, drive, host, learner_for
 
 PRIORS = {"actor_lr": Prior("log_uniform", 1e-5, 1e-1)}
@@ -193,7 +193,7 @@ def assert_lineage_of_rounds(events: list[dict], rounds: list[int]) -> None:
             assert event["subpopulation"] != event["source_subpopulation"]
 
 
-def test_a_process_mode_run_evolves_its_subpopulations_and_writes_lineage(trainers):
+def test_a_process_mode_run_evolves_its_subpopulations_and_writes_lineage(tmp_path):
     overrides = [
         *FAST,
         *TWO_SUBPOPULATIONS,
@@ -202,7 +202,7 @@ def test_a_process_mode_run_evolves_its_subpopulations_and_writes_lineage(traine
         "eval.interval=400",
         "train.total_env_steps=900",  # rounds at 400 and 800 steps per member
     ]
-    run = completed_run(trainers, TD3_PENDULUM, *overrides)
+    run = train_here(tmp_path, TD3_PENDULUM, *overrides).run_dir  # its files are what is checked
     assert_lineage_of_rounds(read_jsonl(run / "lineage.jsonl"), [0, 1])
     rows = read_jsonl(run / "metrics.jsonl")
     assert {r["member"]: r["subpopulation"] for r in rows} == {m: m // 4 for m in range(8)}

@@ -17,8 +17,8 @@ from fastpop.population import replay
 from fastpop.run.parts import build_learner
 from fastpop.strategies import cem, diversity, shared_critic
 from fastpop.strategies.base import Evaluation
-from tests.helpers import leaves_allclose
-from tests.runs import FAST, TD3_PENDULUM, completed_run, read_jsonl
+from tests.helpers import leaves_allclose, train_here
+from tests.runs import FAST, TD3_PENDULUM, read_jsonl
 
 # --- CEM ---
 
@@ -275,8 +275,9 @@ SHARED_RUN = [
     ],
     ids=["cemrl", "dvd"],
 )
-def test_shared_critic_runs_complete_and_log_their_metrics(trainers, overrides, scalars):
-    run = completed_run(trainers, TD3_PENDULUM, *SHARED_RUN, *overrides)
+def test_shared_critic_runs_complete_and_log_their_metrics(tmp_path, overrides, scalars):
+    # trained in this process: its files are what is checked
+    run = train_here(tmp_path, TD3_PENDULUM, *SHARED_RUN, *overrides).run_dir
     logged = [row for row in read_jsonl(run / "scalars.jsonl") if scalars & set(row)]
     # One row per evaluation round during training: 416, 800, 1216 (the learner waits for each;
     # the final evaluation at 1312 decides nothing).

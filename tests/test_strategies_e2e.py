@@ -1,16 +1,18 @@
-"""`fastpop train` with the pbt and branch_merge strategies: exploit rounds, lineage, plots."""
+"""Runs of the pbt and branch_merge strategies: exploit rounds, lineage, plots. Trained in the
+test's process: what is checked is the run's files (`fastpop train`'s own exit and stderr are
+tests/test_train.py's)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from fastpop import config as config_lib
+from fastpop.commands.cli import main
 from fastpop.strategies.priors import parse_priors
-from tests.runs import FAST, REPO, TD3_PENDULUM, completed_run, read_jsonl
+from tests.helpers import train_here
+from tests.runs import FAST, TD3_PENDULUM, read_jsonl
 
 PRIORS = (
     "population.priors={actor_lr: {log_uniform: [1.0e-4, 3.0e-3]}, "
@@ -27,7 +29,7 @@ def hparams_in_force(row: dict, initial: dict, events: list[dict]) -> dict:
     return max(earlier, key=lambda e: e["wall_time"])["new_hparams"] if earlier else initial
 
 
-def test_pbt_run_exploits_and_writes_consistent_lineage(trainers):
+def test_pbt_run_exploits_and_writes_consistent_lineage(tmp_path):
     overrides = [
         *FAST,
         "strategy=pbt",
@@ -37,7 +39,7 @@ def test_pbt_run_exploits_and_writes_consistent_lineage(trainers):
         "pbt.wait=true",
         "train.total_env_steps=1900",  # no interval evaluation at the last env step
     ]
-    run = completed_run(trainers, TD3_PENDULUM, *overrides)
+    run = train_here(tmp_path, TD3_PENDULUM, *overrides).run_dir
     config = config_lib.load_config(run / "config.yaml")
     priors = parse_priors(config.population.priors)
     members = json.loads((run / "members.json").read_text())
@@ -71,25 +73,18 @@ def test_pbt_run_exploits_and_writes_consistent_lineage(trainers):
         expected = hparams_in_force(row, initial[row["member"]], events)
         assert row["hparams"] == expected, (row["eval_index"], row["member"])
 
-    plotted = subprocess.run(
-        [sys.executable, "-m", "fastpop", "plot", "--hparams", str(run)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert plotted.returncode == 0, plotted.stderr
+    assert main(["plot", "--hparams", str(run)]) == 0
     assert (run / "hparams.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_branch_merge_run_promotes_one_member_each_round(trainers):
+def test_branch_merge_run_promotes_one_member_each_round(tmp_path):
     overrides = [
         *FAST,
         "strategy=branch_merge",
         "branch_merge.round_steps=500",
         "train.total_env_steps=1500",
     ]
-    run = completed_run(trainers, TD3_PENDULUM, *overrides)
+    run = train_here(tmp_path, TD3_PENDULUM, *overrides).run_dir
     rows = read_jsonl(run / "metrics.jsonl")
     # Rounds end at the first chunk at or after 500 and 1000 steps, then the final evaluation.
     assert sorted({r["member_env_steps"] for r in rows}) == [512, 1024, 1504]
