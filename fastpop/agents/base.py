@@ -190,11 +190,6 @@ class ActorCriticConfig:
     member per program, the widest tile of columns it holds, Triton's warps; null: [32, 64, 8].
     It changes the speed, never the parameters, and the numbers only to float rounding."""
 
-    @property
-    def mlp_kernels(self) -> MLPKernel:
-        """What computes the actor's and critics' MLPs."""
-        return MLPKernel(self.mlp_kernel, self.mlp_kernel_tiles)
-
     weight_decay: float = 0.0
     """AdamW's decoupled weight decay of the actor's and critics' parameters (FastTD3: 0.1):
     each step also takes learning_rate * weight_decay * params off them; 0: Adam. SAC's
@@ -204,6 +199,11 @@ class ActorCriticConfig:
     def actor_widths(self) -> tuple[int, ...]:
         """The actor's hidden layer widths."""
         return self.actor_hidden_sizes or self.hidden_sizes
+
+    @property
+    def mlp_kernels(self) -> MLPKernel:
+        """What computes the actor's and critics' MLPs."""
+        return MLPKernel(self.mlp_kernel, self.mlp_kernel_tiles)
 
 
 def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):

@@ -14,10 +14,8 @@ import jax.numpy as jnp
 
 MLP_KERNELS = ("xla", "pallas")
 PALLAS_TILES = (32, 64, 8)  # pallas_mlp.Tiles' defaults: rows, chunk, warps
-PALLAS_LAYERS = (
-    "agent.mlp_kernel pallas: fuses plain Dense + ReLU layers only (agent.network mlp, "
-    "agent.layer_norm false)"
-)
+# What a pallas MLP refuses, by the config's check and by the network's.
+PALLAS_LAYERS = "fuses plain Dense + ReLU layers only (agent.network mlp, agent.layer_norm false)"
 
 
 class MLPKernel(NamedTuple):
@@ -53,7 +51,7 @@ def check_mlp_kernel(kernel: MLPKernel, layer_norm: bool = False, network: str =
             f"agent.mlp_kernel: must be one of {', '.join(MLP_KERNELS)}, got {kernel.name!r}"
         )
     if kernel.name == "pallas" and (layer_norm or network != "mlp"):
-        raise ValueError(PALLAS_LAYERS)
+        raise ValueError(f"agent.mlp_kernel pallas: {PALLAS_LAYERS}")
     if (problem := tiles_problem(kernel.tiles)) is not None:
         raise ValueError(f"agent.mlp_kernel_tiles: {problem}")
 

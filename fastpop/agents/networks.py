@@ -131,8 +131,8 @@ def hidden_layers(
     that module's submodule (MLP_0, ResidualMLP_0, ...). `kernel`: an MLP's (`MLPKernel`)."""
     if network not in NETWORKS:
         raise ValueError(f"agent.network: must be one of {', '.join(NETWORKS)}, got {network!r}")
-    check_mlp_kernel(kernel, layer_norm, network)
-    if network == "residual":
+    if network == "residual":  # (an MLP checks its kernel itself)
+        check_mlp_kernel(kernel, network=network)
         return ResidualMLP(layer_sizes, activate_final, dtype, output_init_std=output_init_std)
     return MLP(layer_sizes, activate_final, layer_norm, dtype, output_init_std, kernel)
 
@@ -253,10 +253,15 @@ class TwinCritic(nn.Module):
         x = jnp.concatenate([observed(obs, self.observes), action], axis=-1)
         sizes = (*self.hidden_sizes, self.num_atoms or 1)
         layers = partial(
-            hidden_layers, self.network, sizes, layer_norm=self.layer_norm, dtype=self.dtype
+            hidden_layers,
+            self.network,
+            sizes,
+            layer_norm=self.layer_norm,
+            dtype=self.dtype,
+            kernel=self.kernel,
         )
-        q1 = layers(kernel=self.kernel)(x)
-        q2 = layers(kernel=self.kernel)(x)
+        q1 = layers()(x)
+        q2 = layers()(x)
         if self.num_atoms is None:
             return jnp.concatenate([q1, q2], axis=-1)
         return jnp.stack([q1, q2], axis=-2)

@@ -199,6 +199,7 @@ def _build(raw: dict, r: Reader) -> Config:
 def _check_consistency(r: Reader, c: Config) -> None:
     lanes, capacity, chunk_len = c.collect.envs_per_member, c.replay.capacity, c.collect.chunk_len
     num_envs, min_capacity = c.population.size * lanes, max(chunk_len, 2) * lanes
+    tiles = tiles_problem(c.agent.get("mlp_kernel_tiles"))
     checks = (
         ("collect.num_collectors",
          collection_mode(c) == "processes" and c.collect.num_collectors > num_envs,
@@ -218,11 +219,10 @@ def _check_consistency(r: Reader, c: Config) -> None:
         ("agent.mlp_kernel",
          c.agent.get("mlp_kernel") == "pallas"
          and (c.agent.get("layer_norm") or c.agent.get("network", "mlp") != "mlp"),
-         f"{PALLAS_LAYERS.split(': ', 1)[1]}, got agent.network "
+         f"{PALLAS_LAYERS}, got agent.network "
          f"{c.agent.get('network', 'mlp')} and agent.layer_norm "
          f"{str(bool(c.agent.get('layer_norm'))).lower()}"),
-        ("agent.mlp_kernel_tiles", tiles_problem(c.agent.get("mlp_kernel_tiles")) is not None,
-         tiles_problem(c.agent.get("mlp_kernel_tiles"))),
+        ("agent.mlp_kernel_tiles", tiles is not None, tiles),
         *(
             (f"agent.{name}",
              c.agent.get("network") == "residual" and len(set(c.agent.get(name) or ())) > 1,
