@@ -19,11 +19,18 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # programs: xla_defaults.ENV_STEPPING): their compile is the larger part of a small program's,
 # so the suite's cold compiles take less CPU (tests/test_n_step.py 72 -> 50 CPU-s from an
 # empty cache; tests/test_learning.py, which trains more than it compiles, 100 -> 92).
+# And with each program's LLVM module compiled whole rather than split for parallel threads:
+# a split costs CPU of its own, and the suite's workers already keep the cores busy (CONTRIBUTING,
+# "Set up, test, check": six files cold 278-280 -> 230-243 CPU-s).
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", "")]
     + [
         flag
-        for flag in ("--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false")
+        for flag in (
+            "--xla_backend_optimization_level=1",
+            "--xla_cpu_use_fusion_emitters=false",
+            "--xla_cpu_parallel_codegen_split_count=1",
+        )
         if flag.split("=")[0] not in os.environ.get("XLA_FLAGS", "")
     ]
 ).strip()
