@@ -110,6 +110,9 @@ def test_another_tiling_computes_the_same_and_a_wrong_one_is_refused_by_name():
     fused = jax.value_and_grad(loss(pallas_mlp.fused_mlp, tiles=(16, 32, 4)), (0, 1, 2))
     expected = jax.value_and_grad(loss(pallas_mlp.dense_layers), (0, 1, 2))
     assert allclose(jax.jit(fused)(x, kernels, biases), expected(x, kernels, biases))
+    # the default the config names (mlp_kernels, which does not import Pallas) is the kernels'
+    assert tuple(pallas_mlp.Tiles()) == mlp_kernels.PALLAS_TILES
+    assert mlp_kernels.tiles_problem(mlp_kernels.PALLAS_TILES) is None
     for wrong in ((48, 64, 8), (8, 64, 8), (32, 64), (32, 64, 3)):
         with pytest.raises(ValueError, match=r"agent.mlp_kernel_tiles: \[rows, chunk, warps\]"):
             mlp_kernels.check_mlp_kernel(mlp_kernels.MLPKernel("pallas", wrong))
