@@ -120,13 +120,18 @@ def segments(pid: int) -> set[str]:
 
 
 def worker_children(pid: int) -> list[int]:
-    """The trainer's spawn-started workers, oldest first: collectors 0, 1, ..., the evaluator."""
+    """The trainer's spawn-started workers, oldest first: collectors 0, 1, ..., the evaluator.
+
+    Linux hands out pids in increasing order modulo `pid_max`, so the children's order is their
+    distance above the trainer's pid, not their pid: a busy machine's pids wrap around, and a
+    younger collector can get the smaller pid."""
     found = [
         child
         for child in descendants(pid)
         if _stat(child)[0] == pid and "multiprocessing.spawn" in _cmdline(child)
     ]
-    return sorted(found)
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    return sorted(found, key=lambda child: (child - pid) % pid_max)
 
 
 # --- running `fastpop train` ---
