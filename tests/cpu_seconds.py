@@ -14,7 +14,11 @@ and lowering are paid on every run.
 Then the programs whose XLA compiles took the most of those seconds, over all the tests, by the
 name JAX gives them (`jit(update)`): how many times a program of that name was compiled (or
 loaded from the cache) and the seconds in all. Many compiles of one name are one program at
-many tests' shapes: the lever is fewer distinct shapes, or a program that compiles faster."""
+many tests' shapes: the lever is fewer distinct shapes, or a program that compiles faster.
+Last, the compilation cache's side: how many programs the tests' processes compiled and how
+many they loaded, and how many were compiled twice under one cache key (two processes
+compiling one program at once, before either had written it: work sharing could save only
+those)."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import pytest
 
 FIELD = "cpu_seconds"
 PROGRAMS_FIELD = "xla_programs"
+CACHE_FIELD = "compile_cache"
 XLA_EVENT = "/jax/core/compile/backend_compile_duration"
 # JAX's monitoring events of a program's compile stages (jax/_src/dispatch.py), by column.
 STAGES = {
@@ -41,6 +46,10 @@ _totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS
 # and, on the reporting process, the session's.
 _programs_pending: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 _programs: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+# The persistent cache's lookups: this process's since its last report, and, on the reporting
+# process, the session's: programs loaded, and the keys of those compiled (each a miss).
+_cache_pending = {"loaded": 0, "compiled": []}
+_cache = {"loaded": 0, "compiled": defaultdict(int)}
 
 
 def add_option(parser: pytest.Parser) -> None:
@@ -70,6 +79,26 @@ def _on_duration(event: str, duration_secs: float, **metadata) -> None:
         program[1] += duration_secs
 
 
+def _count_lookups() -> None:
+    """Counts the persistent cache's hits and misses, through the two functions JAX logs them
+    with (jax._src.compiler, private: where a JAX lacks them, nothing is counted)."""
+    from jax._src import compiler
+
+    def counting(original, hit: bool):
+        def logged(module_name, cache_key):
+            if hit:
+                _cache_pending["loaded"] += 1
+            else:
+                _cache_pending["compiled"].append(str(cache_key))
+            return original(module_name, cache_key)
+
+        return logged
+
+    for name, hit in (("log_persistent_cache_hit", True), ("log_persistent_cache_miss", False)):
+        if callable(original := getattr(compiler, name, None)):
+            setattr(compiler, name, counting(original, hit))
+
+
 def now() -> tuple[float, ...]:
     """This process's counters, in COLUMNS' order: CPU seconds (children included), then the
     seconds in each compile stage (counted from the first call on)."""
@@ -78,6 +107,7 @@ def now() -> tuple[float, ...]:
         import jax.monitoring
 
         jax.monitoring.register_event_duration_secs_listener(_on_duration)
+        _count_lookups()
         _listening = True
     return (cpu_now(), *_stage_seconds.values())
 
@@ -95,7 +125,9 @@ def end_phase(item: pytest.Item, report: pytest.TestReport) -> None:
         spent = [end - begun for end, begun in zip(now(), item.stash[_PHASE_START], strict=True)]
         report.user_properties.append((FIELD, spent))
         report.user_properties.append((PROGRAMS_FIELD, dict(_programs_pending)))
+        report.user_properties.append((CACHE_FIELD, dict(_cache_pending)))
         _programs_pending.clear()
+        _cache_pending.update(loaded=0, compiled=[])
 
 
 def collect(report: pytest.TestReport) -> None:
@@ -108,6 +140,10 @@ def collect(report: pytest.TestReport) -> None:
             for program, (count, seconds) in values.items():
                 _programs[program][0] += count
                 _programs[program][1] += seconds
+        elif name == CACHE_FIELD:
+            _cache["loaded"] += values["loaded"]
+            for key in values["compiled"]:
+                _cache["compiled"][key] += 1
 
 
 def summary(terminal, count: int) -> None:
@@ -124,6 +160,12 @@ def summary(terminal, count: int) -> None:
     ranked = sorted(_programs.items(), key=lambda item: -item[1][1])[:count]
     for program, (compiles, seconds) in ranked:
         terminal.write_line(f"{compiles:10d} {seconds:7.1f}  {program}")
+    compiled = _cache["compiled"]
+    terminal.write_line(
+        f"compilation cache: {sum(compiled.values())} programs compiled, {_cache['loaded']} "
+        f"loaded; {sum(n - 1 for n in compiled.values() if n > 1)} compiled again under a key "
+        "already compiled (in two processes at once)"
+    )
 
 
 def _row(values) -> str:

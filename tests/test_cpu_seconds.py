@@ -20,18 +20,23 @@ class Lines:
         self.lines.append(line)
 
 
-def report(nodeid, spent, programs):
-    properties = [(cpu_seconds.FIELD, spent), (cpu_seconds.PROGRAMS_FIELD, programs)]
+def report(nodeid, spent, programs, loaded=0, compiled=()):
+    properties = [
+        (cpu_seconds.FIELD, spent),
+        (cpu_seconds.PROGRAMS_FIELD, programs),
+        (cpu_seconds.CACHE_FIELD, {"loaded": loaded, "compiled": list(compiled)}),
+    ]
     return SimpleNamespace(nodeid=nodeid, user_properties=properties)
 
 
 def test_the_summary_sums_each_tests_phases_and_each_programs_compiles(monkeypatch):
     monkeypatch.setattr(cpu_seconds, "_totals", defaultdict(lambda: [0.0] * 4))
     monkeypatch.setattr(cpu_seconds, "_programs", defaultdict(lambda: [0, 0.0]))
-    for phase in [
-        report("a", [1.0, 0.5, 0.25, 0.25], {"jit(update)": [2, 1.5]}),  # a's setup, then call
-        report("a", [2.0, 0.0, 0.0, 1.0], {"jit(update)": [1, 0.5], "jit(init)": [1, 0.2]}),
-        report("b", [0.5, 0.0, 0.0, 0.0], {"jit(init)": [3, 0.3]}),
+    monkeypatch.setattr(cpu_seconds, "_cache", {"loaded": 0, "compiled": defaultdict(int)})
+    for phase in [  # a's setup, then call (two workers compiled key "u" at once), then b
+        report("a", [1.0, 0.5, 0.25, 0.25], {"jit(update)": [2, 1.5]}, 0, ["u", "v"]),
+        report("a", [2.0, 0.0, 0.0, 1.0], {"jit(update)": [1, 0.5], "jit(init)": [1, 0.2]}, 1),
+        report("b", [0.5, 0.0, 0.0, 0.0], {"jit(init)": [3, 0.3]}, 2, ["u", "w"]),
     ]:
         cpu_seconds.collect(phase)
     terminal = Lines()
@@ -40,10 +45,32 @@ def test_the_summary_sums_each_tests_phases_and_each_programs_compiles(monkeypat
     assert table[2].split() == ["3.0", "0.5", "0.2", "1.2", "a"]
     assert table[3].split() == ["0.5", "0.0", "0.0", "0.0", "b"]
     assert table[4].split()[:4] == ["3.5", "0.5", "0.2", "1.2"]
-    assert [line.split() for line in table[-2:]] == [
+    assert [line.split() for line in table[-3:-1]] == [
         ["3", "2.0", "jit(update)"],
         ["4", "0.5", "jit(init)"],
     ]
+    assert table[-1] == (
+        "compilation cache: 4 programs compiled, 3 loaded; 1 compiled again under a key "
+        "already compiled (in two processes at once)"
+    )
+
+
+def test_the_cache_lookups_jax_logs_are_counted_and_still_logged(monkeypatch):
+    """The counting wraps the two functions JAX logs its persistent cache's lookups with (a
+    JAX without them would count nothing: this one has them), and they still log."""
+    from jax._src import compiler
+
+    logged = []
+    for name in ("log_persistent_cache_hit", "log_persistent_cache_miss"):
+        assert callable(getattr(compiler, name))
+        monkeypatch.setattr(compiler, name, lambda module, key, name=name: logged.append(name))
+    monkeypatch.setattr(cpu_seconds, "_cache_pending", {"loaded": 0, "compiled": []})
+    cpu_seconds._count_lookups()
+    compiler.log_persistent_cache_miss("jit_update", "jit_update-k1")
+    compiler.log_persistent_cache_hit("jit_update", "jit_update-k1")
+    compiler.log_persistent_cache_hit("jit_init", "jit_init-k2")
+    assert cpu_seconds._cache_pending == {"loaded": 2, "compiled": ["jit_update-k1"]}
+    assert logged == ["log_persistent_cache_miss", *["log_persistent_cache_hit"] * 2]
 
 
 def test_no_summary_unless_asked():
