@@ -27,6 +27,7 @@ from fastpop.agents import losses, registry
 from fastpop.agents.base import (
     Agent,
     AlgorithmEntry,
+    UpdateAnatomy,
     adam_step,
     hparams_from_values,
     init_actor_critic,
@@ -204,6 +205,11 @@ ENTRY = AlgorithmEntry(
     actions="continuous",
     numpy_policy="deterministic",  # a tanh MLP actor and hparam exploration_noise, as TD3's
     deterministic_action="DDPG's actor",
+    # what its update steps and writes, for `fastpop bench update`'s floor: all of it, each step
+    update_anatomy=lambda agent, hparams: UpdateAnatomy(
+        optimised=(("critic", "critic_opt"), ("actor", "actor_opt")),
+        targets=("target_actor", "target_critic"),
+    ),
 )
 if NAME not in registry.NAMES:
     registry.register(ENTRY)

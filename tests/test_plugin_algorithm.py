@@ -9,6 +9,7 @@ their compiled programs."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 import jax
@@ -16,9 +17,11 @@ import numpy as np
 import pytest
 
 from fastpop.agents import registry
+from fastpop.bench import floors
 from fastpop.collect.acting import numpy_policy_for
 from fastpop.config import load_config
 from fastpop.config.build import build_env_spec
+from fastpop.types import EnvSpec
 from tests.dependencies import require
 from tests.helpers import metric_rows, train_here
 from tests.runs import REPO, TD3_PENDULUM, TOLERANCE, read_jsonl
@@ -95,6 +98,20 @@ def assert_trained_ddpg(trained, steps: int) -> list[dict]:
     assert max(row["member_env_steps"] for row in rows) >= steps
     assert all(set(row["hparams"]) == DDPG_HPARAMS for row in rows)
     return rows
+
+
+def test_the_plugins_update_floor_is_read_from_its_entry():
+    """`fastpop bench update`'s state-traffic floor of an algorithm it does not know by name:
+    from what the plugin's entry says its update steps and writes, every step."""
+    plugin = importlib.import_module(PLUGIN)
+    agent = plugin.make_ddpg(EnvSpec((3,), action_dim=1), plugin.DDPGConfig(hidden_sizes=(8, 8)))
+    hparams = agent.default_hparams()
+    state = jax.eval_shape(agent.init, jax.random.key(0), hparams)
+    size = {name: floors.tree_bytes(getattr(state, name)) for name in state._fields}
+    expected = sum(4 * size[tree] + 2 * size[f"{tree}_opt"] for tree in ("actor", "critic"))
+    expected += 2 * (size["target_actor"] + size["target_critic"])  # read and written
+    assert floors.state_bytes_per_update(agent, hparams) == expected
+    assert floors.update_anatomy(agent, hparams).branch_fraction is None  # no conditional
 
 
 def test_ddpg_plugin_trains_with_collector_processes(tmp_path):

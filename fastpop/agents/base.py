@@ -214,6 +214,26 @@ def init_actor_critic(key: PRNGKey, actor_net, critic_net, spec: EnvSpec):
     return actor_net.init(actor_key, obs), critic_net.init(critic_key, obs, action)
 
 
+class UpdateAnatomy(NamedTuple):
+    """What one member's update step reads and writes of its state, and which of its parts run
+    on which steps, named by the algorithm's own state fields: what `fastpop bench update`
+    judges a step against (bench/floors.py: the state-traffic floor, XLA's costs of the parts)."""
+
+    optimised: tuple[tuple[str, str], ...]
+    """(tree, its optimizer's state) for every tree an optimizer steps."""
+    targets: tuple[str, ...] = ()
+    """Target trees (None in a state without one): read by every step, written when updated."""
+    write_fractions: Mapping[str, float] = MappingProxyType({})
+    """The fraction of steps that write a tree, for the trees a delayed step writes (else 1)."""
+    parts: tuple[tuple[Callable, float], ...] = ()
+    """Where the update branches (XLA costs a conditional as its larger branch): its parts,
+    each (part(state, batch, hparams, key), the fraction of steps that run it); (): the whole
+    update, on every step."""
+    branch_fraction: float | None = None
+    """The fraction of steps whose update takes its conditional branch (its kernels counted as
+    they run); None: the update has no conditional."""
+
+
 class AlgorithmEntry(NamedTuple):
     """Everything fastpop needs to know about one algorithm (`agents/registry.py` lists them):
     each algorithm's module defines its entry next to its factory."""
@@ -247,6 +267,9 @@ class AlgorithmEntry(NamedTuple):
     """Its numpy policy's MLP: the module of its policy params' "params" whose `Dense_<i>`
     layers are the deterministic kind's whole actor, the other kinds' hidden layers (their
     heads: the `Dense_<i>` layers beside it). flax names an actor's first MLP `MLP_0`."""
+    update_anatomy: Callable[[Agent, Any], UpdateAnatomy] | None = None
+    """(agent, hparams) -> its `UpdateAnatomy`, for `fastpop bench update`'s floor; None: the
+    benchmark knows no floor for it (and says so)."""
 
     def numpy_hparam_names(self) -> dict[str, str]:
         """role -> its HParams field, of every hparam its numpy policy reads ({} without one)."""

@@ -16,6 +16,7 @@ from fastpop.agents import losses, networks
 from fastpop.agents.base import (
     Agent,
     AlgorithmEntry,
+    UpdateAnatomy,
     adam_step,
     hparams_from_values,
     keyed_update,
@@ -199,6 +200,16 @@ def make_dqn(spec: EnvSpec, config: DQNConfig = DQNConfig()) -> Agent:
     return with_observation_norm(agent, spec) if config.observation_norm else agent
 
 
+def update_anatomy(agent: Agent, hparams: DQNHParams) -> UpdateAnatomy:
+    """The Q network stepped every step; its target copied every target_update_period."""
+    period = max(int(hparams.target_update_period), 1)
+    return UpdateAnatomy(
+        optimised=(("params", "opt_state"),),
+        targets=("target_params",),
+        write_fractions={"target_params": 1.0 / period},
+    )
+
+
 ENTRY = AlgorithmEntry(
     name=NAME,
     make=make_dqn,
@@ -206,4 +217,5 @@ ENTRY = AlgorithmEntry(
     actions="discrete",
     numpy_policy="epsilon_greedy",
     deterministic_action="argmax Q",
+    update_anatomy=update_anatomy,
 )

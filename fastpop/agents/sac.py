@@ -30,6 +30,7 @@ from fastpop.agents.base import (
     ActorCriticConfig,
     Agent,
     AlgorithmEntry,
+    UpdateAnatomy,
     adam_step,
     hparams_from_values,
     init_actor_critic,
@@ -327,6 +328,15 @@ def make_sac(spec: EnvSpec, config: SACConfig = SACConfig()) -> Agent:
     return with_observation_norm(agent, spec) if config.observation_norm else agent
 
 
+def update_anatomy(agent: Agent, hparams: SACHParams) -> UpdateAnatomy:
+    """The critic, the actor and the temperature stepped, the target critics written, every
+    step."""
+    return UpdateAnatomy(
+        optimised=(("critic", "critic_opt"), ("actor", "actor_opt"), ("log_alpha", "alpha_opt")),
+        targets=("target_critic",),
+    )
+
+
 ENTRY = AlgorithmEntry(
     name=NAME,
     make=make_sac,
@@ -335,4 +345,5 @@ ENTRY = AlgorithmEntry(
     numpy_policy="squashed_gaussian",
     deterministic_action="tanh(mean) scaled to the bounds",
     asymmetric=True,
+    update_anatomy=update_anatomy,
 )

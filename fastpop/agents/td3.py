@@ -17,6 +17,7 @@ from fastpop.agents.base import (
     ActorCriticConfig,
     Agent,
     AlgorithmEntry,
+    UpdateAnatomy,
     adam_step,
     hparams_from_values,
     init_actor_critic,
@@ -338,6 +339,30 @@ def make_td3(spec: EnvSpec, config: TD3Config = TD3Config()) -> Agent:
     return with_observation_norm(agent, spec) if config.observation_norm else agent
 
 
+def update_anatomy(agent: Agent, hparams: TD3HParams) -> UpdateAnatomy:
+    """The critic stepped every step; the actor, its target and (unless
+    `target_critic_every_step`) the target critics on 1 / policy_delay of the steps, when the
+    update takes its delayed branch: costed as its critic and actor steps apart."""
+    internals, delayed = agent.internals, 1.0 / max(int(hparams.policy_delay), 1)
+    critic_step = lambda state, batch, hparams, key: internals.critic_step(
+        state, batch, hparams, agent.draw(key)
+    )
+    actor_step = lambda state, batch, hparams, key: internals.actor_step(
+        state, batch.obs, hparams, jnp.bool_(True)
+    )
+    return UpdateAnatomy(
+        optimised=(("critic", "critic_opt"), ("actor", "actor_opt")),
+        targets=("target_actor", "target_critic"),
+        write_fractions={
+            "actor": delayed,
+            "target_actor": delayed,
+            "target_critic": 1.0 if internals.target_critic_every_step else delayed,
+        },
+        parts=((critic_step, 1.0), (actor_step, delayed)),
+        branch_fraction=delayed,
+    )
+
+
 ENTRY = AlgorithmEntry(
     name=NAME,
     make=make_td3,
@@ -347,4 +372,5 @@ ENTRY = AlgorithmEntry(
     deterministic_action="the actor",
     shared_critic=True,
     asymmetric=True,
+    update_anatomy=update_anatomy,
 )

@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fastpop.agents import Agent, dqn, sac, td3
+from fastpop.agents import Agent, registry
+from fastpop.agents.base import UpdateAnatomy
 from fastpop.bench.common import best_seconds
 from fastpop.types import Transition
 
@@ -33,26 +34,24 @@ from fastpop.types import Transition
 PARAM_PASSES = 4
 MOMENT_PASSES = 2  # Adam's moments read + written (their bytes counted from the state)
 TARGET_READS, TARGET_WRITES = 1, 1
-# An agent's optimised trees (tree, its optimizer state) and target trees, by algorithm: each
-# algorithm's state, as its module writes it.
-OPTIMISED = {
-    td3.NAME: (("critic", "critic_opt"), ("actor", "actor_opt")),
-    sac.NAME: (("critic", "critic_opt"), ("actor", "actor_opt"), ("log_alpha", "alpha_opt")),
-    dqn.NAME: (("params", "opt_state"),),
-}
-TARGETS = {
-    td3.NAME: ("target_actor", "target_critic"),
-    sac.NAME: ("target_critic",),
-    dqn.NAME: ("target_params",),
-}
+
+
+def update_anatomy(agent: Agent, hparams) -> UpdateAnatomy:
+    """What its algorithm's entry says of its update (`AlgorithmEntry.update_anatomy`)."""
+    known = [entry.name for entry in registry.entries() if entry.update_anatomy is not None]
+    entry = registry.get(agent.name) if agent.name in registry.NAMES else None
+    if entry is None or entry.update_anatomy is None:
+        raise ValueError(
+            f"no state-traffic floor for {agent.name!r}; known: {', '.join(known)} (an "
+            "algorithm's entry says what its update reads and writes: update_anatomy)"
+        )
+    return entry.update_anatomy(agent, hparams)
 
 
 def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
-    """[FLOPs, bytes accessed] of one member's update from XLA's cost analysis.
-
-    XLA counts a conditional as its larger branch, so TD3's delayed actor step is costed on its
-    own and weighted by 1 / policy_delay.
-    """
+    """[FLOPs, bytes accessed] of one member's update from XLA's cost analysis: of its parts
+    apart where it branches (XLA counts a conditional as its larger branch), each weighted by
+    the fraction of steps that run it (TD3's delayed actor step: 1 / policy_delay)."""
 
     def cost(fn, *args) -> np.ndarray:
         analysis = jax.jit(fn).lower(*args).compile().cost_analysis()
@@ -60,11 +59,8 @@ def update_cost(agent: Agent, hparams, batch: Transition) -> np.ndarray:
 
     state = jax.jit(agent.init)(jax.random.key(0), hparams)  # one compile, not one per op
     key = jax.random.key(1)
-    if agent.name == td3.NAME:
-        critic = cost(agent.internals.critic_step, state, batch, hparams, agent.draw(key))
-        actor = cost(agent.internals.actor_step, state, batch.obs, hparams, jnp.bool_(True))
-        return critic + actor / float(hparams.policy_delay)
-    return cost(agent.update, state, batch, hparams, key)
+    parts = update_anatomy(agent, hparams).parts or ((agent.update, 1.0),)
+    return sum(weight * cost(part, state, batch, hparams, key) for part, weight in parts)
 
 
 def matmul_gflops(
@@ -84,37 +80,19 @@ def tree_bytes(tree) -> float:
     return float(sum(np.prod(leaf.shape) * leaf.dtype.itemsize for leaf in jax.tree.leaves(tree)))
 
 
-def step_fractions(agent: Agent, hparams) -> dict[str, float]:
-    """The fraction of update steps on which each optimised tree and each target is written
-    (1.0 unless a delayed step writes it)."""
-    if agent.name == td3.NAME:
-        delayed = 1.0 / max(int(hparams.policy_delay), 1)
-        every_step = agent.internals.target_critic_every_step  # with each critic step
-        return {
-            "actor": delayed,
-            "target_actor": delayed,
-            "target_critic": 1.0 if every_step else delayed,
-        }
-    if agent.name == dqn.NAME:
-        return {"target_params": 1.0 / max(int(hparams.target_update_period), 1)}
-    return {}
-
-
 def state_bytes_per_update(agent: Agent, hparams) -> float:
     """The parameter-state bytes one member's update step reads and writes (module docstring),
-    from the agent's shapes (`jax.eval_shape`: nothing is computed)."""
-    if agent.name not in OPTIMISED:
-        raise ValueError(
-            f"no state-traffic floor for {agent.name!r}; known: {', '.join(OPTIMISED)}"
-        )
+    from the agent's shapes (`jax.eval_shape`: nothing is computed) and what its entry says
+    its update steps and writes (`update_anatomy`)."""
+    anatomy = update_anatomy(agent, hparams)
     state = jax.eval_shape(agent.init, jax.random.key(0), hparams)
-    fraction = step_fractions(agent, hparams)
+    fraction = anatomy.write_fractions
     total = 0.0
-    for tree, moments in OPTIMISED[agent.name]:
+    for tree, moments in anatomy.optimised:
         passes = PARAM_PASSES * tree_bytes(getattr(state, tree))
         passes += MOMENT_PASSES * tree_bytes(getattr(state, moments))
         total += fraction.get(tree, 1.0) * passes
-    for tree in TARGETS[agent.name]:
+    for tree in anatomy.targets:
         size = tree_bytes(getattr(state, tree))
         total += TARGET_READS * size + fraction.get(tree, 1.0) * TARGET_WRITES * size
     return total

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fastpop import population
-from fastpop.agents import Agent, make_agent, td3
+from fastpop.agents import Agent, make_agent
 from fastpop.agents.mlp_kernels import PALLAS_TILES
 from fastpop.bench import anatomy, floors, kernel_times, levers
 from fastpop.bench.common import device_label, round_flatness, running_update
@@ -243,7 +243,7 @@ def what_bounds(settings, setup: Setup, row: dict, rates: dict, states, replay, 
     calls' kernels as the profiler saw them (`kernel_times`)."""
     steps = settings.updates_per_call
     per_program = row["seconds_per_call"] * setup.plan.num_updates / steps
-    taken = actor_step_fraction(setup.agent)
+    taken = branch_fraction(setup.agent)
     plan, update = setup.plan, setup.executor.update
     row = row | anatomy.read_safely(plan, update, states, replay, hparams, per_program, taken)
     floors.add_floors([row], rates, steps)
@@ -279,12 +279,11 @@ def pallas_tiles(agent_config: dict) -> dict:
     return {"pallas_tiles": list(agent_config.get("mlp_kernel_tiles") or PALLAS_TILES)}
 
 
-def actor_step_fraction(agent: Agent) -> float | None:
+def branch_fraction(agent: Agent) -> float | None:
     """The fraction of update steps that take the update's conditional branch (TD3's delayed
-    actor step: 1 / policy_delay), for counting its kernels as they run; None: no such branch."""
-    if agent.name != td3.NAME:
-        return None
-    return 1.0 / max(int(agent.default_hparams().policy_delay), 1)
+    actor step: 1 / policy_delay), for counting its kernels as they run; None: no such branch
+    (`UpdateAnatomy.branch_fraction`)."""
+    return floors.update_anatomy(agent, agent.default_hparams()).branch_fraction
 
 
 def members_per_chunk(executor: population.Executor, size: int) -> dict:
