@@ -274,7 +274,7 @@ def test_the_config_takes_the_options_and_refuses_bad_values_naming_the_field():
     config = load_config(None, [*sets, "agent.hidden_sizes=[64, 64]"])
     assert {name: config.agent[name] for name in FASTTD3} == FASTTD3
     refusals = {
-        "agent.network=simba": "agent.network: must be one of mlp, residual, got 'simba'",
+        "agent.network=simba": "agent.network: must be one of mlp, residual, simbav2, got 'simba'",
         "agent.actor_q=mean": "agent.actor_q: must be one of first, min, got 'mean'",
         "agent.weight_decay=-0.1": "agent.weight_decay: must be >= 0",
         "agent.exploration_std_min=-1": "agent.exploration_std_min: must be >= 0",

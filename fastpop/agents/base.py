@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fastpop.agents import hyperspherical
 from fastpop.agents.mlp_kernels import MLPKernel
 from fastpop.types import EnvSpec, PRNGKey, PyTree, Transition
 
@@ -110,7 +111,7 @@ def adam_step(
     """
     direction, opt_state = optimizer.update(grads, opt_state, params)
     params = jax.tree.map(lambda p, d: p - learning_rate * d, params, direction)
-    return params, opt_state
+    return hyperspherical.project(params), opt_state  # (a SimbaV2 network's kernels)
 
 
 def network_optimizer(weight_decay: float) -> optax.GradientTransformation:
@@ -176,9 +177,13 @@ class ActorCriticConfig:
     """The actor's and critics' hidden layers: mlp, Dense + ReLU layers of `hidden_sizes`;
     residual, SimBa's (Lee et al., 2024, as v1: no SimbaV2 hyperspherical normalization): a
     linear layer, one pre-LayerNorm residual block per hidden size (x + Dense(h)(relu(Dense(4h)(
-    LayerNorm(x))))), a final LayerNorm, then the output layer. Residual `hidden_sizes` must be
-    equal (the blocks' width); `layer_norm` adds nothing to them. Its policies act through
-    JAX, not the collectors' numpy MLP."""
+    LayerNorm(x))))), a final LayerNorm, then the output layer; simbav2, SimbaV2's
+    hyperspherical one (Lee et al., 2025; FastTD3's recommended network: agents/hyperspherical.py):
+    features kept on the unit sphere, one block per hidden size interpolating between its input
+    and a normalized MLP's output by a learned rate, learned per-unit scalers, kernels whose
+    columns every optimizer step puts back on the sphere. Residual and simbav2 `hidden_sizes`
+    must be equal (the blocks' width); `layer_norm` adds nothing to them. Their policies act
+    through JAX, not the collectors' numpy MLP."""
     mlp_kernel: str = "xla"
     """What computes the actor's and critics' MLPs: xla, flax's Dense layers as XLA compiles
     them; pallas, one fused Pallas kernel for a whole MLP's forward pass and one for its backward

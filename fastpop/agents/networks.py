@@ -1,5 +1,5 @@
-"""Flax networks for one member: MLP, residual (SimBa) and Nature-CNN torsos, actor and critic
-heads.
+"""Flax networks for one member: MLP, residual (SimBa), hyperspherical (SimbaV2:
+agents/hyperspherical.py) and Nature-CNN torsos, actor and critic heads.
 
 Every module maps a batch of observations (B, *obs_shape) to a batch of outputs; the
 population axis is added by vmap over parameters, never here.
@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from fastpop.agents.hyperspherical import SimbaV2MLP
 from fastpop.agents.mlp_kernels import XLA_KERNELS, MLPKernel, check_mlp_kernel, fused_layers
 
 
@@ -74,15 +75,16 @@ class MLP(nn.Module):
         return x.astype(jnp.float32)
 
 
-NETWORKS = ("mlp", "residual")
+NETWORKS = ("mlp", "residual", "simbav2")
 
 
-def check_residual_widths(widths: Sequence[int]) -> None:
+def check_residual_widths(widths: Sequence[int], network: str = "residual") -> None:
     """A residual torso adds every block's output to its input: its widths must be equal."""
     if not widths or len(set(widths)) != 1:
         raise ValueError(
-            "agent.network residual: agent.hidden_sizes are the widths of its residual blocks, "
-            f"which must all be equal (e.g. [256, 256]: two blocks of 256), got {list(widths)}"
+            f"agent.network {network}: agent.hidden_sizes are the widths of its residual "
+            "blocks, which must all be equal (e.g. [256, 256]: two blocks of 256), got "
+            f"{list(widths)}"
         )
 
 
@@ -126,14 +128,24 @@ def hidden_layers(
     output_init_std: float | None = None,
     kernel: MLPKernel = XLA_KERNELS,
 ) -> nn.Module:
-    """The `agent.network` of these layer sizes: an `MLP`, or a `ResidualMLP`, whose blocks are
-    LayerNormed already (`layer_norm` adds nothing to it). Made inside a module's call, it is
+    """The `agent.network` of these layer sizes: an `MLP`, a `ResidualMLP`, whose blocks are
+    LayerNormed already, or a `SimbaV2MLP`, whose features are normalized already (`layer_norm`
+    adds nothing to either). Made inside a module's call, it is
     that module's submodule (MLP_0, ResidualMLP_0, ...). `kernel`: an MLP's (`MLPKernel`)."""
     if network not in NETWORKS:
         raise ValueError(f"agent.network: must be one of {', '.join(NETWORKS)}, got {network!r}")
     if network == "residual":  # (an MLP checks its kernel itself)
         check_mlp_kernel(kernel, network=network)
         return ResidualMLP(layer_sizes, activate_final, dtype, output_init_std=output_init_std)
+    if network == "simbav2":
+        check_mlp_kernel(kernel, network=network)
+        check_residual_widths(layer_sizes if activate_final else layer_sizes[:-1], network)
+        if output_init_std is not None:
+            raise ValueError(
+                "agent.actor_output_init_std: not with agent.network simbav2, whose output "
+                "layer's kernel columns are unit vectors (leave it null)"
+            )
+        return SimbaV2MLP(layer_sizes, activate_final, dtype)
     return MLP(layer_sizes, activate_final, layer_norm, dtype, output_init_std, kernel)
 
 

@@ -225,9 +225,11 @@ def _check_consistency(r: Reader, c: Config) -> None:
         ("agent.mlp_kernel_tiles", tiles is not None, tiles),
         *(
             (f"agent.{name}",
-             c.agent.get("network") == "residual" and len(set(c.agent.get(name) or ())) > 1,
-             "must be equal widths with agent.network: residual (the width of each residual "
-             f"block, whose output is added to its input), got {list(c.agent.get(name) or ())}")
+             c.agent.get("network") in ("residual", "simbav2")
+             and len(set(c.agent.get(name) or ())) > 1,
+             f"must be equal widths with agent.network: {c.agent.get('network')} (the width of "
+             "each residual block, whose output is added to its input), got "
+             f"{list(c.agent.get(name) or ())}")
             for name in ("hidden_sizes", "actor_hidden_sizes")
         ),
     )  # fmt: skip
