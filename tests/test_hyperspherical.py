@@ -49,6 +49,7 @@ def test_the_torso_is_simbav2s_written_out_in_numpy():
     shapes = [kernel(i).shape for i in range(7)]
     assert shapes == [(6, 8), (8, 32), (32, 8), (8, 32), (32, 8), (8, 8), (8, 3)]
     assert max(column_errors(params)) < 1e-6  # on the sphere from the start, (6, 8) included
+    np.testing.assert_allclose(kernel(2).T @ kernel(2), np.eye(8), atol=1e-5)  # orthogonal
 
     scaler = math.sqrt(2 / 8)
     starts = [scaler, scaler / 2, 1 / 3, scaler / 2, 1 / 3, 1.0]  # alpha: 1/(B+1), B = 2
@@ -67,6 +68,16 @@ def test_the_torso_is_simbav2s_written_out_in_numpy():
         init_shapes(tiny_agent("td3", network="simbav2", hidden_sizes=(8, 4)))
 
 
+def test_the_orthogonal_frames_are_orthonormal_and_need_no_lapack():
+    """A square Gaussian's Gram-Schmidt frame (the hardest case: its last columns are nearly
+    dependent) is orthonormal; its program calls no LAPACK routine."""
+    gaussian = jax.random.normal(jax.random.key(2), (64, 64))
+    frame = np.asarray(jax.jit(hyperspherical.orthonormal_columns)(gaussian))
+    np.testing.assert_allclose(frame.T @ frame, np.eye(64), atol=2e-5)
+    text = jax.jit(hyperspherical.orthonormal_columns).lower(gaussian).as_text()
+    assert "lapack" not in text.lower() and "custom_call" not in text
+
+
 def init_shapes(agent):
     return jax.eval_shape(agent.init, jax.random.key(0), agent.default_hparams())
 
@@ -82,21 +93,22 @@ def random_batch(spec, size: int, seed: int) -> Transition:
 
 
 def test_every_step_keeps_the_kernels_on_the_sphere_member_by_member():
-    """Two TD3 members' updates vmapped equal each member's own (the projection is per member),
+    """Four TD3 members' updates vmapped equal each member's own (the projection is per member),
     the kernels move and stay unit columns; SAC's actor and critics are SimbaV2's too; a tree
     without HyperDense layers is left as it is."""
     agent = tiny_agent("td3", network="simbav2", hidden_sizes=(8, 8))
     hparams = agent.default_hparams()._replace(policy_delay=np.int32(1))  # every layer steps
     batch = random_batch(TINY_SPECS["td3"], agent.batch_size, 3)
-    keys = jax.random.split(jax.random.key(5), 2)
+    keys = jax.random.split(jax.random.key(5), 4)
 
     def update(key):
         state = agent.init(key, hparams)
         return state, agent.update(state, batch, hparams, key)[0]
 
     before, stacked = jax.jit(jax.vmap(update))(keys)
-    for member in (0, 1):
-        alone = jax.jit(update)(keys[member])[1]
+    single = jax.jit(update)
+    for member in range(4):
+        alone = single(keys[member])[1]
         for got, want in zip(jax.tree.leaves(stacked), jax.tree.leaves(alone), strict=True):
             np.testing.assert_allclose(got[member], want, rtol=2e-5, atol=2e-6)
     for network in ("actor", "critic"):

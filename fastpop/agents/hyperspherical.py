@@ -30,10 +30,31 @@ def l2normalize(x: jax.Array, axis: int = -1) -> jax.Array:
     return x / jnp.maximum(jnp.linalg.norm(x, axis=axis, keepdims=True), EPS)
 
 
+def orthonormal_columns(vectors: jax.Array) -> jax.Array:
+    """Gram-Schmidt of the columns of an (N, k) matrix, k <= N, each projection made twice
+    (CGS2, orthogonal to float rounding): the Q of its QR with R's diagonal positive, which of a
+    Gaussian matrix is a Haar-random orthonormal frame, as `nn.initializers.orthogonal` draws it.
+    In jax.numpy, not LAPACK: XLA's CPU runtime deadlocked on a program holding a few dozen
+    member-batched QR calls (a TD3 population's SimbaV2 init at width 32, 4 members)."""
+    count = vectors.shape[1]
+
+    def next_column(j, frame):
+        done = (jnp.arange(count) < j).astype(vectors.dtype)
+        v = vectors[:, j]
+        for _ in range(2):
+            v = v - frame @ ((frame.T @ v) * done)
+        return frame.at[:, j].set(l2normalize(v))
+
+    return jax.lax.fori_loop(0, count, next_column, jnp.zeros_like(vectors))
+
+
 def unit_orthogonal(key, shape, dtype=jnp.float32) -> jax.Array:
-    """An orthogonal (in, out) kernel with each output unit's column scaled to unit norm (where
-    in < out, an orthogonal matrix's columns are shorter)."""
-    return l2normalize(nn.initializers.orthogonal()(key, shape, dtype), axis=0)
+    """An orthogonal (in, out) kernel (orthonormal columns, or rows where in < out) with each
+    output unit's column scaled to unit norm (where in < out, they are shorter)."""
+    rows, cols = shape
+    gaussian = jax.random.normal(key, (max(rows, cols), min(rows, cols)), jnp.float32)
+    frame = orthonormal_columns(gaussian)
+    return l2normalize(frame if rows >= cols else frame.T, axis=0).astype(dtype)
 
 
 def project(params: PyTree) -> PyTree:
