@@ -38,9 +38,9 @@ TARGET_READS, TARGET_WRITES = 1, 1
 
 def update_anatomy(agent: Agent, hparams) -> UpdateAnatomy:
     """What its algorithm's entry says of its update (`AlgorithmEntry.update_anatomy`)."""
-    known = [entry.name for entry in registry.entries() if entry.update_anatomy is not None]
     entry = registry.get(agent.name) if agent.name in registry.NAMES else None
     if entry is None or entry.update_anatomy is None:
+        known = [other.name for other in registry.entries() if other.update_anatomy is not None]
         raise ValueError(
             f"no state-traffic floor for {agent.name!r}; known: {', '.join(known)} (an "
             "algorithm's entry says what its update reads and writes: update_anatomy)"
