@@ -99,6 +99,16 @@ class Scaler(nn.Module):
         return stored * (self.start / self.scale) * x
 
 
+def check_residual_widths(widths: Sequence[int], network: str = "residual") -> None:
+    """A residual torso adds every block's output to its input: its widths must be equal."""
+    if not widths or len(set(widths)) != 1:
+        raise ValueError(
+            f"agent.network {network}: agent.hidden_sizes are the widths of its residual "
+            "blocks, which must all be equal (e.g. [256, 256]: two blocks of 256), got "
+            f"{list(widths)}"
+        )
+
+
 class SimbaV2MLP(nn.Module):
     """`networks.MLP`'s interface: `layer_sizes` are the blocks' widths (all equal, one block
     each) followed, unless `activate_final`, by the output's. The input embedded onto the
@@ -116,6 +126,7 @@ class SimbaV2MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         hidden = tuple(self.layer_sizes if self.activate_final else self.layer_sizes[:-1])
+        check_residual_widths(hidden, "simbav2")  # each block adds its output to its input
         width, blocks = hidden[0], len(hidden)
         scaler = math.sqrt(2.0 / width)
         dense = lambda features: HyperDense(features, self.dtype)

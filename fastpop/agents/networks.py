@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fastpop.agents.hyperspherical import SimbaV2MLP
+from fastpop.agents.hyperspherical import SimbaV2MLP, check_residual_widths
 from fastpop.agents.mlp_kernels import XLA_KERNELS, MLPKernel, check_mlp_kernel, fused_layers
 
 
@@ -76,16 +76,6 @@ class MLP(nn.Module):
 
 
 NETWORKS = ("mlp", "residual", "simbav2")
-
-
-def check_residual_widths(widths: Sequence[int], network: str = "residual") -> None:
-    """A residual torso adds every block's output to its input: its widths must be equal."""
-    if not widths or len(set(widths)) != 1:
-        raise ValueError(
-            f"agent.network {network}: agent.hidden_sizes are the widths of its residual "
-            "blocks, which must all be equal (e.g. [256, 256]: two blocks of 256), got "
-            f"{list(widths)}"
-        )
 
 
 class ResidualMLP(nn.Module):
