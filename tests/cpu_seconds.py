@@ -15,6 +15,8 @@ Then the programs whose XLA compiles took the most of those seconds, over all th
 name JAX gives them (`jit(update)`): how many times a program of that name was compiled (or
 loaded from the cache) and the seconds in all. Many compiles of one name are one program at
 many tests' shapes: the lever is fewer distinct shapes, or a program that compiles faster.
+Beside each, how many test files compiled it: a program compiled by many files at as many
+shapes is where shapes shared across the files would save compiles.
 Last, the compilation cache's side: how many programs the tests' processes compiled and how
 many they loaded, and how many were compiled twice under one cache key (two processes
 compiling one program at once, before either had written it: work sharing could save only
@@ -46,6 +48,7 @@ _totals: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS
 # and, on the reporting process, the session's.
 _programs_pending: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
 _programs: defaultdict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+_program_files: defaultdict[str, set[str]] = defaultdict(set)  # the test files compiling each
 # The persistent cache's lookups: this process's since its last report, and, on the reporting
 # process, the session's: programs loaded, and the keys of those compiled (each a miss).
 _cache_pending = {"loaded": 0, "compiled": []}
@@ -140,6 +143,7 @@ def collect(report: pytest.TestReport) -> None:
             for program, (count, seconds) in values.items():
                 _programs[program][0] += count
                 _programs[program][1] += seconds
+                _program_files[program].add(report.nodeid.split("::")[0])
         elif name == CACHE_FIELD:
             _cache["loaded"] += values["loaded"]
             for key in values["compiled"]:
@@ -156,10 +160,11 @@ def summary(terminal, count: int) -> None:
     sums = [sum(values[column] for values in _totals.values()) for column in range(len(COLUMNS))]
     terminal.write_line(f"{_row(sums)}  in all, {len(_totals)} tests")
     terminal.write_sep("=", f"{count} programs with the most XLA seconds (the tests' processes)")
-    terminal.write_line("  compiles     xla  program")
+    terminal.write_line("  compiles     xla   files  program")
     ranked = sorted(_programs.items(), key=lambda item: -item[1][1])[:count]
     for program, (compiles, seconds) in ranked:
-        terminal.write_line(f"{compiles:10d} {seconds:7.1f}  {program}")
+        files = len(_program_files[program])
+        terminal.write_line(f"{compiles:10d} {seconds:7.1f} {files:7d}  {program}")
     compiled = _cache["compiled"]
     terminal.write_line(
         f"compilation cache: {sum(compiled.values())} programs compiled, {_cache['loaded']} "

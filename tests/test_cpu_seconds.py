@@ -32,22 +32,24 @@ def report(nodeid, spent, programs, loaded=0, compiled=()):
 def test_the_summary_sums_each_tests_phases_and_each_programs_compiles(monkeypatch):
     monkeypatch.setattr(cpu_seconds, "_totals", defaultdict(lambda: [0.0] * 4))
     monkeypatch.setattr(cpu_seconds, "_programs", defaultdict(lambda: [0, 0.0]))
+    monkeypatch.setattr(cpu_seconds, "_program_files", defaultdict(set))
     monkeypatch.setattr(cpu_seconds, "_cache", {"loaded": 0, "compiled": defaultdict(int)})
+    a, b = "tests/test_a.py::a", "tests/test_b.py::b"
     for phase in [  # a's setup, then call (two workers compiled key "u" at once), then b
-        report("a", [1.0, 0.5, 0.25, 0.25], {"jit(update)": [2, 1.5]}, 0, ["u", "v"]),
-        report("a", [2.0, 0.0, 0.0, 1.0], {"jit(update)": [1, 0.5], "jit(init)": [1, 0.2]}, 1),
-        report("b", [0.5, 0.0, 0.0, 0.0], {"jit(init)": [3, 0.3]}, 2, ["u", "w"]),
+        report(a, [1.0, 0.5, 0.25, 0.25], {"jit(update)": [2, 1.5]}, 0, ["u", "v"]),
+        report(a, [2.0, 0.0, 0.0, 1.0], {"jit(update)": [1, 0.5], "jit(init)": [1, 0.2]}, 1),
+        report(b, [0.5, 0.0, 0.0, 0.0], {"jit(init)": [3, 0.3]}, 2, ["u", "w"]),
     ]:
         cpu_seconds.collect(phase)
     terminal = Lines()
     cpu_seconds.summary(terminal, 5)
     table = terminal.lines
-    assert table[2].split() == ["3.0", "0.5", "0.2", "1.2", "a"]
-    assert table[3].split() == ["0.5", "0.0", "0.0", "0.0", "b"]
+    assert table[2].split() == ["3.0", "0.5", "0.2", "1.2", a]
+    assert table[3].split() == ["0.5", "0.0", "0.0", "0.0", b]
     assert table[4].split()[:4] == ["3.5", "0.5", "0.2", "1.2"]
     assert [line.split() for line in table[-3:-1]] == [
-        ["3", "2.0", "jit(update)"],
-        ["4", "0.5", "jit(init)"],
+        ["3", "2.0", "1", "jit(update)"],  # compiles, XLA seconds, test files compiling it
+        ["4", "0.5", "2", "jit(init)"],
     ]
     assert table[-1] == (
         "compilation cache: 4 programs compiled, 3 loaded; 1 compiled again under a key "

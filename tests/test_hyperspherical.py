@@ -66,7 +66,7 @@ def test_the_torso_is_simbav2s_written_out_in_numpy():
     assert all(np.any(leaf != 0.0) for leaf in jax.tree.leaves(grads))
     with pytest.raises(ValueError, match="must all be equal"):
         init_shapes(tiny_agent("td3", network="simbav2", hidden_sizes=(8, 4)))
-    with pytest.raises(ValueError, match="agent.network simbav2: .* got \\[8, 4\\]"):
+    with pytest.raises(ValueError, match=r"agent\.network simbav2: .* got \[8, 4\]"):
         SimbaV2MLP((8, 4, 3)).init(jax.random.key(0), x)  # the module alone checks them too
 
 
