@@ -66,6 +66,7 @@ def _xdist_worker(config: pytest.Config) -> bool:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not _xdist_worker(session.config):
         session.config.stash[SHM_BEFORE] = shm_entries()
+        cpu_seconds.start_session(session.config)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

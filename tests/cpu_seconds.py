@@ -20,7 +20,9 @@ shapes is where shapes shared across the files would save compiles.
 Last, the compilation cache's side: how many programs the tests' processes compiled and how
 many they loaded, and how many were compiled twice under one cache key (two processes
 compiling one program at once, before either had written it: work sharing could save only
-those)."""
+those). And how much of the session's wall time the machine's cores stood idle (Linux's
+/proc/stat, every process on the machine counted): near zero, the suite is bound by CPU
+seconds, and no scheduling of its tests can shorten it."""
 
 from __future__ import annotations
 
@@ -53,6 +55,33 @@ _program_files: defaultdict[str, set[str]] = defaultdict(set)  # the test files 
 # process, the session's: programs loaded, and the keys of those compiled (each a miss).
 _cache_pending = {"loaded": 0, "compiled": []}
 _cache = {"loaded": 0, "compiled": defaultdict(int)}
+
+
+_PROC_STAT = "/proc/stat"
+_session_ticks: list[int] = []  # (all, idle) jiffies of the machine's cores at session start
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(all, idle) jiffies of every core since boot, from /proc/stat's first line (idle and
+    iowait counted idle); None where there is no such file."""
+    try:
+        with open(_PROC_STAT) as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields), fields[3] + fields[4]
+
+
+def start_session(config: pytest.Config) -> None:
+    """On the process that reports, as the session starts (with --cpu-seconds)."""
+    if config.getoption("--cpu-seconds") and (ticks := cpu_ticks()) is not None:
+        _session_ticks[:] = ticks
+
+
+def idle_share(start: tuple[int, int], end: tuple[int, int]) -> float:
+    """The share of the cores' time between two `cpu_ticks` that was idle."""
+    elapsed = end[0] - start[0]
+    return (end[1] - start[1]) / elapsed if elapsed > 0 else 0.0
 
 
 def add_option(parser: pytest.Parser) -> None:
@@ -171,6 +200,9 @@ def summary(terminal, count: int) -> None:
         f"loaded; {sum(n - 1 for n in compiled.values() if n > 1)} compiled again under a key "
         "already compiled (in two processes at once)"
     )
+    if _session_ticks and (ticks := cpu_ticks()) is not None:
+        share = idle_share(tuple(_session_ticks), ticks)
+        terminal.write_line(f"the machine's cores stood idle {share:.1%} of the session")
 
 
 def _row(values) -> str:

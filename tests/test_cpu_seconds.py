@@ -79,3 +79,16 @@ def test_no_summary_unless_asked():
     terminal = Lines()
     cpu_seconds.summary(terminal, 0)
     assert terminal.lines == []
+
+
+def test_the_cores_idle_share_is_read_from_proc_stat(monkeypatch, tmp_path):
+    """/proc/stat's first line: user nice system idle iowait ...; idle and iowait are idle."""
+    stat = tmp_path / "stat"
+    monkeypatch.setattr(cpu_seconds, "_PROC_STAT", str(stat))
+    stat.write_text("cpu  100 0 50 40 10 0 0 0 0 0\ncpu0 1 2 3 4 5\n")
+    start = cpu_seconds.cpu_ticks()
+    assert start == (200, 50)
+    stat.write_text("cpu  250 0 80 100 20 0 0 0 0 0\n")
+    assert cpu_seconds.idle_share(start, cpu_seconds.cpu_ticks()) == (120 - 50) / (450 - 200)
+    monkeypatch.setattr(cpu_seconds, "_PROC_STAT", str(tmp_path / "none"))
+    assert cpu_seconds.cpu_ticks() is None
