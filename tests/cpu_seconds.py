@@ -11,6 +11,9 @@ loading it from the compilation cache, which takes milliseconds). Child processe
 in their CPU seconds only. From an empty cache, XLA's column is what a warm rerun saves; tracing
 and lowering are paid on every run.
 
+Then the same figures summed per test file: where a file's tests share a fixture's run or
+one program family, its total shows what no single test does.
+
 Then the programs whose XLA compiles took the most of those seconds, over all the tests, by the
 name JAX gives them (`jit(update)`): how many times a program of that name was compiled (or
 loaded from the cache) and the seconds in all. Many compiles of one name are one program at
@@ -188,6 +191,10 @@ def summary(terminal, count: int) -> None:
         terminal.write_line(f"{_row(values)}  {nodeid}")
     sums = [sum(values[column] for values in _totals.values()) for column in range(len(COLUMNS))]
     terminal.write_line(f"{_row(sums)}  in all, {len(_totals)} tests")
+    files = by_file(_totals)
+    terminal.write_sep("=", f"{min(count, len(files))} test files with the most CPU seconds")
+    for path, values in sorted(files.items(), key=lambda item: -item[1][0])[:count]:
+        terminal.write_line(f"{_row(values)}  {path}")
     terminal.write_sep("=", f"{count} programs with the most XLA seconds (the tests' processes)")
     terminal.write_line("  compiles     xla   files  program")
     ranked = sorted(_programs.items(), key=lambda item: -item[1][1])[:count]
@@ -203,6 +210,15 @@ def summary(terminal, count: int) -> None:
     if _session_ticks and (ticks := cpu_ticks()) is not None:
         share = idle_share(tuple(_session_ticks), ticks)
         terminal.write_line(f"the machine's cores stood idle {share:.1%} of the session")
+
+
+def by_file(totals: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each test file's tests' figures summed, column by column."""
+    files: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
+    for nodeid, values in totals.items():
+        sums = files[nodeid.split("::")[0]]
+        sums[:] = [total + value for total, value in zip(sums, values, strict=True)]
+    return dict(files)
 
 
 def _row(values) -> str:

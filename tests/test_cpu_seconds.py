@@ -34,19 +34,27 @@ def test_the_summary_sums_each_tests_phases_and_each_programs_compiles(monkeypat
     monkeypatch.setattr(cpu_seconds, "_programs", defaultdict(lambda: [0, 0.0]))
     monkeypatch.setattr(cpu_seconds, "_program_files", defaultdict(set))
     monkeypatch.setattr(cpu_seconds, "_cache", {"loaded": 0, "compiled": defaultdict(int)})
-    a, b = "tests/test_a.py::a", "tests/test_b.py::b"
-    for phase in [  # a's setup, then call (two workers compiled key "u" at once), then b
+    a, b, c = "tests/test_a.py::a", "tests/test_b.py::b", "tests/test_b.py::c"
+    for phase in [  # a's setup, then call (two workers compiled key "u" at once), then b, c
         report(a, [1.0, 0.5, 0.25, 0.25], {"jit(update)": [2, 1.5]}, 0, ["u", "v"]),
         report(a, [2.0, 0.0, 0.0, 1.0], {"jit(update)": [1, 0.5], "jit(init)": [1, 0.2]}, 1),
         report(b, [0.5, 0.0, 0.0, 0.0], {"jit(init)": [3, 0.3]}, 2, ["u", "w"]),
+        report(c, [2.8, 1.0, 0.5, 0.0], {}),
     ]:
         cpu_seconds.collect(phase)
     terminal = Lines()
     cpu_seconds.summary(terminal, 5)
     table = terminal.lines
     assert table[2].split() == ["3.0", "0.5", "0.2", "1.2", a]
-    assert table[3].split() == ["0.5", "0.0", "0.0", "0.0", b]
-    assert table[4].split()[:4] == ["3.5", "0.5", "0.2", "1.2"]
+    assert table[3].split() == ["2.8", "1.0", "0.5", "0.0", c]
+    assert table[4].split() == ["0.5", "0.0", "0.0", "0.0", b]
+    assert table[5].split()[:4] == ["6.3", "1.5", "0.8", "1.2"]
+    # Each file's tests summed: test_b.py's two pass test_a.py's one.
+    assert table[6] == "== 2 test files with the most CPU seconds"
+    assert [line.split() for line in table[7:9]] == [
+        ["3.3", "1.0", "0.5", "0.0", "tests/test_b.py"],
+        ["3.0", "0.5", "0.2", "1.2", "tests/test_a.py"],
+    ]
     assert [line.split() for line in table[-3:-1]] == [
         ["3", "2.0", "1", "jit(update)"],  # compiles, XLA seconds, test files compiling it
         ["4", "0.5", "2", "jit(init)"],
