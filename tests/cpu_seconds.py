@@ -169,13 +169,12 @@ def collect(report: pytest.TestReport) -> None:
     """On the process that reports (xdist's controller, or the only one)."""
     for name, values in report.user_properties:
         if name == FIELD:
-            totals = _totals[report.nodeid]
-            totals[:] = [total + value for total, value in zip(totals, values, strict=True)]
+            _add_columns(_totals[report.nodeid], values)
         elif name == PROGRAMS_FIELD:
             for program, (count, seconds) in values.items():
                 _programs[program][0] += count
                 _programs[program][1] += seconds
-                _program_files[program].add(report.nodeid.split("::")[0])
+                _program_files[program].add(file_of(report.nodeid))
         elif name == CACHE_FIELD:
             _cache["loaded"] += values["loaded"]
             for key in values["compiled"]:
@@ -216,9 +215,18 @@ def by_file(totals: dict[str, list[float]]) -> dict[str, list[float]]:
     """Each test file's tests' figures summed, column by column."""
     files: defaultdict[str, list[float]] = defaultdict(lambda: [0.0] * len(COLUMNS))
     for nodeid, values in totals.items():
-        sums = files[nodeid.split("::")[0]]
-        sums[:] = [total + value for total, value in zip(sums, values, strict=True)]
+        _add_columns(files[file_of(nodeid)], values)
     return dict(files)
+
+
+def file_of(nodeid: str) -> str:
+    """The file of a test's node id (`tests/test_a.py::test_b[c]` -> `tests/test_a.py`)."""
+    return nodeid.split("::")[0]
+
+
+def _add_columns(sums: list[float], values) -> None:
+    """`values` added to `sums`, column by column, in place."""
+    sums[:] = [total + value for total, value in zip(sums, values, strict=True)]
 
 
 def _row(values) -> str:
