@@ -5,10 +5,11 @@ session. Wall time (`--durations`) hides where a cold suite spends its 2 cores: 
 on a subprocess and a test compiling look alike there. Works with pytest-xdist (each worker
 sends its tests' figures with their reports) and with `-n 0`.
 
-Beside each, the seconds the test's own process spent in JAX's three compile stages, from JAX's
+Beside each, the seconds the test's processes spent in JAX's three compile stages, from JAX's
 monitoring events: tracing to a jaxpr, lowering it to an MLIR module, and XLA compiling it (or
-loading it from the compilation cache, which takes milliseconds). Child processes' stages are
-in their CPU seconds only. From an empty cache, XLA's column is what a warm rerun saves; tracing
+loading it from the compilation cache, which takes milliseconds). Its own process's, plus those
+of the processes it started that exited on their own (tests/child_stages.py), with a line on
+those processes in all. From an empty cache, XLA's column is what a warm rerun saves; tracing
 and lowering are paid on every run.
 
 Then the same figures summed per test file: where a file's tests share a fixture's run or
@@ -33,6 +34,8 @@ import resource
 from collections import defaultdict
 
 import pytest
+
+from tests import child_stages
 
 FIELD = "cpu_seconds"
 PROGRAMS_FIELD = "xla_programs"
@@ -77,7 +80,10 @@ def cpu_ticks() -> tuple[int, int] | None:
 
 def start_session(config: pytest.Config) -> None:
     """On the process that reports, as the session starts (with --cpu-seconds)."""
-    if config.getoption("--cpu-seconds") and (ticks := cpu_ticks()) is not None:
+    if not config.getoption("--cpu-seconds"):
+        return
+    child_stages.start(config)
+    if (ticks := cpu_ticks()) is not None:
         _session_ticks[:] = ticks
 
 
@@ -184,8 +190,10 @@ def collect(report: pytest.TestReport) -> None:
 def summary(terminal, count: int) -> None:
     if not count or not _totals:
         return
+    children = child_stages.records()
+    add_children_stages(_totals, child_stages.stages_by_test(children))
     terminal.write_sep("=", f"{count} tests with the most CPU seconds (children included)")
-    terminal.write_line("     cpu   trace   lower     xla  (seconds; the stages: this process's)")
+    terminal.write_line("     cpu   trace   lower     xla  (seconds; the stages: its processes')")
     for nodeid, values in sorted(_totals.items(), key=lambda item: -item[1][0])[:count]:
         terminal.write_line(f"{_row(values)}  {nodeid}")
     sums = [sum(values[column] for values in _totals.values()) for column in range(len(COLUMNS))]
@@ -206,9 +214,23 @@ def summary(terminal, count: int) -> None:
         f"loaded; {sum(n - 1 for n in compiled.values() if n > 1)} compiled again under a key "
         "already compiled (in two processes at once)"
     )
+    terminal.write_line(child_stages.totals_line(children))
     if _session_ticks and (ticks := cpu_ticks()) is not None:
         share = idle_share(tuple(_session_ticks), ticks)
         terminal.write_line(f"the machine's cores stood idle {share:.1%} of the session")
+
+
+def add_children_stages(totals: dict[str, list[float]], stages: dict[str, list[float]]) -> None:
+    """Each test's child processes' stages added to its own, in place. A child names its test by
+    the node id pytest gives it in that process; the reports' node ids may end in "@group"
+    (pytest-xdist's `--dist loadgroup`)."""
+    by_plain_id = {}
+    for nodeid in totals:
+        by_plain_id.setdefault(nodeid, nodeid)
+        by_plain_id.setdefault(nodeid.rsplit("@", 1)[0], nodeid)
+    for test, seconds in stages.items():
+        if (nodeid := by_plain_id.get(test)) is not None:
+            _add_columns(totals[nodeid], [0.0, *seconds])
 
 
 def by_file(totals: dict[str, list[float]]) -> dict[str, list[float]]:
