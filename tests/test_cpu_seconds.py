@@ -3,6 +3,7 @@ that carry them (as pytest-xdist's workers send them), ranked in the session's s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -161,3 +162,17 @@ def test_a_process_no_test_started_writes_nothing_and_another_sitecustomize_stil
     (theirs / "sitecustomize.py").write_text("open('ran', 'w').close()\n")
     child(tmp_path, "import sys", None, [child_stages.SITE, theirs])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ran", "theirs"]
+
+
+def test_the_started_processes_listen_for_the_stages_the_tests_processes_do(monkeypatch):
+    """The child's `sitecustomize` imports nothing of the tests (its process may not find them),
+    so it names JAX's events itself: the same events, the same columns."""
+    monkeypatch.delenv(child_stages.DIRECTORY, raising=False)  # loaded here, it sets up nothing
+    spec = importlib.util.spec_from_file_location(
+        "child_sitecustomize", child_stages.SITE / "sitecustomize.py"
+    )
+    site = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(site)
+    assert site.STAGES == cpu_seconds.STAGES
+    assert tuple(site.STAGES.values()) == child_stages.STAGES == cpu_seconds.COLUMNS[1:]
+    assert site.DIRECTORY == child_stages.DIRECTORY
