@@ -45,15 +45,6 @@ def records() -> list[dict]:
     return found
 
 
-def stages_by_test(found: list[dict]) -> dict[str, list[float]]:
-    """Each starting test's processes' seconds in `STAGES`' order, summed, by its node id."""
-    sums: dict[str, list[float]] = {}
-    for record in found:
-        row = sums.setdefault(record["test"], [0.0] * len(STAGES))
-        row[:] = [total + record[stage] for total, stage in zip(row, STAGES, strict=True)]
-    return sums
-
-
 def totals_line(found: list[dict]) -> str:
     """One line on all of them: how many, their CPU seconds, and their stages'."""
     with_jax = [record for record in found if record["jax"]]

@@ -191,7 +191,7 @@ def summary(terminal, count: int) -> None:
     if not count or not _totals:
         return
     children = child_stages.records()
-    add_children_stages(_totals, child_stages.stages_by_test(children))
+    add_children_stages(_totals, children)
     terminal.write_sep("=", f"{count} tests with the most CPU seconds (children included)")
     terminal.write_line("     cpu   trace   lower     xla  (seconds; the stages: its processes')")
     for nodeid, values in sorted(_totals.items(), key=lambda item: -item[1][0])[:count]:
@@ -220,17 +220,17 @@ def summary(terminal, count: int) -> None:
         terminal.write_line(f"the machine's cores stood idle {share:.1%} of the session")
 
 
-def add_children_stages(totals: dict[str, list[float]], stages: dict[str, list[float]]) -> None:
-    """Each test's child processes' stages added to its own, in place. A child names its test by
-    the node id pytest gives it in that process; the reports' node ids may end in "@group"
-    (pytest-xdist's `--dist loadgroup`)."""
+def add_children_stages(totals: dict[str, list[float]], children: list[dict]) -> None:
+    """Each test's child processes' stages (`child_stages.records()`) added to its own, in place.
+    A child names its test by the node id pytest gives it in that process; the reports' node ids
+    may end in "@group" (pytest-xdist's `--dist loadgroup`)."""
     by_plain_id = {}
     for nodeid in totals:
         by_plain_id.setdefault(nodeid, nodeid)
         by_plain_id.setdefault(nodeid.rsplit("@", 1)[0], nodeid)
-    for test, seconds in stages.items():
-        if (nodeid := by_plain_id.get(test)) is not None:
-            _add_columns(totals[nodeid], [0.0, *seconds])
+    for child in children:
+        if (nodeid := by_plain_id.get(child["test"])) is not None:
+            _add_columns(totals[nodeid], [0.0, *(child[stage] for stage in child_stages.STAGES)])
 
 
 def by_file(totals: dict[str, list[float]]) -> dict[str, list[float]]:
